@@ -1,0 +1,1 @@
+"""Benchmarks: shapes and presets shared by tests and benchmark scripts, timing, peers."""

@@ -1,0 +1,122 @@
+"""``grouped_matmul``: the public entry point. Dispatch to a backend and the shared custom VJP."""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from jaxmoe.ops.grouped_matmul.base import (
+    GroupedMatmulBackend,
+    check_grouped_matmul_args,
+    clip_group_sizes,
+)
+from jaxmoe.ops.grouped_matmul.reference import ReferenceGroupedMatmul
+from jaxmoe.ops.grouped_matmul.xla import XlaGroupedMatmul
+
+
+def _pallas_backend() -> GroupedMatmulBackend:
+    # Imported lazily: Pallas pulls in Triton/Mosaic lowering code that a CPU user never needs.
+    from jaxmoe.ops.grouped_matmul.pallas_triton import PallasTritonGroupedMatmul
+
+    return PallasTritonGroupedMatmul()
+
+
+_BACKENDS = {
+    "reference": ReferenceGroupedMatmul,
+    "xla": XlaGroupedMatmul,
+    "pallas": _pallas_backend,
+}
+BACKEND_NAMES = ("auto", *_BACKENDS)
+
+
+def default_backend_name(platform: str | None = None) -> str:
+    """The backend ``"auto"`` means on ``platform`` (default: JAX's default backend)."""
+    platform = platform or jax.default_backend()
+    return "pallas" if platform == "gpu" or platform == "cuda" else "xla"
+
+
+def resolve_backend(backend: str | GroupedMatmulBackend | None) -> GroupedMatmulBackend:
+    """Turns ``None``, ``"auto"``, a name, or a configured backend object into a backend."""
+    if isinstance(backend, GroupedMatmulBackend):
+        return backend
+    if backend is None or backend == "auto":
+        backend = default_backend_name()
+    if backend not in _BACKENDS:
+        raise ValueError(
+            f"grouped_matmul: unknown `backend` {backend!r}; choose one of {BACKEND_NAMES} or "
+            "pass a configured backend object (e.g. jaxmoe.ops.grouped_matmul.XlaGroupedMatmul())."
+        )
+    return _BACKENDS[backend]()
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
+def _grouped_matmul(lhs, rhs, group_sizes, impl, out_dtype):
+    return impl.gmm(lhs, rhs, group_sizes, transpose_rhs=False, out_dtype=out_dtype)
+
+
+def _grouped_matmul_fwd(lhs, rhs, group_sizes, impl, out_dtype):
+    out = impl.gmm(lhs, rhs, group_sizes, transpose_rhs=False, out_dtype=out_dtype)
+    return out, (lhs, rhs, group_sizes)
+
+
+def _grouped_matmul_bwd(impl, out_dtype, residuals, grad_out):
+    lhs, rhs, group_sizes = residuals
+    grad_out = grad_out.astype(lhs.dtype)
+    # dgrad: each group's rows of grad_out times rhs[g]^T (rows past the groups get zeros).
+    grad_lhs = impl.gmm(grad_out, rhs, group_sizes, transpose_rhs=True, out_dtype=lhs.dtype)
+    # wgrad: a ragged contraction over each group's rows.
+    grad_rhs = impl.tgmm(lhs, grad_out, group_sizes, out_dtype=rhs.dtype)
+    return grad_lhs, grad_rhs, None
+
+
+_grouped_matmul.defvjp(_grouped_matmul_fwd, _grouped_matmul_bwd)
+
+
+def grouped_matmul(
+    lhs: jax.Array,
+    rhs: jax.Array,
+    group_sizes: jax.Array,
+    *,
+    backend: str | GroupedMatmulBackend | None = None,
+    preferred_element_type=None,
+) -> jax.Array:
+    r"""Multiplies consecutive row groups of ``lhs`` by their own matrix of ``rhs``.
+
+    With ``s_g = group_sizes[0] + ... + group_sizes[g-1]``::
+
+        out[s_g : s_g + group_sizes[g]] = lhs[s_g : s_g + group_sizes[g]] @ rhs[g]
+        out[sum(group_sizes):]          = 0
+
+    Groups may be empty; groups that would run past ``M`` are truncated at ``M``. Accumulation is
+    in float32; the result has ``lhs``'s dtype unless ``preferred_element_type`` says otherwise.
+    Differentiable in ``lhs`` and ``rhs`` by a custom VJP: ``d lhs`` is a grouped matmul with
+    ``rhs[g]^T``, ``d rhs[g] = lhs_g^T @ d out_g``. ``group_sizes`` stays on the device (no host
+    sync), so the op works under ``jit``.
+
+    Args:
+      lhs: ``[M, K]`` rows sorted by group (e.g. tokens sorted expert-major).
+      rhs: ``[G, K, N]`` one matrix per group (e.g. expert weights).
+      group_sizes: ``[G]`` integer row counts.
+      backend: ``None``/``"auto"`` (Pallas kernel on GPU, XLA elsewhere), ``"reference"``,
+        ``"xla"`` (``jax.lax.ragged_dot``), ``"pallas"``, or a configured backend object.
+      preferred_element_type: dtype of the result (default: ``lhs.dtype``).
+
+    Returns:
+      ``[M, N]``.
+
+    Example::
+
+      >>> x = jnp.ones((5, 2)); w = jnp.stack([jnp.eye(2), 2 * jnp.eye(2)])
+      >>> grouped_matmul(x, w, jnp.array([2, 1]), backend="reference")[:, 0]
+      Array([1., 1., 2., 0., 0.], dtype=float32)
+
+    References: Gale et al., MegaBlocks (2022), for grouped matmuls in dropless MoE.
+    """
+    check_grouped_matmul_args(lhs, rhs, group_sizes, preferred_element_type)
+    impl = resolve_backend(backend)
+    lhs, rhs = jnp.asarray(lhs), jnp.asarray(rhs)
+    out_dtype = jnp.dtype(preferred_element_type or lhs.dtype)
+    group_sizes = clip_group_sizes(jnp.asarray(group_sizes), lhs.shape[0])
+    return _grouped_matmul(lhs, rhs, group_sizes, impl, out_dtype)
