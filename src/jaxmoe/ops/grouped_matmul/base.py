@@ -38,9 +38,7 @@ def check_grouped_matmul_args(lhs, rhs, group_sizes, preferred_element_type=None
             "Flatten the leading dims first: lhs.reshape(-1, lhs.shape[-1])."
         )
     if len(rhs_shape) != 3:
-        raise ValueError(
-            f"grouped_matmul: `rhs` must be 3-D [G, K, N]; got shape {rhs_shape}."
-        )
+        raise ValueError(f"grouped_matmul: `rhs` must be 3-D [G, K, N]; got shape {rhs_shape}.")
     if lhs_shape[1] != rhs_shape[1]:
         raise ValueError(
             f"grouped_matmul: the contracting dims differ: `lhs` is [M={lhs_shape[0]}, "

@@ -1,0 +1,64 @@
+"""Expert feed-forward networks: the routed experts (grouped matmuls) and the shared expert."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from jaxmoe.ops.grouped_matmul import grouped_matmul
+
+
+def activation_fn(name: str):
+    """The nonlinearity of an activation name (GELU is the tanh approximation)."""
+    if name in ("swiglu",):
+        return jax.nn.silu
+    if name in ("geglu", "gelu"):
+        return lambda h: jax.nn.gelu(h, approximate=True)
+    if name == "relu":
+        return jax.nn.relu
+    raise ValueError(f"unknown activation {name!r}")
+
+
+def _gated(activation: str) -> bool:
+    return activation in ("swiglu", "geglu")
+
+
+def routed_experts(
+    buffer: jax.Array, group_sizes: jax.Array, weights: dict, activation: str, backend=None
+) -> jax.Array:
+    """Applies expert ``e``'s FFN to its block of rows of the expert-major ``buffer``.
+
+    Gated: ``(act(x @ w_gate[e]) * (x @ w_up[e])) @ w_down[e]``; plain:
+    ``act(x @ w_up[e]) @ w_down[e]``. Zero rows stay zero (act(0) = 0 for every activation).
+
+    Args:
+      buffer: ``[R, H]`` rows sorted expert-major.
+      group_sizes: ``[E_local]`` rows per expert block.
+      weights: ``{"w_gate": [E_local, H, F] (gated), "w_up": [E_local, H, F], "w_down": [E_local, F, H]}``.
+      activation: a ``MoEConfig.activation`` name.
+      backend: grouped matmul backend (see ``grouped_matmul``).
+
+    Returns:
+      ``[R, H]``.
+    """
+    act = activation_fn(activation)
+    dtype = buffer.dtype
+    up = grouped_matmul(buffer, weights["w_up"].astype(dtype), group_sizes, backend=backend)
+    if _gated(activation):
+        gate = grouped_matmul(buffer, weights["w_gate"].astype(dtype), group_sizes, backend=backend)
+        hidden = act(gate) * up
+    else:
+        hidden = act(up)
+    return grouped_matmul(hidden, weights["w_down"].astype(dtype), group_sizes, backend=backend)
+
+
+def shared_expert(x: jax.Array, weights: dict, activation: str) -> jax.Array:
+    """The dense FFN every token goes through: ``[T, H] -> [T, H]``."""
+    act = activation_fn(activation)
+    dtype = x.dtype
+    up = jnp.dot(x, weights["w_up"].astype(dtype))
+    if _gated(activation):
+        hidden = act(jnp.dot(x, weights["w_gate"].astype(dtype))) * up
+    else:
+        hidden = act(up)
+    return jnp.dot(hidden, weights["w_down"].astype(dtype))

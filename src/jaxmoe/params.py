@@ -1,0 +1,125 @@
+"""Parameters of an MoE layer: creation, shape checks and logical sharding axes."""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxmoe.config import MoEConfig
+
+# Logical axis names (Flax style). ``parallel.sharding`` maps them to mesh axes.
+EMBED, MLP, EXPERT, ROUTER = "embed", "mlp", "expert", "router"
+BATCH, SEQUENCE = "batch", "sequence"
+
+
+def param_shapes(cfg: MoEConfig) -> dict:
+    """The parameter tree as shapes: the layout ``init_params`` makes and ``moe`` expects."""
+    num_experts, hidden, ffn = cfg.num_experts, cfg.hidden_size, cfg.ffn_size
+    experts = {"w_up": (num_experts, hidden, ffn), "w_down": (num_experts, ffn, hidden)}
+    if cfg.gated:
+        experts = {"w_gate": (num_experts, hidden, ffn), **experts}
+    shapes = {"router": {"kernel": (hidden, num_experts)}, "experts": experts}
+    if cfg.use_expert_bias:
+        shapes["expert_bias"] = (num_experts,)
+    if cfg.num_shared_experts:
+        shared_ffn = cfg.effective_shared_ffn_size
+        shared = {"w_up": (hidden, shared_ffn), "w_down": (shared_ffn, hidden)}
+        if cfg.gated:
+            shared = {"w_gate": (hidden, shared_ffn), **shared}
+        shapes["shared"] = shared
+    return shapes
+
+
+def param_logical_axes(cfg: MoEConfig) -> dict:
+    """Logical axis names of every parameter, in the same tree as :func:`param_shapes`."""
+    experts = {"w_up": (EXPERT, EMBED, MLP), "w_down": (EXPERT, MLP, EMBED)}
+    if cfg.gated:
+        experts["w_gate"] = (EXPERT, EMBED, MLP)
+    axes = {"router": {"kernel": (EMBED, ROUTER)}, "experts": experts}
+    if cfg.use_expert_bias:
+        axes["expert_bias"] = (ROUTER,)
+    if cfg.num_shared_experts:
+        shared = {"w_up": (EMBED, MLP), "w_down": (MLP, EMBED)}
+        if cfg.gated:
+            shared["w_gate"] = (EMBED, MLP)
+        axes["shared"] = shared
+    return jax.tree.map(lambda s, a: a, param_shapes(cfg), axes, is_leaf=_is_shape)
+
+
+def _is_shape(node) -> bool:
+    return isinstance(node, tuple) and all(isinstance(d, int) for d in node)
+
+
+def init_params(key: jax.Array, cfg: MoEConfig) -> dict:
+    """Creates the parameters of an MoE layer.
+
+    Weights are drawn from a truncated normal with standard deviation ``1/sqrt(fan_in)`` (LeCun);
+    ``expert_bias`` starts at zero.
+
+    Returns:
+      ``{"router": {"kernel": [H, E]}, "experts": {"w_gate": [E, H, F] (gated only),
+      "w_up": [E, H, F], "w_down": [E, F, H]}, "expert_bias": [E] (use_expert_bias only),
+      "shared": {"w_gate": [H, Fs] (gated only), "w_up": [H, Fs], "w_down": [Fs, H]}
+      (shared experts only)}`` in ``cfg.param_dtype``.
+    """
+    shapes = param_shapes(cfg)
+    leaves, treedef = jax.tree.flatten(shapes, is_leaf=_is_shape)
+    keys = jax.random.split(key, len(leaves))
+    paths = [
+        jax.tree_util.keystr(p)
+        for p, _ in jax.tree_util.tree_flatten_with_path(shapes, is_leaf=_is_shape)[0]
+    ]
+    values = []
+    for leaf_key, shape, path in zip(keys, leaves, paths, strict=True):
+        if "expert_bias" in path:
+            values.append(jnp.zeros(shape, cfg.param_dtype))
+            continue
+        fan_in = shape[-2]
+        std = 1.0 / math.sqrt(fan_in)
+        values.append(
+            (std * jax.random.truncated_normal(leaf_key, -2.0, 2.0, shape, jnp.float32)).astype(
+                cfg.param_dtype
+            )
+        )
+    return jax.tree.unflatten(treedef, values)
+
+
+def check_params(params, cfg: MoEConfig) -> None:
+    """Raises ValueError naming the first leaf whose presence, shape or dtype is wrong."""
+    expected = param_shapes(cfg)
+    expected_flat = dict(
+        (jax.tree_util.keystr(path), shape)
+        for path, shape in jax.tree_util.tree_flatten_with_path(expected, is_leaf=_is_shape)[0]
+    )
+    try:
+        given_flat = dict(
+            (jax.tree_util.keystr(path), leaf)
+            for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]
+        )
+    except Exception as error:  # pragma: no cover - exotic containers
+        raise ValueError(f"moe: `params` is not a pytree of arrays ({error}).") from error
+    for path, shape in expected_flat.items():
+        if path not in given_flat:
+            raise ValueError(
+                f"moe: params{path} is missing; a layer with this config needs "
+                f"{sorted(expected_flat)}. Make params with jaxmoe.init_params(key, cfg)."
+            )
+        leaf = given_flat[path]
+        if tuple(np.shape(leaf)) != shape:
+            raise ValueError(
+                f"moe: params{path} has shape {tuple(np.shape(leaf))}, expected {shape} for "
+                f"E={cfg.num_experts}, H={cfg.hidden_size}, F={cfg.ffn_size}."
+            )
+        if not jnp.issubdtype(jnp.result_type(leaf), jnp.floating):
+            raise ValueError(
+                f"moe: params{path} must be floating point; got dtype {jnp.result_type(leaf)}."
+            )
+    extra = sorted(set(given_flat) - set(expected_flat))
+    if extra:
+        raise ValueError(
+            f"moe: params{extra[0]} is not used by this config (unexpected leaves {extra}); "
+            "check use_expert_bias / num_shared_experts / activation."
+        )

@@ -1,0 +1,238 @@
+r"""Token permutation: token copies sorted expert-major into a padded buffer, and back.
+
+For T tokens with K choices each there are A = T*K assignments, numbered token-major
+(``a = t*K + j``). :func:`plan_dispatch` sorts them by expert, stably, so that each expert's
+block keeps token order, and lays the blocks out in a buffer of R rows::
+
+    buffer rows:  [ expert 0: its copies | pad ][ expert 1: ... | pad ] ... [ unused tail ]
+                    ^ offsets[0]                ^ offsets[1]
+    group_sizes[e] = padded block length (what the grouped matmul sees); rows past the blocks
+    and padding rows hold zeros and are never read back.
+
+* Dropless (default): block e holds all ``c_e`` copies, padded up to a multiple of
+  ``alignment``; ``R = A + E*(alignment-1)`` rounded up to ``alignment`` (a static bound).
+* Capacity C: every block has ``Cp = ceil(C / alignment) * alignment`` rows; expert e keeps its
+  first ``C`` copies in token order, later ones are dropped (counted, contribute zero).
+
+:func:`dispatch` (gather tokens into the buffer) and :func:`combine` (gather the buffer back
+and sum the K copies with their weights) have custom VJPs that are each other's transposes.
+Both directions are gathers (no scatter-add), so gradients are deterministic.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from jaxmoe import debug
+
+
+class DispatchPlan(NamedTuple):
+    """Where every token copy goes. All int32, all on device.
+
+    Attributes:
+      row_assignment: ``[R]`` the assignment ``a = t*K + j`` held by each buffer row, or ``A``
+        (an out-of-range sentinel) for padding and unused rows.
+      assignment_row: ``[T, K]`` the buffer row of each assignment, or ``R`` if dropped.
+      group_sizes: ``[E]`` rows of each expert's block (padding included).
+      tokens_per_expert: ``[E]`` assignments routed to each expert, before any drop.
+      dropped: scalar, assignments dropped by the capacity.
+    """
+
+    row_assignment: jax.Array
+    assignment_row: jax.Array
+    group_sizes: jax.Array
+    tokens_per_expert: jax.Array
+    dropped: jax.Array
+
+    @property
+    def num_rows(self) -> int:
+        return self.row_assignment.shape[0]
+
+
+def _round_up(value, multiple):
+    return (value + multiple - 1) // multiple * multiple
+
+
+def buffer_rows(
+    num_assignments: int, num_experts: int, alignment: int, capacity: int | None
+) -> int:
+    """R, the static number of rows of the permuted buffer (see the module docstring)."""
+    if capacity is not None:
+        return num_experts * _round_up(capacity, alignment)
+    if alignment == 1:
+        return num_assignments
+    return _round_up(num_assignments + num_experts * (alignment - 1), alignment)
+
+
+def plan_dispatch(
+    experts: jax.Array, num_experts: int, *, alignment: int = 1, capacity: int | None = None
+) -> DispatchPlan:
+    """Plans the expert-major layout of the token copies chosen by ``experts``.
+
+    Args:
+      experts: ``[T, K]`` int32 chosen experts (distinct within a row).
+      num_experts: E.
+      alignment: pad each expert's block to a multiple of this many rows.
+      capacity: per-expert capacity C, or ``None`` for dropless.
+
+    Returns:
+      A :class:`DispatchPlan`.
+    """
+    num_tokens, top_k = experts.shape
+    num_assignments = num_tokens * top_k
+    num_rows = buffer_rows(num_assignments, num_experts, alignment, capacity)
+    flat_experts = experts.reshape(-1).astype(jnp.int32)
+    # Stable: copies of one expert stay in token order (this defines who a capacity drops).
+    order = jnp.argsort(flat_experts, stable=True).astype(jnp.int32)  # sorted slot -> assignment
+    tokens_per_expert = jnp.zeros((num_experts,), jnp.int32).at[flat_experts].add(1)
+    starts = jnp.cumsum(tokens_per_expert) - tokens_per_expert  # first sorted slot of each expert
+    if capacity is None:
+        kept = tokens_per_expert
+        group_sizes = _round_up(kept, alignment)
+    else:
+        kept = jnp.minimum(tokens_per_expert, capacity)
+        group_sizes = jnp.full((num_experts,), _round_up(capacity, alignment), jnp.int32)
+    offsets = jnp.cumsum(group_sizes) - group_sizes  # first buffer row of each block
+
+    # Buffer row -> assignment (a gather: row r of block e is that expert's (r - offset)-th copy).
+    rows = jnp.arange(num_rows, dtype=jnp.int32)
+    row_expert = jnp.clip(
+        jnp.searchsorted(jnp.cumsum(group_sizes), rows, side="right"), 0, num_experts - 1
+    )
+    rank = rows - offsets[row_expert]
+    real = (rank >= 0) & (rank < kept[row_expert]) & (rows < jnp.sum(group_sizes))
+    sorted_slot = jnp.clip(starts[row_expert] + rank, 0, num_assignments - 1)
+    row_assignment = jnp.where(real, order[sorted_slot], num_assignments).astype(jnp.int32)
+
+    # Assignment -> buffer row: invert through the sort (each sorted slot knows its rank).
+    sorted_experts = flat_experts[order]
+    sorted_rank = jnp.arange(num_assignments, dtype=jnp.int32) - starts[sorted_experts]
+    sorted_row = jnp.where(
+        sorted_rank < kept[sorted_experts], offsets[sorted_experts] + sorted_rank, num_rows
+    )
+    assignment_row = (
+        jnp.zeros((num_assignments,), jnp.int32).at[order].set(sorted_row, unique_indices=True)
+    )
+    return DispatchPlan(
+        row_assignment=row_assignment,
+        assignment_row=assignment_row.reshape(num_tokens, top_k),
+        group_sizes=group_sizes.astype(jnp.int32),
+        tokens_per_expert=tokens_per_expert,
+        dropped=jnp.sum(tokens_per_expert - kept).astype(jnp.int32),
+    )
+
+
+def _gather_rows(values: jax.Array, index: jax.Array) -> jax.Array:
+    """``values[index]`` along axis 0, with zeros for out-of-range (sentinel) indices."""
+    return jnp.take(values, index, axis=0, mode="fill", fill_value=0)
+
+
+def _sum_copies(values: jax.Array, assignment_row: jax.Array, weights=None) -> jax.Array:
+    """``out[t] = sum_j w[t, j] * values[assignment_row[t, j]]`` with float32 accumulation."""
+    copies = _gather_rows(values, assignment_row.reshape(-1)).reshape(
+        *assignment_row.shape, values.shape[-1]
+    )
+    if weights is None:
+        return jnp.sum(copies.astype(jnp.float32), axis=1).astype(values.dtype)
+    out = jnp.einsum("tk,tkh->th", weights.astype(jnp.float32), copies.astype(jnp.float32))
+    return out
+
+
+def _spread(tokens, row_assignment, live_rows, top_k, weights=None):
+    """``buffer[r] = w[a] * tokens[a // K]`` for each row holding assignment ``a``; zeros else.
+
+    Rows at or past ``live_rows`` (outside every expert block) are never read by anything
+    downstream; the ``JAXMOE_POISON`` debug mode fills them with NaN to prove it. Padding rows
+    inside a block stay zero: they enter the weight-gradient contraction, where 0 is exact.
+    """
+    # The sentinel a = T*K maps to token T: out of range, so the gather fills zeros.
+    rows = _gather_rows(tokens, row_assignment // top_k)
+    if weights is not None:
+        row_weight = _gather_rows(weights.reshape(-1), row_assignment).astype(jnp.float32)
+        rows = (rows.astype(jnp.float32) * row_weight[:, None]).astype(tokens.dtype)
+    return debug.poison_rows(rows, live_rows)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
+def _dispatch(x, row_assignment, assignment_row, live_rows, top_k):
+    return _spread(x, row_assignment, live_rows, top_k)
+
+
+def _dispatch_fwd(x, row_assignment, assignment_row, live_rows, top_k):
+    return _spread(x, row_assignment, live_rows, top_k), (assignment_row,)
+
+
+def _dispatch_bwd(top_k, residuals, grad_buffer):
+    (assignment_row,) = residuals
+    # Transpose of a copy-out: each token gathers back the gradient of its K copies.
+    grad_x = _sum_copies(grad_buffer, assignment_row)
+    return grad_x, None, None, None
+
+
+_dispatch.defvjp(_dispatch_fwd, _dispatch_bwd)
+
+
+def dispatch(x: jax.Array, plan: DispatchPlan) -> jax.Array:
+    """Copies each token to its experts' rows: ``buffer[r] = x[row_assignment[r] // K]``.
+
+    Args:
+      x: ``[T, H]`` tokens.
+      plan: from :func:`plan_dispatch`.
+
+    Returns:
+      ``[R, H]`` expert-major buffer. Padding rows inside blocks are zeros; rows past the blocks
+      are zeros too (NaN in the ``JAXMOE_POISON`` debug mode: nothing may read them).
+    """
+    top_k = plan.assignment_row.shape[1]
+    live_rows = jnp.sum(plan.group_sizes)
+    return _dispatch(x, plan.row_assignment, plan.assignment_row, live_rows, top_k)
+
+
+@jax.custom_vjp
+def _combine(buffer, weights, row_assignment, assignment_row, live_rows):
+    return _sum_copies(buffer, assignment_row, weights)
+
+
+def _combine_fwd(buffer, weights, row_assignment, assignment_row, live_rows):
+    out = _sum_copies(buffer, assignment_row, weights)
+    return out, (buffer, weights, row_assignment, assignment_row, live_rows)
+
+
+def _combine_bwd(residuals, grad_out):
+    buffer, weights, row_assignment, assignment_row, live_rows = residuals
+    top_k = weights.shape[1]
+    # d buffer[r] = w[a] * d out[a // K]: a dispatch of the output gradient, weighted.
+    grad_buffer = _spread(grad_out.astype(buffer.dtype), row_assignment, live_rows, top_k, weights)
+    # d w[t, j] = <d out[t], buffer[assignment_row[t, j]]> (zero for dropped copies).
+    copies = _gather_rows(buffer, assignment_row.reshape(-1)).reshape(
+        *assignment_row.shape, buffer.shape[-1]
+    )
+    grad_weights = jnp.einsum(
+        "th,tkh->tk", grad_out.astype(jnp.float32), copies.astype(jnp.float32)
+    ).astype(weights.dtype)
+    return grad_buffer, grad_weights, None, None, None
+
+
+_combine.defvjp(_combine_fwd, _combine_bwd)
+
+
+def combine(buffer: jax.Array, weights: jax.Array, plan: DispatchPlan) -> jax.Array:
+    """Sums each token's K expert outputs: ``y[t] = sum_j weights[t, j] * buffer[row(t, j)]``.
+
+    Dropped copies contribute zero. Accumulates in float32 and returns float32; the caller
+    casts. Only rows that hold a copy are read.
+
+    Args:
+      buffer: ``[R, H]`` expert outputs in the plan's layout.
+      weights: ``[T, K]`` combine weights.
+      plan: from :func:`plan_dispatch`.
+
+    Returns:
+      ``[T, H]`` float32.
+    """
+    live_rows = jnp.sum(plan.group_sizes)
+    return _combine(buffer, weights, plan.row_assignment, plan.assignment_row, live_rows)

@@ -1,0 +1,142 @@
+"""Routing: scores, (group-limited) top-k selection and combine weights.
+
+All routing math is float32. Ties in top-k go to the lower expert index (``lax.top_k``'s rule).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from jaxmoe.config import MoEConfig
+
+# Guards the normalisations against all-zero scores (sigmoid underflow); far below any real sum.
+_EPS = 1e-20
+
+
+class Routing(NamedTuple):
+    """The router's decision for T tokens.
+
+    Attributes:
+      weights: ``[T, K]`` float32 combine weights (after normalisation and ``routed_scaling``).
+      experts: ``[T, K]`` int32 chosen experts, in selection order.
+      scores: ``[T, E]`` float32 per-expert probabilities used by the balancing losses.
+    """
+
+    weights: jax.Array
+    experts: jax.Array
+    scores: jax.Array
+
+
+def router_logits(x: jax.Array, kernel: jax.Array) -> jax.Array:
+    """``x[T, H] @ kernel[H, E]`` in float32 (router precision matters for selection)."""
+    return jnp.dot(x.astype(jnp.float32), kernel.astype(jnp.float32))
+
+
+def _score_fn(logits: jax.Array, score: str) -> jax.Array:
+    if score == "sigmoid":
+        return jax.nn.sigmoid(logits)
+    if score == "sqrtsoftplus":
+        return jnp.sqrt(jax.nn.softplus(logits))
+    return jax.nn.softmax(logits, axis=-1)
+
+
+def group_limited_top_k(
+    selection: jax.Array, top_k: int, num_groups: int, group_top_k: int
+) -> jax.Array:
+    """Top-k experts restricted to the ``group_top_k`` best of ``num_groups`` contiguous groups.
+
+    A group's score is the sum of its ``top_k // group_top_k`` largest selection scores
+    (DeepSeek-V3). With ``group_top_k == num_groups`` this is plain top-k.
+
+    Args:
+      selection: ``[T, E]`` float32 selection scores.
+
+    Returns:
+      ``[T, K]`` int32 expert indices.
+    """
+    if group_top_k >= num_groups:
+        return jax.lax.top_k(selection, top_k)[1].astype(jnp.int32)
+    num_tokens, num_experts = selection.shape
+    grouped = selection.reshape(num_tokens, num_groups, num_experts // num_groups)
+    group_scores = jax.lax.top_k(grouped, top_k // group_top_k)[0].sum(axis=-1)  # [T, G]
+    kept_groups = jax.lax.top_k(group_scores, group_top_k)[1]  # [T, group_top_k]
+    group_mask = jnp.any(
+        kept_groups[:, :, None] == jnp.arange(num_groups)[None, None, :], axis=1
+    )  # [T, G]
+    masked = jnp.where(group_mask[:, :, None], grouped, -jnp.inf).reshape(num_tokens, num_experts)
+    return jax.lax.top_k(masked, top_k)[1].astype(jnp.int32)
+
+
+def route(logits: jax.Array, cfg: MoEConfig, expert_bias: jax.Array | None = None) -> Routing:
+    r"""Chooses ``top_k`` experts per token and their combine weights.
+
+    * softmax, post (default): ``experts = top_k(logits)``; ``weights = softmax(logits[experts])``.
+    * softmax, pre: ``p = softmax(logits)``; ``experts = top_k(p)``; ``weights = p[experts]``
+      (divided by their sum if ``normalize_weights``).
+    * sigmoid / sqrtsoftplus: ``s = sigmoid(logits)`` or ``sqrt(softplus(logits))``;
+      ``experts = top_k(s + expert_bias)``; ``weights = s[experts]`` (no bias), divided by
+      ``sum + 1e-20`` if normalising.
+
+    Then ``weights *= routed_scaling``. With ``num_groups > 1`` the top-k is group-limited (see
+    :func:`group_limited_top_k`). ``scores`` (for the losses) is ``softmax(logits)`` or
+    ``s / (sum_E s + 1e-20)``. ``expert_bias`` only steers selection: it gets no gradient.
+
+    Args:
+      logits: ``[T, E]`` router logits (cast to float32).
+      cfg: the layer config.
+      expert_bias: ``[E]`` selection bias; required iff ``cfg.use_expert_bias``.
+
+    Returns:
+      A :class:`Routing`.
+
+    References: Shazeer et al. 2017 (top-k gating); Fedus et al. 2021 (Switch); DeepSeek-AI 2024,
+    DeepSeek-V3 (sigmoid scores, group-limited routing, bias-based balancing).
+    """
+    logits = logits.astype(jnp.float32)
+    if logits.ndim != 2 or logits.shape[-1] != cfg.num_experts:
+        raise ValueError(
+            f"route: `logits` must be [T, num_experts={cfg.num_experts}]; got {logits.shape}."
+        )
+    if cfg.use_expert_bias != (expert_bias is not None):
+        raise ValueError(
+            "route: `expert_bias` must be given exactly when cfg.use_expert_bias is True "
+            f"(use_expert_bias={cfg.use_expert_bias}, expert_bias "
+            f"{'given' if expert_bias is not None else 'missing'})."
+        )
+    if cfg.score == "softmax":
+        probs = jax.nn.softmax(logits, axis=-1)
+        selection = probs if cfg.pre_softmax else logits
+        scores = probs
+    else:
+        s = _score_fn(logits, cfg.score)
+        selection = s
+        scores = s / (jnp.sum(s, axis=-1, keepdims=True) + _EPS)
+    if expert_bias is not None:
+        selection = selection + jax.lax.stop_gradient(expert_bias.astype(jnp.float32))
+    experts = group_limited_top_k(
+        jax.lax.stop_gradient(selection), cfg.top_k, cfg.num_groups, cfg.effective_group_top_k
+    )
+    if cfg.score == "softmax" and not cfg.pre_softmax:
+        weights = jax.nn.softmax(jnp.take_along_axis(logits, experts, axis=-1), axis=-1)
+    else:
+        base = probs if cfg.score == "softmax" else s
+        weights = jnp.take_along_axis(base, experts, axis=-1)
+        if cfg.normalize_routing_weights:
+            weights = weights / (jnp.sum(weights, axis=-1, keepdims=True) + _EPS)
+    weights = weights * cfg.routed_scaling
+    return Routing(weights=weights, experts=experts, scores=scores)
+
+
+def update_expert_bias(bias: jax.Array, tokens_per_expert: jax.Array, rate: float) -> jax.Array:
+    r"""Aux-loss-free balancing step: ``bias + rate * sign(mean(c) - c)``.
+
+    Under-loaded experts (count below the mean) get a higher selection bias, over-loaded ones a
+    lower one. Apply after each training step with the step's ``MoEStats.tokens_per_expert``.
+
+    References: Wang et al. 2024, Auxiliary-Loss-Free Load Balancing; DeepSeek-V3.
+    """
+    counts = tokens_per_expert.astype(jnp.float32)
+    return (bias + rate * jnp.sign(jnp.mean(counts) - counts)).astype(bias.dtype)
