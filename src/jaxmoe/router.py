@@ -115,7 +115,7 @@ def route(logits: jax.Array, cfg: MoEConfig, expert_bias: jax.Array | None = Non
         selection = s
         scores = s / (jnp.sum(s, axis=-1, keepdims=True) + _EPS)
     if expert_bias is not None:
-        selection = selection + jax.lax.stop_gradient(expert_bias.astype(jnp.float32))
+        selection = selection + jax.lax.stop_gradient(expert_bias.astype(jnp.float32))[None, :]
     experts = group_limited_top_k(
         jax.lax.stop_gradient(selection), cfg.top_k, cfg.num_groups, cfg.effective_group_top_k
     )

@@ -1,0 +1,85 @@
+"""``jaxmoe.nn.MoE``: the layer as a ``flax.nnx.Module`` holding the ``init_params`` tree."""
+
+from __future__ import annotations
+
+import jax
+from flax import nnx
+
+from jaxmoe.config import MoEConfig
+from jaxmoe.layer import MoEStats, moe
+from jaxmoe.params import init_params, param_logical_axes
+
+
+class ExpertBias(nnx.Variable):
+    """The aux-loss-free selection bias: state, not a trained parameter (gets no gradient).
+
+    Optimizers built on ``nnx.Param`` skip it; update it with ``jaxmoe.update_expert_bias``.
+    """
+
+
+def _param(value, axes, variable_type):
+    # Logical names as metadata only (no mesh needed at creation); map them to mesh axes with
+    # jaxmoe.parallel.logical_axis_rules and nnx.get_partition_spec.
+    try:
+        return variable_type(value, out_sharding=axes, eager_sharding=False)
+    except TypeError:  # older flax: no eager_sharding / out_sharding keywords
+        return variable_type(value, sharding_names=axes)
+
+
+class MoE(nnx.Module):
+    """Mixture-of-Experts FFN layer (see :func:`jaxmoe.moe` for the math).
+
+    Attributes mirror ``init_params``: ``router`` (``{"kernel"}``), ``experts``
+    (``w_gate``/``w_up``/``w_down``), ``expert_bias`` (an :class:`ExpertBias`, with
+    ``use_expert_bias``) and ``shared`` (with shared experts). Parameters carry logical axis
+    names (``embed``, ``mlp``, ``expert``, ``router``) as sharding metadata.
+
+    Example::
+
+      layer = jaxmoe.nn.MoE(cfg, rngs=nnx.Rngs(0))
+      y, stats = layer(x)                    # x: [B, S, H]
+      layer.update_expert_bias(stats.tokens_per_expert, rate=1e-3)  # with use_expert_bias
+    """
+
+    def __init__(self, cfg: MoEConfig, *, rngs: nnx.Rngs, mesh: jax.sharding.Mesh | None = None):
+        self.cfg = cfg
+        self.mesh = mesh
+        values = init_params(rngs.params(), cfg)
+        axes = param_logical_axes(cfg)
+        self.experts = _container(values["experts"], axes["experts"])
+        self.router = _container(values["router"], axes["router"])
+        if cfg.use_expert_bias:
+            self.expert_bias = _param(values["expert_bias"], axes["expert_bias"], ExpertBias)
+        if cfg.num_shared_experts:
+            self.shared = _container(values["shared"], axes["shared"])
+
+    def params_tree(self) -> dict:
+        """The current values as the plain ``init_params`` tree."""
+        tree = {
+            "router": {k: v[...] for k, v in self.router.items()},
+            "experts": {k: v[...] for k, v in self.experts.items()},
+        }
+        if self.cfg.use_expert_bias:
+            tree["expert_bias"] = self.expert_bias[...]
+        if self.cfg.num_shared_experts:
+            tree["shared"] = {k: v[...] for k, v in self.shared.items()}
+        return tree
+
+    def __call__(self, x: jax.Array) -> tuple[jax.Array, MoEStats]:
+        return moe(self.params_tree(), x, self.cfg, mesh=self.mesh)
+
+    def update_expert_bias(self, tokens_per_expert: jax.Array, rate: float) -> None:
+        """Applies ``jaxmoe.update_expert_bias`` in place (call after an optimizer step)."""
+        from jaxmoe.router import update_expert_bias
+
+        if not self.cfg.use_expert_bias:
+            raise ValueError(
+                "MoE.update_expert_bias: the layer has no bias; build it with "
+                "MoEConfig(use_expert_bias=True, score='sigmoid')."
+            )
+        self.expert_bias[...] = update_expert_bias(self.expert_bias[...], tokens_per_expert, rate)
+
+
+def _container(values: dict, axes: dict):
+    # nnx.Dict makes a dict of Variables a pytree node of the module graph.
+    return nnx.Dict({k: _param(v, axes[k], nnx.Param) for k, v in values.items()})
