@@ -30,6 +30,26 @@ class Routing(NamedTuple):
     scores: jax.Array
 
 
+@jax.custom_jvp
+def normalize(values: jax.Array) -> jax.Array:
+    """``values / (sum(values, -1) + 1e-20)``, with a derivative that stays finite at 0.
+
+    Autodiff of the plain quotient forms ``(sum + 1e-20)^-2``, which overflows float32 when
+    every score underflows (sigmoid of very negative logits) and turns gradients into NaN.
+    The rule below, ``d out = (d v - out * sum(d v)) / (sum + 1e-20)``, is the same derivative
+    without the square.
+    """
+    return values / (jnp.sum(values, axis=-1, keepdims=True) + _EPS)
+
+
+@normalize.defjvp
+def _normalize_jvp(primals, tangents):
+    (values,), (dvalues,) = primals, tangents
+    denominator = jnp.sum(values, axis=-1, keepdims=True) + _EPS
+    out = values / denominator
+    return out, (dvalues - out * jnp.sum(dvalues, axis=-1, keepdims=True)) / denominator
+
+
 def router_logits(x: jax.Array, kernel: jax.Array) -> jax.Array:
     """``x[T, H] @ kernel[H, E]`` in float32 (router precision matters for selection)."""
     return jnp.dot(x.astype(jnp.float32), kernel.astype(jnp.float32))
@@ -39,7 +59,12 @@ def _score_fn(logits: jax.Array, score: str) -> jax.Array:
     if score == "sigmoid":
         return jax.nn.sigmoid(logits)
     if score == "sqrtsoftplus":
-        return jnp.sqrt(jax.nn.softplus(logits))
+        # softplus underflows to 0 for very negative logits, where sqrt's derivative is infinite
+        # (inf * 0 = NaN in backprop). The true derivative sigmoid / (2 sqrt(softplus)) tends to
+        # 0 there, so take 0 at exactly 0 through the double-where pattern.
+        softplus = jax.nn.softplus(logits)
+        positive = softplus > 0
+        return jnp.where(positive, jnp.sqrt(jnp.where(positive, softplus, 1.0)), 0.0)
     return jax.nn.softmax(logits, axis=-1)
 
 
@@ -111,9 +136,10 @@ def route(logits: jax.Array, cfg: MoEConfig, expert_bias: jax.Array | None = Non
         selection = probs if cfg.pre_softmax else logits
         scores = probs
     else:
+        # sigmoid / sqrtsoftplus; see _score_fn.
         s = _score_fn(logits, cfg.score)
         selection = s
-        scores = s / (jnp.sum(s, axis=-1, keepdims=True) + _EPS)
+        scores = normalize(s)
     if expert_bias is not None:
         selection = selection + jax.lax.stop_gradient(expert_bias.astype(jnp.float32))[None, :]
     experts = group_limited_top_k(
@@ -125,7 +151,7 @@ def route(logits: jax.Array, cfg: MoEConfig, expert_bias: jax.Array | None = Non
         base = probs if cfg.score == "softmax" else s
         weights = jnp.take_along_axis(base, experts, axis=-1)
         if cfg.normalize_routing_weights:
-            weights = weights / (jnp.sum(weights, axis=-1, keepdims=True) + _EPS)
+            weights = normalize(weights)
     weights = weights * cfg.routed_scaling
     return Routing(weights=weights, experts=experts, scores=scores)
 
