@@ -24,7 +24,13 @@ def _gated(activation: str) -> bool:
 
 
 def routed_experts(
-    buffer: jax.Array, group_sizes: jax.Array, weights: dict, activation: str, backend=None
+    buffer: jax.Array,
+    group_sizes: jax.Array,
+    weights: dict,
+    activation: str,
+    backend=None,
+    *,
+    block_rows: int | None = None,
 ) -> jax.Array:
     """Applies expert ``e``'s FFN to its block of rows of the expert-major ``buffer``.
 
@@ -37,19 +43,32 @@ def routed_experts(
       weights: ``{"w_gate": [E_local, H, F] (gated), "w_up": [E_local, H, F], "w_down": [E_local, F, H]}``.
       activation: a ``MoEConfig.activation`` name.
       backend: grouped matmul backend (see ``grouped_matmul``).
+      block_rows: when every expert has a block of exactly this many rows (capacity mode,
+        ``R = E_local * block_rows``), the experts run as one batched matmul instead: the same
+        result without ragged bookkeeping (``backend`` is then unused).
 
     Returns:
       ``[R, H]``.
     """
     act = activation_fn(activation)
     dtype = buffer.dtype
-    up = grouped_matmul(buffer, weights["w_up"].astype(dtype), group_sizes, backend=backend)
-    if _gated(activation):
-        gate = grouped_matmul(buffer, weights["w_gate"].astype(dtype), group_sizes, backend=backend)
-        hidden = act(gate) * up
+    if block_rows is not None:
+        num_experts = weights["w_up"].shape[0]
+        blocks = buffer.reshape(num_experts, block_rows, buffer.shape[-1])
+
+        def matmul(lhs, rhs):
+            return jnp.einsum(
+                "ecm,emn->ecn", lhs, rhs.astype(dtype), preferred_element_type=jnp.float32
+            ).astype(dtype)
     else:
-        hidden = act(up)
-    return grouped_matmul(hidden, weights["w_down"].astype(dtype), group_sizes, backend=backend)
+        blocks = buffer
+
+        def matmul(lhs, rhs):
+            return grouped_matmul(lhs, rhs.astype(dtype), group_sizes, backend=backend)
+
+    up = matmul(blocks, weights["w_up"])
+    hidden = act(matmul(blocks, weights["w_gate"])) * up if _gated(activation) else act(up)
+    return matmul(hidden, weights["w_down"]).reshape(buffer.shape)
 
 
 def shared_expert(x: jax.Array, weights: dict, activation: str) -> jax.Array:

@@ -106,11 +106,10 @@ def moe_local(params, x: jax.Array, cfg: MoEConfig) -> tuple[jax.Array, MoEStats
             routing, terms = route_tokens(params, tokens, cfg, num_sequences(x.shape))
         compute = tokens.astype(cfg.dtype)
         with jax.named_scope("permute"):
+            alignment = resolve_alignment(cfg)
+            capacity = cfg.capacity(tokens.shape[0])
             plan = permutation.plan_dispatch(
-                routing.experts,
-                cfg.num_experts,
-                alignment=resolve_alignment(cfg),
-                capacity=cfg.capacity(tokens.shape[0]),
+                routing.experts, cfg.num_experts, alignment=alignment, capacity=capacity
             )
             buffer = permutation.dispatch(compute, plan)
         with jax.named_scope("experts"):
@@ -120,6 +119,7 @@ def moe_local(params, x: jax.Array, cfg: MoEConfig) -> tuple[jax.Array, MoEStats
                 params["experts"],
                 cfg.activation,
                 cfg.grouped_matmul_backend,
+                block_rows=permutation.capacity_block_rows(capacity, alignment),
             )
         with jax.named_scope("combine"):
             out = permutation.combine(expert_out, routing.weights, plan)

@@ -57,12 +57,17 @@ def _round_up(value, multiple):
     return (value + multiple - 1) // multiple * multiple
 
 
+def capacity_block_rows(capacity: int | None, alignment: int) -> int | None:
+    """Rows of every expert block in capacity mode (``Cp``), or None when dropless."""
+    return None if capacity is None else _round_up(capacity, alignment)
+
+
 def buffer_rows(
     num_assignments: int, num_experts: int, alignment: int, capacity: int | None
 ) -> int:
     """R, the static number of rows of the permuted buffer (see the module docstring)."""
     if capacity is not None:
-        return num_experts * _round_up(capacity, alignment)
+        return num_experts * capacity_block_rows(capacity, alignment)
     if alignment == 1:
         return num_assignments
     return _round_up(num_assignments + num_experts * (alignment - 1), alignment)
