@@ -137,14 +137,18 @@ def _gather_rows(values: jax.Array, index: jax.Array) -> jax.Array:
 
 
 def _sum_copies(values: jax.Array, assignment_row: jax.Array, weights=None) -> jax.Array:
-    """``out[t] = sum_j w[t, j] * values[assignment_row[t, j]]`` with float32 accumulation."""
-    copies = _gather_rows(values, assignment_row.reshape(-1)).reshape(
-        *assignment_row.shape, values.shape[-1]
-    )
-    if weights is None:
-        return jnp.sum(copies.astype(jnp.float32), axis=1).astype(values.dtype)
-    out = jnp.einsum("tk,tkh->th", weights.astype(jnp.float32), copies.astype(jnp.float32))
-    return out
+    """``out[t] = sum_j w[t, j] * values[assignment_row[t, j]]``, accumulated in float32.
+
+    A static loop over the K choices: each step is one gather fused with a multiply-add, so
+    the ``[T, K, H]`` stack of copies is never materialised (K is small).
+    """
+    out = jnp.zeros((assignment_row.shape[0], values.shape[-1]), jnp.float32)
+    for choice in range(assignment_row.shape[1]):
+        copy = _gather_rows(values, assignment_row[:, choice]).astype(jnp.float32)
+        if weights is not None:
+            copy = copy * weights[:, choice, None].astype(jnp.float32)
+        out = out + copy
+    return out if weights is not None else out.astype(values.dtype)
 
 
 def _spread(tokens, row_assignment, live_rows, top_k, weights=None):
@@ -212,12 +216,18 @@ def _combine_bwd(residuals, grad_out):
     top_k = weights.shape[1]
     # d buffer[r] = w[a] * d out[a // K]: a dispatch of the output gradient, weighted.
     grad_buffer = _spread(grad_out.astype(buffer.dtype), row_assignment, live_rows, top_k, weights)
-    # d w[t, j] = <d out[t], buffer[assignment_row[t, j]]> (zero for dropped copies).
-    copies = _gather_rows(buffer, assignment_row.reshape(-1)).reshape(
-        *assignment_row.shape, buffer.shape[-1]
-    )
-    grad_weights = jnp.einsum(
-        "th,tkh->tk", grad_out.astype(jnp.float32), copies.astype(jnp.float32)
+    # d w[t, j] = <d out[t], buffer[assignment_row[t, j]]> (zero for dropped copies); one
+    # fused gather-and-reduce per choice, like the forward.
+    grad_out = grad_out.astype(jnp.float32)
+    grad_weights = jnp.stack(
+        [
+            jnp.sum(
+                grad_out * _gather_rows(buffer, assignment_row[:, choice]).astype(jnp.float32),
+                axis=-1,
+            )
+            for choice in range(top_k)
+        ],
+        axis=1,
     ).astype(weights.dtype)
     return grad_buffer, grad_weights, None, None, None
 

@@ -1,0 +1,45 @@
+"""The activation-memory formulas of docs/memory.md against XLA's memory analysis."""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+import jaxmoe
+
+# (T, H, F, E, K, capacity_factor); capacity mode makes R exact: R = E * ceil(c*T*K/E).
+CASES = [
+    (1024, 64, 128, 8, 2, 1.0),
+    (2048, 256, 64, 32, 8, 1.0),
+    (1024, 128, 512, 16, 4, 2.0),
+]
+FORWARD_BAND = (0.9, 1.25)
+TRAINING_BAND = (1.0, 2.0)
+
+
+def _rows(num_tokens, num_experts, top_k, capacity_factor):
+    return num_experts * math.ceil(capacity_factor * num_tokens * top_k / num_experts)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_forward_and_training_peak_match_formula(case):
+    num_tokens, hidden, ffn, num_experts, top_k, factor = case
+    cfg = jaxmoe.MoEConfig(num_experts, top_k, hidden, ffn, capacity_factor=factor, alignment=1)
+    params = jaxmoe.init_params(jax.random.key(0), cfg)
+    x = jnp.ones((num_tokens, hidden), jnp.float32)
+    rows, itemsize = _rows(num_tokens, num_experts, top_k, factor), 4
+
+    forward = jax.jit(lambda p, x: jaxmoe.moe(p, x, cfg)[0]).lower(params, x).compile()
+    analysis = forward.memory_analysis()
+    if analysis is None:
+        pytest.skip("this jaxlib gives no memory analysis")
+    forward_formula = rows * (hidden + 2 * ffn) * itemsize + 8 * num_tokens * num_experts
+    ratio = analysis.temp_size_in_bytes / forward_formula
+    assert FORWARD_BAND[0] <= ratio <= FORWARD_BAND[1], (case, ratio)
+
+    loss = lambda p, x: jnp.sum(jaxmoe.moe(p, x, cfg)[0])
+    training = jax.jit(jax.grad(loss, argnums=(0, 1))).lower(params, x).compile()
+    saved = rows * (2 * hidden + 3 * ffn) * itemsize
+    ratio = training.memory_analysis().temp_size_in_bytes / saved
+    assert TRAINING_BAND[0] <= ratio <= TRAINING_BAND[1], (case, ratio)
