@@ -40,7 +40,8 @@ def routed_experts(
     Args:
       buffer: ``[R, H]`` rows sorted expert-major.
       group_sizes: ``[E_local]`` rows per expert block.
-      weights: ``{"w_gate": [E_local, H, F] (gated), "w_up": [E_local, H, F], "w_down": [E_local, F, H]}``.
+      weights: ``{"w_gate": [E_local, H, F] (gated), "w_up": [E_local, H, F],
+        "w_down": [E_local, F, H]}``.
       activation: a ``MoEConfig.activation`` name.
       backend: grouped matmul backend (see ``grouped_matmul``).
       block_rows: when every expert has a block of exactly this many rows (capacity mode,

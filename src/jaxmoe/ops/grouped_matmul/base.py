@@ -83,7 +83,7 @@ def clip_group_sizes(group_sizes: Array, num_rows: int) -> Array:
 
 
 def group_ids(group_sizes: Array, num_rows: int) -> Array:
-    """The group of every row, ``G`` for rows at or past ``sum(group_sizes)``. Shape ``[num_rows]``."""
+    """The group of every row (``[num_rows]``); ``G`` for rows at or past ``sum(group_sizes)``."""
     ends = jnp.cumsum(group_sizes)
     return jnp.searchsorted(ends, jnp.arange(num_rows, dtype=ends.dtype), side="right").astype(
         jnp.int32
