@@ -1,0 +1,83 @@
+"""Grouped-matmul benchmark on the GPU: jaxmoe Pallas vs jax.lax.ragged_dot vs torch._grouped_mm.
+
+    python benchmarks/grouped_matmul.py --out-dir benchmarks/results
+    python benchmarks/grouped_matmul.py --shapes mixtral-up,qwen3-down --impls jaxmoe,torch
+    python benchmarks/grouped_matmul.py --tune --shapes dsv3-up   # tile sweep of the kernels
+
+Writes ``{stem}.json`` and ``{stem}.md`` under ``--out-dir``; the library code is
+``jaxmoe.bench.gemm``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+# Let torch and JAX share the GPU: JAX must not grab 75% of it up front.
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+
+from jaxmoe.bench import gemm  # noqa: E402
+from jaxmoe.bench.presets import GEMM_SHAPES  # noqa: E402
+
+
+def _tune_candidates():
+    from jaxmoe.ops.grouped_matmul.pallas_triton import TileConfig as T
+
+    fwd = [
+        T(128, 256, 64, 8, 4),
+        T(128, 256, 64, 8, 3),
+        T(128, 128, 64, 4, 4),
+        T(256, 128, 64, 8, 4),
+        T(128, 128, 128, 8, 3),
+    ]
+    tg = [
+        T(64, 256, 128, 8, 3),
+        T(64, 128, 128, 4, 4),
+        T(128, 128, 128, 8, 3),
+        T(64, 256, 128, 8, 4),
+        T(32, 128, 256, 8, 4),
+    ]
+    return {"gmm": fwd, "dgrad": fwd, "tgmm": tg}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    default_shapes = ",".join(k for k in GEMM_SHAPES if k != "tiny")
+    parser.add_argument("--shapes", default=default_shapes, help="comma-separated GEMM_SHAPES keys")
+    parser.add_argument("--impls", default=",".join(gemm.IMPLS))
+    parser.add_argument("--routings", default=",".join(gemm.ROUTINGS))
+    parser.add_argument("--passes", default=",".join(gemm.PASSES))
+    parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--out-dir", default="benchmarks/results")
+    parser.add_argument("--stem", default="grouped_matmul")
+    parser.add_argument("--tune", action="store_true", help="sweep Pallas tile configs instead")
+    parser.add_argument("--time-budget-s", type=float, default=1e9)
+    args = parser.parse_args(argv)
+    shapes = [s for s in args.shapes.split(",") if s]
+    command = "python " + " ".join([os.path.relpath(__file__), *(argv or sys.argv[1:])])
+    if args.tune:
+        rows = gemm.sweep_pallas_tiles(
+            shapes, _tune_candidates(), repeats=args.repeats, time_budget_s=args.time_budget_s
+        )
+        os.makedirs(args.out_dir, exist_ok=True)
+        with open(os.path.join(args.out_dir, f"{args.stem}-tune.json"), "w") as f:
+            json.dump({"header": gemm.benchmark_header(command), "rows": rows}, f, indent=1)
+        return 0
+    rows = gemm.run_gemm_benchmark(
+        shapes,
+        impls=[i for i in args.impls.split(",") if i],
+        routings=[r for r in args.routings.split(",") if r],
+        passes=[p for p in args.passes.split(",") if p],
+        repeats=args.repeats,
+    )
+    header = gemm.benchmark_header(command)
+    json_path, md_path = gemm.write_results(rows, header, args.out_dir, args.stem)
+    print(gemm.markdown_table(rows))
+    print(f"wrote {json_path} and {md_path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

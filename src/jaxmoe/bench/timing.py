@@ -1,0 +1,101 @@
+"""Device-synchronised timing for JAX and torch callables: median milliseconds per call.
+
+Device work is asynchronous, so each sample launches ``inner`` calls back to back and then waits for
+the device; the sample is the elapsed host time over ``inner``. Launching several calls per sample
+hides the per-call dispatch gap (tens of microseconds) behind device work, as a training loop does.
+``inner`` is chosen so that one sample lasts about ``target_sample_ms``. Compilation and the first
+(warm-up) calls are never timed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+
+@dataclasses.dataclass(frozen=True)
+class Timing:
+    """Milliseconds per call over ``samples`` timed samples of ``inner`` calls each."""
+
+    median_ms: float
+    min_ms: float
+    max_ms: float
+    samples: int
+    inner: int
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def _time_with_sync(
+    call: Callable[[], Any],
+    sync: Callable[[Any], None],
+    *,
+    warmup: int,
+    repeats: int,
+    target_sample_ms: float,
+    max_inner: int,
+) -> Timing:
+    out = None
+    for _ in range(max(1, warmup)):
+        out = call()
+    sync(out)
+    # One probe call fixes how many calls make a sample.
+    t0 = time.perf_counter()
+    sync(call())
+    probe_ms = (time.perf_counter() - t0) * 1e3
+    inner = int(max(1, min(max_inner, target_sample_ms // max(probe_ms, 1e-3))))
+    samples = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for _ in range(inner):
+            out = call()
+        sync(out)
+        samples.append((time.perf_counter() - t0) * 1e3 / inner)
+    return Timing(statistics.median(samples), min(samples), max(samples), len(samples), inner)
+
+
+def time_jax(
+    fn: Callable[..., Any],
+    *args,
+    warmup: int = 3,
+    repeats: int = 10,
+    target_sample_ms: float = 20.0,
+    max_inner: int = 50,
+) -> Timing:
+    """Median ms per call of ``fn(*args)`` (jitted), synced by ``block_until_ready``."""
+    import jax
+
+    return _time_with_sync(
+        lambda: fn(*args),
+        jax.block_until_ready,
+        warmup=warmup,
+        repeats=repeats,
+        target_sample_ms=target_sample_ms,
+        max_inner=max_inner,
+    )
+
+
+def time_torch(
+    fn: Callable[..., Any],
+    *args,
+    warmup: int = 3,
+    repeats: int = 10,
+    target_sample_ms: float = 20.0,
+    max_inner: int = 50,
+) -> Timing:
+    """Median ms per call of ``fn(*args)`` on the current CUDA device, synced by
+    ``torch.cuda.synchronize``."""
+    import torch
+
+    return _time_with_sync(
+        lambda: fn(*args),
+        lambda _: torch.cuda.synchronize(),
+        warmup=warmup,
+        repeats=repeats,
+        target_sample_ms=target_sample_ms,
+        max_inner=max_inner,
+    )

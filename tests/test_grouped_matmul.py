@@ -1,0 +1,247 @@
+"""One suite for every grouped-matmul backend against an independent NumPy float64 reference.
+
+The Pallas backend runs its real kernels in interpret mode here (CPU), with small tiles so that
+groups straddle tiles and M is not a multiple of the tile.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from jaxmoe.ops.grouped_matmul.api import grouped_matmul
+from jaxmoe.ops.grouped_matmul.pallas_triton import (
+    PallasTritonGroupedMatmul,
+    TileConfig,
+    gmm_work_items,
+)
+
+# Relative tolerances on max |error| / max |reference|. bf16: inputs are exact in the reference
+# (same bf16 values, upcast), so the error is the bf16 rounding of the result (2^-8 relative).
+TOL = {"float32": 1e-5, "bfloat16": 1.6e-2}
+
+SMALL_TILES = TileConfig(block_m=16, block_n=16, block_k=16, num_warps=4, num_stages=2)
+BACKENDS = {
+    "reference": "reference",
+    "xla": "xla",
+    "pallas": PallasTritonGroupedMatmul(gmm_tiles=SMALL_TILES, tgmm_tiles=SMALL_TILES),
+}
+
+
+# --------------------------------------------------------------------------------------------------
+# The NumPy reference (float64, group sizes truncated at M like the op documents).
+# --------------------------------------------------------------------------------------------------
+
+
+def np_bounds(group_sizes, m):
+    ends = np.minimum(np.cumsum(np.maximum(np.asarray(group_sizes, np.int64), 0)), m)
+    return np.concatenate([[0], ends])
+
+
+def np_gmm(lhs, rhs, group_sizes):
+    lhs, rhs = np.asarray(lhs, np.float64), np.asarray(rhs, np.float64)
+    out = np.zeros((lhs.shape[0], rhs.shape[2]))
+    b = np_bounds(group_sizes, lhs.shape[0])
+    for g in range(rhs.shape[0]):
+        out[b[g] : b[g + 1]] = lhs[b[g] : b[g + 1]] @ rhs[g]
+    return out
+
+
+def np_grads(lhs, rhs, group_sizes, dout):
+    lhs, rhs, dout = (np.asarray(a, np.float64) for a in (lhs, rhs, dout))
+    dlhs = np.zeros_like(lhs)
+    drhs = np.zeros_like(rhs)
+    b = np_bounds(group_sizes, lhs.shape[0])
+    for g in range(rhs.shape[0]):
+        s, e = b[g], b[g + 1]
+        dlhs[s:e] = dout[s:e] @ rhs[g].T
+        drhs[g] = lhs[s:e].T @ dout[s:e]
+    return dlhs, drhs
+
+
+def assert_close(got, want, dtype, what):
+    got = np.asarray(jnp.asarray(got, jnp.float32), np.float64)
+    scale = max(float(np.max(np.abs(want))), 1e-6)
+    err = float(np.max(np.abs(got - want))) / scale
+    assert err <= TOL[dtype], f"{what}: relative error {err:.3g} > {TOL[dtype]} ({dtype})"
+
+
+def random_inputs(m, k, n, g, dtype, seed=0):
+    rng = np.random.default_rng(seed)
+    cast = lambda a: jnp.asarray(a, jnp.float32).astype(dtype)
+    lhs = cast(rng.standard_normal((m, k)))
+    rhs = cast(rng.standard_normal((g, k, n)) / np.sqrt(k))
+    dout = cast(rng.standard_normal((m, n)))
+    return lhs, rhs, dout
+
+
+def fwd_and_grads(backend):
+    @jax.jit
+    def run(lhs, rhs, group_sizes, dout):
+        out, vjp = jax.vjp(
+            lambda a, b: grouped_matmul(a, b, group_sizes, backend=backend), lhs, rhs
+        )
+        return (out, *vjp(dout))
+
+    return run
+
+
+def check_all(backend, group_sizes, m=70, k=40, n=48, dtype="float32", seed=0):
+    """Forward, d lhs and d rhs under jit against NumPy; exact zeros where nothing belongs."""
+    g = len(group_sizes)
+    lhs, rhs, dout = random_inputs(m, k, n, g, dtype, seed)
+    gs = jnp.asarray(group_sizes, jnp.int32)
+    out, dlhs, drhs = fwd_and_grads(backend)(lhs, rhs, gs, dout)
+    assert out.shape == (m, n) and out.dtype == jnp.dtype(dtype)
+    assert dlhs.shape == (m, k) and dlhs.dtype == jnp.dtype(dtype)
+    assert drhs.shape == (g, k, n) and drhs.dtype == jnp.dtype(dtype)
+    want_dlhs, want_drhs = np_grads(lhs, rhs, group_sizes, dout)
+    assert_close(out, np_gmm(lhs, rhs, group_sizes), dtype, "forward")
+    assert_close(dlhs, want_dlhs, dtype, "d lhs")
+    assert_close(drhs, want_drhs, dtype, "d rhs")
+    bounds = np_bounds(group_sizes, m)
+    # Rows at or past sum(group_sizes) are written as zeros, in the output and in d lhs.
+    assert np.all(np.asarray(out[bounds[-1] :]) == 0)
+    assert np.all(np.asarray(dlhs[bounds[-1] :]) == 0)
+    for gi in range(g):
+        if bounds[gi + 1] == bounds[gi]:
+            assert np.all(np.asarray(drhs[gi]) == 0), f"empty group {gi} has a nonzero d rhs"
+
+
+@pytest.fixture(params=list(BACKENDS), ids=list(BACKENDS))
+def backend(request):
+    return BACKENDS[request.param]
+
+
+# --------------------------------------------------------------------------------------------------
+# The reference itself: NumPy against hand-computed numbers.
+# --------------------------------------------------------------------------------------------------
+
+
+def test_numpy_reference_by_hand():
+    lhs = np.arange(6.0).reshape(3, 2)
+    rhs = np.stack([np.eye(2), 2 * np.eye(2)])
+    np.testing.assert_array_equal(np_gmm(lhs, rhs, [1, 1]), [[0, 1], [4, 6], [0, 0]])
+    np.testing.assert_array_equal(np_gmm(lhs, rhs, [2, 5]), [[0, 1], [2, 3], [8, 10]])
+    dlhs, drhs = np_grads(lhs, rhs, [0, 2], np.ones((3, 2)))
+    np.testing.assert_array_equal(dlhs, [[2, 2], [2, 2], [0, 0]])
+    np.testing.assert_array_equal(drhs[0], np.zeros((2, 2)))
+    np.testing.assert_array_equal(drhs[1], [[2, 2], [4, 4]])
+
+
+# --------------------------------------------------------------------------------------------------
+# The shared suite: every backend.
+# --------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_empty_groups_straddling_tiles_and_tail_rows(backend, dtype):
+    # M=70 is no multiple of 16; groups end at 10, 10, 43, 50, 55: an empty group, groups
+    # straddling tiles, and 15 rows past the end.
+    check_all(backend, [10, 0, 33, 7, 5], dtype=dtype)
+
+
+def test_single_group_holds_all_rows(backend):
+    check_all(backend, [0, 70, 0])
+
+
+def test_group_sizes_past_m_are_truncated(backend):
+    check_all(backend, [30, 50, 20])  # sum 100 > M = 70: the second group ends at 70
+
+
+@settings(max_examples=6, deadline=None, derandomize=True)
+@given(data=st.data())
+def test_random_group_sizes(data):
+    # One backend per example keeps this fast; the shape is fixed so each compiles once.
+    name = data.draw(st.sampled_from(list(BACKENDS)), label="backend")
+    sizes = data.draw(st.lists(st.integers(0, 30), min_size=4, max_size=4), label="group_sizes")
+    check_all(BACKENDS[name], sizes, m=48, k=32, n=32, seed=sum(sizes))
+
+
+def test_default_tiles_and_interpret_default():
+    # No tile override: the shape heuristic, shrunk to the problem; interpret chosen for CPU.
+    check_all(PallasTritonGroupedMatmul(), [5, 0, 20], m=40, k=24, n=20)
+
+
+# --------------------------------------------------------------------------------------------------
+# Kernel metadata and proof that the kernels ran.
+# --------------------------------------------------------------------------------------------------
+
+
+def test_gmm_work_items_cover_every_row_once():
+    group_sizes = np.array([10, 0, 33, 7, 5])
+    m, bm = 70, 16
+    work_group, work_tile, offsets = (
+        np.asarray(a) for a in gmm_work_items(jnp.asarray(group_sizes), m, bm)
+    )
+    assert len(work_group) == -(-m // bm) + len(group_sizes)
+    np.testing.assert_array_equal(offsets, [0, 10, 10, 43, 50, 55, 70])
+    covered = np.zeros(m, np.int32)
+    for g, t in zip(work_group, work_tile, strict=True):
+        if g > len(group_sizes):
+            continue  # unused work item
+        rows = np.arange(t * bm, min((t + 1) * bm, m))
+        mine = rows[(rows >= offsets[g]) & (rows < offsets[g + 1])]
+        assert len(mine) > 0, "a work item with no rows of its group"
+        covered[mine] += 1
+    np.testing.assert_array_equal(covered, 1)
+
+
+def test_pallas_kernels_are_in_the_jaxpr():
+    lhs, rhs, dout = random_inputs(32, 16, 16, 2, "float32")
+    gs = jnp.array([10, 12], jnp.int32)
+    backend = BACKENDS["pallas"]
+    text = str(jax.make_jaxpr(fwd_and_grads(backend))(lhs, rhs, gs, dout))
+    assert "pallas_call" in text
+    assert "jaxmoe_gmm" in text and "jaxmoe_tgmm" in text
+
+
+def test_pallas_kernels_lower_to_triton():
+    # Lowering for CUDA needs no GPU: proves the kernels pass the Triton lowering, not only the
+    # interpreter, and that the custom call carries the kernel's name.
+    lhs, rhs, dout = random_inputs(100, 48, 40, 3, "bfloat16")
+    backend = PallasTritonGroupedMatmul(interpret=False)
+    gs = jnp.array([30, 0, 50], jnp.int32)
+    lowered = fwd_and_grads(backend).trace(lhs, rhs, gs, dout).lower(lowering_platforms=("cuda",))
+    text = lowered.as_text()
+    assert "jaxmoe_gmm" in text and "jaxmoe_tgmm" in text
+
+
+# --------------------------------------------------------------------------------------------------
+# Bad inputs: ValueError naming the argument, before any tracing.
+# --------------------------------------------------------------------------------------------------
+
+
+def test_group_sizes_wrong_length():
+    lhs, rhs, _ = random_inputs(8, 4, 4, 2, "float32")
+    with pytest.raises(ValueError, match="group_sizes"):
+        grouped_matmul(lhs, rhs, jnp.array([4, 2, 2], jnp.int32))
+
+
+def test_group_sizes_float_dtype():
+    lhs, rhs, _ = random_inputs(8, 4, 4, 2, "float32")
+    with pytest.raises(ValueError, match="group_sizes"):
+        grouped_matmul(lhs, rhs, jnp.array([4.0, 4.0]))
+
+
+def test_mismatched_contracting_dim():
+    lhs, _, _ = random_inputs(8, 4, 4, 2, "float32")
+    rhs = jnp.zeros((2, 5, 4))
+    with pytest.raises(ValueError, match="rhs"):
+        grouped_matmul(lhs, rhs, jnp.array([4, 4], jnp.int32))
+
+
+def test_mixed_dtypes():
+    lhs, rhs, _ = random_inputs(8, 4, 4, 2, "float32")
+    with pytest.raises(ValueError, match="lhs"):
+        grouped_matmul(lhs, rhs.astype(jnp.bfloat16), jnp.array([4, 4], jnp.int32))
+
+
+def test_unknown_backend_name():
+    lhs, rhs, _ = random_inputs(8, 4, 4, 2, "float32")
+    with pytest.raises(ValueError, match="backend"):
+        grouped_matmul(lhs, rhs, jnp.array([4, 4], jnp.int32), backend="cutlass")
