@@ -1,0 +1,40 @@
+"""Expert parallelism: experts sharded over a mesh axis, exact against one device.
+
+* :func:`moe_sharded` (what ``jaxmoe.moe(..., mesh=mesh)`` calls): the layer under
+  ``jax.shard_map``.
+* :func:`ep_dispatch` / :func:`ep_combine`: the exchange-level API for use inside your own
+  ``shard_map``.
+* :mod:`jaxmoe.parallel.exchange`: the exchange implementations (dense all-to-all, all-gather
+  reference, ragged all-to-all).
+* :mod:`jaxmoe.parallel.sharding`: mesh checks, partition specs, logical axis rules.
+"""
+
+from jaxmoe.parallel.ep import EPHandle, ep_combine, ep_dispatch, moe_sharded, slot_rows
+from jaxmoe.parallel.exchange import (
+    EXCHANGE_NAMES,
+    Exchange,
+    default_exchange_name,
+    resolve_exchange,
+)
+from jaxmoe.parallel.sharding import (
+    batch_partition_spec,
+    check_mesh,
+    logical_axis_rules,
+    param_partition_specs,
+)
+
+__all__ = [
+    "EXCHANGE_NAMES",
+    "EPHandle",
+    "Exchange",
+    "batch_partition_spec",
+    "check_mesh",
+    "default_exchange_name",
+    "ep_combine",
+    "ep_dispatch",
+    "logical_axis_rules",
+    "moe_sharded",
+    "param_partition_specs",
+    "resolve_exchange",
+    "slot_rows",
+]
