@@ -1,0 +1,439 @@
+"""Layer benchmark: the whole MoE layer (router, permutation, experts, combine), forward and
+forward+backward, jaxmoe against a dense JAX layer and a plain PyTorch layer.
+
+Implementations (``impls`` names):
+
+- ``jaxmoe``: :func:`jaxmoe.moe` with the platform's default grouped-matmul backend.
+- ``jaxmoe-<backend>``: the same with a named backend, e.g. ``jaxmoe-xla`` (``lax.ragged_dot``),
+  ``jaxmoe-pallas``, ``jaxmoe-reference``.
+- ``dense``: plain JAX, every expert applied to every token and masked by the combine weights
+  (E/K times the useful work; skipped when its intermediates would not fit).
+- ``torch``: :class:`jaxmoe.bench.torch_layer.TorchMoELayer` (``torch._grouped_mm``; skipped
+  when torch, CUDA or the op is missing).
+
+All get the same weights and inputs, and every output (and, for forward+backward, every input
+gradient) is checked against a float32 per-expert reference before anything is timed.
+
+Throughput counts the expert matmuls only: forward ``3 * 2*T*K*H*F`` FLOPs (gate, up, down),
+forward+backward three times that. MFU divides it by the dense peak measured in the same run
+(one large ``jnp.dot`` in the benchmark dtype).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import jaxmoe
+from jaxmoe.bench.presets import LAYER_PRESETS, LayerPreset
+from jaxmoe.bench.timing import _time_with_sync, time_jax, time_torch
+
+PASSES = ("fwd", "fwd+bwd")
+DEFAULT_IMPLS = ("torch", "jaxmoe", "jaxmoe-xla", "dense")
+DTYPES = {
+    "bf16": jnp.bfloat16,
+    "bfloat16": jnp.bfloat16,
+    "fp32": jnp.float32,
+    "float32": jnp.float32,
+}
+# Relative L2 error allowed against the float32 reference. bf16: activations rounded between the
+# matmuls (~4e-3 each). fp32: XLA and torch may use TF32 on GPU (~1e-3).
+REL_TOL = {jnp.dtype(jnp.bfloat16): 3e-2, jnp.dtype(jnp.float32): 5e-3}
+# The dense layer is skipped when its estimated live bytes exceed this share of device memory.
+DENSE_MEMORY_SHARE = 0.3
+CPU_MEMORY_BYTES = 4 << 30
+
+
+def layer_config(preset: LayerPreset, dtype) -> jaxmoe.MoEConfig:
+    """The benchmarked layer: softmax top-k routing, SwiGLU experts, dropless, no losses."""
+    return jaxmoe.MoEConfig(
+        num_experts=preset.num_experts,
+        top_k=preset.top_k,
+        hidden_size=preset.hidden_size,
+        ffn_size=preset.ffn_size,
+        dtype=dtype,
+        param_dtype=dtype,
+    )
+
+
+def expert_flops(preset: LayerPreset, pass_: str) -> float:
+    """Useful expert-matmul FLOPs: ``3 * 2*T*K*H*F`` forward, three times that fwd+bwd."""
+    forward = 3 * 2 * preset.tokens * preset.top_k * preset.hidden_size * preset.ffn_size
+    return float(forward * (1 if pass_ == "fwd" else 3))
+
+
+# --------------------------------------------------------------------------------------------------
+# Plain JAX layers: the float32 reference (for checks) and the dense peer (for timing).
+# --------------------------------------------------------------------------------------------------
+
+
+def _route_dense(router_kernel, x, top_k: int) -> jax.Array:
+    """``[T, E]`` combine weights: softmax over each token's top-K logits, zero elsewhere."""
+    logits = jnp.dot(x.astype(jnp.float32), router_kernel.astype(jnp.float32))
+    top_logits, top_experts = jax.lax.top_k(logits, top_k)
+    weights = jax.nn.softmax(top_logits, axis=-1)
+    one_hot = jax.nn.one_hot(top_experts, logits.shape[-1], dtype=jnp.float32)  # [T, K, E]
+    return jnp.einsum("tk,tke->te", weights, one_hot)
+
+
+def reference_layer(params: dict, x: jax.Array, top_k: int) -> jax.Array:
+    """Float32 reference, one expert at a time (memory ``O(T*F)``): ``[T, H] -> [T, H]`` f32."""
+    f32 = jnp.float32
+    x = x.astype(f32)
+    combine_weights = _route_dense(params["router"]["kernel"], x, top_k)
+    experts = jax.tree.map(lambda w: w.astype(f32), params["experts"])
+    hp = jax.lax.Precision.HIGHEST
+
+    def one_expert(acc, args):
+        w_gate, w_up, w_down, weight = args
+        hidden = jax.nn.silu(jnp.dot(x, w_gate, precision=hp)) * jnp.dot(x, w_up, precision=hp)
+        return acc + jnp.dot(hidden, w_down, precision=hp) * weight[:, None], None
+
+    xs = (experts["w_gate"], experts["w_up"], experts["w_down"], combine_weights.T)
+    out, _ = jax.lax.scan(one_expert, jnp.zeros_like(x), xs)
+    return out
+
+
+def dense_layer(params: dict, x: jax.Array, top_k: int) -> jax.Array:
+    """Every expert on every token (in ``x``'s dtype, float32 accumulation), masked and summed."""
+    dtype = x.dtype
+    experts = params["experts"]
+    combine_weights = _route_dense(params["router"]["kernel"], x, top_k)
+
+    def matmul(spec, lhs, rhs):
+        return jnp.einsum(spec, lhs, rhs.astype(dtype), preferred_element_type=jnp.float32).astype(
+            dtype
+        )
+
+    gate = matmul("th,ehf->etf", x, experts["w_gate"])
+    up = matmul("th,ehf->etf", x, experts["w_up"])
+    out = matmul("etf,efh->eth", jax.nn.silu(gate) * up, experts["w_down"])
+    return jnp.einsum("eth,te->th", out.astype(jnp.float32), combine_weights).astype(dtype)
+
+
+def dense_bytes(preset: LayerPreset, itemsize: int) -> int:
+    """Live bytes of the dense layer's forward+backward: gate, up, hidden, out (+ cotangents)."""
+    per_expert = preset.tokens * (3 * preset.ffn_size + 2 * preset.hidden_size)
+    return 2 * preset.num_experts * per_expert * itemsize
+
+
+def device_memory_bytes() -> int:
+    stats = jax.devices()[0].memory_stats() or {}
+    return int(stats.get("bytes_limit", CPU_MEMORY_BYTES))
+
+
+# --------------------------------------------------------------------------------------------------
+# Cases: each returns (fn, args, timer, outputs()) for one (impl, pass).
+# --------------------------------------------------------------------------------------------------
+
+
+def _jax_case(layer_fn: Callable, params, x, dy, pass_: str):
+    if pass_ == "fwd":
+        fn = jax.jit(layer_fn)
+        args = (params, x)
+
+        def outputs():
+            return {"y": fn(*args)}
+    else:
+
+        def fwd_bwd(params, x, dy):
+            y, vjp = jax.vjp(layer_fn, params, x)
+            grad_params, grad_x = vjp(dy)
+            return y, grad_params, grad_x
+
+        fn = jax.jit(fwd_bwd)
+        args = (params, x, dy)
+
+        def outputs():
+            y, _, grad_x = fn(*args)
+            return {"y": y, "dx": grad_x}
+
+    return fn, args, time_jax, outputs
+
+
+def _torch_case(params, x, dy, top_k: int, dtype, pass_: str):
+    import torch
+
+    from jaxmoe.bench.torch_layer import TorchMoELayer, grouped_mm_available, to_torch_input
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    ok, why = grouped_mm_available(device)
+    if not ok:
+        raise _Skip(why)
+    torch_dtype = torch.bfloat16 if jnp.dtype(dtype) == jnp.bfloat16 else torch.float32
+    layer = TorchMoELayer(jax.device_get(params), top_k, torch_dtype, device)
+    tx = to_torch_input(jax.device_get(x), torch_dtype, device)
+    tdy = to_torch_input(jax.device_get(dy), torch_dtype, device)
+    weights = list(layer.parameters())
+    if pass_ == "fwd":
+
+        def fn():
+            with torch.no_grad():
+                return layer(tx)
+
+        def outputs():
+            return {"y": fn().float().cpu().numpy()}
+    else:
+        tx.requires_grad_(True)
+
+        def fn():
+            y = layer(tx)
+            grads = torch.autograd.grad(y, [tx, *weights], tdy)
+            return y, grads
+
+        def outputs():
+            y, grads = fn()
+            return {"y": y.detach().float().cpu().numpy(), "dx": grads[0].float().cpu().numpy()}
+
+    return fn, (), time_torch if device == "cuda" else _time_torch_cpu, outputs
+
+
+def _time_torch_cpu(fn, *args, **kwargs):
+    # torch on CPU runs synchronously: nothing to wait for after the calls.
+    return _time_with_sync(
+        lambda: fn(*args),
+        lambda _: None,
+        warmup=kwargs.get("warmup", 3),
+        repeats=kwargs.get("repeats", 10),
+        target_sample_ms=kwargs.get("target_sample_ms", 20.0),
+        max_inner=kwargs.get("max_inner", 50),
+    )
+
+
+class _Skip(Exception):
+    """An implementation that cannot run here (the reason goes into the row)."""
+
+
+def _rel_err(got, want) -> float:
+    got = np.asarray(jax.device_get(got), np.float64)
+    want = np.asarray(jax.device_get(want), np.float64)
+    if not np.all(np.isfinite(got)):
+        return float("inf")
+    return float(np.linalg.norm(got - want) / max(np.linalg.norm(want), 1e-30))
+
+
+def measure_dense_peak(dtype, size: int | None = None) -> dict[str, float]:
+    """TFLOP/s of one square ``jnp.dot`` (8192 on accelerators, 1024 on CPU) in ``dtype``."""
+    if size is None:
+        size = 1024 if jax.default_backend() == "cpu" else 8192
+    ka, kb = jax.random.split(jax.random.key(0))
+    a = jax.random.normal(ka, (size, size), jnp.float32).astype(dtype)
+    b = jax.random.normal(kb, (size, size), jnp.float32).astype(dtype)
+    timing = time_jax(jax.jit(jnp.dot), a, b)
+    return {"size": size, "ms": timing.median_ms, "tflops": 2 * size**3 / timing.median_ms / 1e9}
+
+
+def _release_torch_memory() -> None:
+    if "torch" in sys.modules:
+        try:
+            sys.modules["torch"].cuda.empty_cache()
+        except Exception:  # noqa: BLE001 - no CUDA: nothing to release
+            pass
+
+
+def run_layer_benchmark(
+    presets: Sequence[str | LayerPreset] = ("tiny",),
+    impls: Sequence[str] = DEFAULT_IMPLS,
+    passes: Sequence[str] = PASSES,
+    *,
+    dtype: str = "bf16",
+    tokens: int | None = None,
+    repeats: int = 10,
+    seed: int = 0,
+    progress: Callable[[str], None] | None = None,
+    log: Callable[[str], None] = print,
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Checks then times every (preset, pass, impl).
+
+    Args:
+      presets: names in :data:`LAYER_PRESETS` or :class:`LayerPreset` objects.
+      impls: implementation names (see the module docstring); the first one that runs is the
+        baseline of ``ratio`` (its ms over this row's ms: > 1 means faster than the baseline).
+      passes: ``"fwd"`` and/or ``"fwd+bwd"``.
+      dtype: ``"bf16"`` or ``"fp32"`` for inputs, weights and expert compute.
+      tokens: overrides every preset's token count.
+      repeats: timed samples per row (median reported).
+      progress: called once per finished row (e.g. a progress bar's update).
+      log: where each row's one-line summary goes.
+
+    Returns:
+      ``(extra_header, rows)``: ``extra_header`` holds the measured dense peak; each row is
+      ``{"preset", "pass", "impl", "ms", "tflops", "mfu", "ratio", "ratio_vs_torch", "rel_err",
+      ...}`` with ``"skipped"`` (a reason) or ``"error"`` instead of timings when it did not run.
+    """
+    if dtype not in DTYPES:
+        raise ValueError(f"`dtype` must be one of {sorted(DTYPES)}; got {dtype!r}.")
+    jdtype = jnp.dtype(DTYPES[dtype])
+    for impl in impls:
+        if impl not in ("torch", "dense", "jaxmoe") and not impl.startswith("jaxmoe-"):
+            raise ValueError(
+                f"unknown layer impl {impl!r}; use torch, dense, jaxmoe or jaxmoe-<backend> "
+                f"(backends: {jaxmoe.ops.grouped_matmul.BACKEND_NAMES})."
+            )
+    for pass_ in passes:
+        if pass_ not in PASSES:
+            raise ValueError(f"unknown pass {pass_!r}; choose from {PASSES}.")
+    presets = [LAYER_PRESETS[p] if isinstance(p, str) else p for p in presets]
+    if tokens is not None:
+        presets = [dataclasses.replace(p, tokens=tokens) for p in presets]
+    peak = measure_dense_peak(jdtype)
+    log(f"dense peak ({peak['size']}^3 jnp.dot, {jdtype.name}): {peak['tflops']:.2f} TFLOP/s")
+
+    rows: list[dict[str, Any]] = []
+    for preset in presets:
+        cfg = layer_config(preset, jdtype)
+        kp, kx, kd = jax.random.split(jax.random.key(seed), 3)
+        params = jaxmoe.init_params(kp, cfg)
+        x = jax.random.normal(kx, (preset.tokens, preset.hidden_size), jnp.float32).astype(jdtype)
+        dy = jax.random.normal(kd, x.shape, jnp.float32).astype(jdtype)
+        want = {}
+        ref_y, ref_vjp = jax.vjp(
+            jax.jit(lambda p, x, k=preset.top_k: reference_layer(p, x, k)), params, x
+        )
+        want["y"] = ref_y
+        if "fwd+bwd" in passes:
+            want["dx"] = ref_vjp(dy.astype(jnp.float32))[1]
+        # torch first, then free its cache, so the two frameworks' allocators do not compete.
+        order = [i for i in impls if i == "torch"] + [i for i in impls if i != "torch"]
+        for impl in order:
+            for pass_ in passes:
+                row = _run_case(impl, pass_, preset, cfg, params, x, dy, want, repeats)
+                row["tflops"] = (
+                    expert_flops(preset, pass_) / (row["ms"] * 1e-3) / 1e12 if row["ms"] else None
+                )
+                row["mfu"] = row["tflops"] / peak["tflops"] if row["tflops"] else None
+                rows.append(row)
+                log(row_line(row))
+                if progress:
+                    progress(f"{preset.name} {impl} {pass_}")
+            if impl == "torch":
+                _release_torch_memory()
+    _fill_ratios(rows, impls)
+    return {"dense_peak": peak, "dtype": jdtype.name}, rows
+
+
+def _run_case(impl, pass_, preset, cfg, params, x, dy, want, repeats) -> dict[str, Any]:
+    row: dict[str, Any] = {
+        "preset": preset.name,
+        "pass": pass_,
+        "impl": impl,
+        "tokens": preset.tokens,
+        "hidden_size": preset.hidden_size,
+        "ffn_size": preset.ffn_size,
+        "num_experts": preset.num_experts,
+        "top_k": preset.top_k,
+        "dtype": cfg.dtype.name,
+        "ms": None,
+    }
+    try:
+        if impl == "torch":
+            try:
+                import torch  # noqa: F401
+            except ImportError as error:
+                raise _Skip(f"torch is not installed ({error})") from error
+            fn, args, timer, outputs = _torch_case(params, x, dy, cfg.top_k, cfg.dtype, pass_)
+        elif impl == "dense":
+            need = dense_bytes(preset, cfg.dtype.itemsize)
+            have = device_memory_bytes()
+            if need > DENSE_MEMORY_SHARE * have:
+                raise _Skip(
+                    f"dense layer needs ~{need / 2**30:.1f} GiB of intermediates, over "
+                    f"{DENSE_MEMORY_SHARE:.0%} of {have / 2**30:.1f} GiB"
+                )
+            layer_fn = lambda p, x: dense_layer(p, x, cfg.top_k)  # noqa: E731
+            fn, args, timer, outputs = _jax_case(layer_fn, params, x, dy, pass_)
+        else:
+            backend = impl.removeprefix("jaxmoe-") if impl.startswith("jaxmoe-") else None
+            layer_cfg = dataclasses.replace(cfg, grouped_matmul_backend=backend)
+            if backend is not None:
+                jaxmoe.ops.grouped_matmul.resolve_backend(backend)  # unknown names fail here
+            layer_fn = lambda p, x: jaxmoe.moe(p, x, layer_cfg)[0]  # noqa: E731
+            fn, args, timer, outputs = _jax_case(layer_fn, params, x, dy, pass_)
+        errors = {name: _rel_err(value, want[name]) for name, value in outputs().items()}
+        row["rel_err"] = max(errors.values())
+        if not row["rel_err"] <= REL_TOL[cfg.dtype]:
+            raise AssertionError(f"wrong result, relative errors {errors} > {REL_TOL[cfg.dtype]}")
+        timing = timer(fn, *args, repeats=repeats)
+        row["ms"] = timing.median_ms
+        row["timing"] = timing.as_dict()
+    except _Skip as skip:
+        row["skipped"] = str(skip)
+    except Exception as error:  # noqa: BLE001 - record it and go on (out of memory, no kernel)
+        row["error"] = f"{type(error).__name__}: {str(error)[:300]}"
+    return row
+
+
+def _fill_ratios(rows: list[dict[str, Any]], impls: Sequence[str]) -> None:
+    """``ratio``: the first impl (in ``impls`` order) with a time, over this row's ms."""
+    for preset, pass_ in {(r["preset"], r["pass"]) for r in rows}:
+        group = {r["impl"]: r for r in rows if (r["preset"], r["pass"]) == (preset, pass_)}
+        timed = [i for i in impls if group.get(i, {}).get("ms")]
+        base = group[timed[0]] if timed else None
+        torch_ms = group.get("torch", {}).get("ms")
+        for row in group.values():
+            row["baseline"] = base["impl"] if base else None
+            row["ratio"] = base["ms"] / row["ms"] if base and row["ms"] else None
+            row["ratio_vs_torch"] = torch_ms / row["ms"] if torch_ms and row["ms"] else None
+
+
+def row_line(row: dict[str, Any]) -> str:
+    what = f"{row['preset']:>8} {row['pass']:>8} {row['impl']:>14}"
+    if row.get("skipped"):
+        return f"{what}  skipped: {row['skipped']}"
+    if row.get("error"):
+        return f"{what}  ERROR {row['error']}"
+    return f"{what} {row['ms']:10.3f} ms  err {row['rel_err']:.1e}"
+
+
+def benchmark_header(command: str) -> dict[str, Any]:
+    """Where and how: device, versions, date, the command."""
+    header = {
+        "device": f"{jax.devices()[0].device_kind} ({jax.default_backend()})",
+        "jax": jax.__version__,
+        "torch": None,
+        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "command": command,
+        "flops": "expert matmuls only: fwd 3*2*T*K*H*F, fwd+bwd 3x that",
+        "timing": "median ms per call after warm-up, device-synchronised (jaxmoe.bench.timing)",
+    }
+    if "torch" in sys.modules or _torch_importable():
+        import torch
+
+        header["torch"] = torch.__version__
+    return header
+
+
+def _torch_importable() -> bool:
+    try:
+        import torch  # noqa: F401
+    except Exception:  # noqa: BLE001
+        return False
+    return True
+
+
+def summary_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """Rows that did not run, with why (for the end of the CLI's table)."""
+    return [
+        f"{r['preset']} {r['pass']} {r['impl']}: {r.get('skipped') or r.get('error')}"
+        for r in rows
+        if r["ms"] is None
+    ]
+
+
+__all__ = [
+    "DEFAULT_IMPLS",
+    "PASSES",
+    "benchmark_header",
+    "dense_layer",
+    "expert_flops",
+    "measure_dense_peak",
+    "reference_layer",
+    "run_layer_benchmark",
+]

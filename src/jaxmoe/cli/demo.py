@@ -1,0 +1,396 @@
+"""``jaxmoe demo``: train a small MoE character-level language model on Shakespeare, on a CPU.
+
+The loop: sample random windows of the bundled corpus, one jitted step (cross-entropy plus every
+layer's router ``aux_loss``, AdamW), optionally the aux-loss-free bias update, and a record of each
+layer's expert load. At the end: a summary, a few sampled lines, ``metrics.json`` and ``demo.png``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.resources
+import json
+import math
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+
+import jaxmoe
+from jaxmoe.cli.model import CharTransformer, ModelConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class DemoConfig:
+    """Everything ``jaxmoe demo`` can be told (the CLI flags) and the sizes it picks."""
+
+    steps: int = 300
+    num_experts: int = 8
+    top_k: int = 2
+    score: str = "softmax"
+    aux_loss: float = 1e-2
+    expert_bias_rate: float = 0.0
+    devices: int = 1
+    seed: int = 0
+    out: str = "jaxmoe-demo"
+    width: int = 128
+    ffn_size: int = 128
+    num_layers: int = 2
+    num_heads: int = 4
+    seq_len: int = 64
+    batch_size: int = 16
+    learning_rate: float = 3e-3
+    warmup_steps: int = 20
+    sample_chars: int = 240
+
+
+def check_demo_config(cfg: DemoConfig) -> None:
+    """Raises ValueError with the flag's name, the rule, the value and the fix."""
+    if cfg.steps < 1:
+        raise ValueError(f"--steps must be >= 1; got {cfg.steps}.")
+    if not 1 <= cfg.top_k <= cfg.num_experts:
+        raise ValueError(
+            f"--top-k must be between 1 and --experts ({cfg.num_experts}); got {cfg.top_k}."
+        )
+    if cfg.expert_bias_rate < 0:
+        raise ValueError(f"--expert-bias-rate must be >= 0; got {cfg.expert_bias_rate}.")
+    if cfg.expert_bias_rate > 0 and cfg.score == "softmax":
+        raise ValueError(
+            f"--expert-bias-rate {cfg.expert_bias_rate} needs --score sigmoid or sqrtsoftplus: "
+            "the aux-loss-free expert bias shifts selection scores that are not normalised over "
+            "experts (DeepSeek-V3), which softmax scores are. Add `--score sigmoid`, or drop "
+            "--expert-bias-rate."
+        )
+    if cfg.aux_loss < 0:
+        raise ValueError(f"--aux-loss must be >= 0; got {cfg.aux_loss}.")
+    if cfg.devices > 1 and cfg.num_experts % cfg.devices:
+        raise ValueError(
+            f"--experts ({cfg.num_experts}) must be a multiple of --devices ({cfg.devices}): "
+            "each device holds an equal share of the experts."
+        )
+    if cfg.devices > 1 and cfg.batch_size % cfg.devices:
+        raise ValueError(
+            f"the batch ({cfg.batch_size} sequences) must be a multiple of --devices "
+            f"({cfg.devices})."
+        )
+
+
+def load_corpus() -> str:
+    """The bundled tiny-Shakespeare text (read from the installed package, not the repo)."""
+    return (
+        importlib.resources.files("jaxmoe.cli")
+        .joinpath("data/tinyshakespeare.txt")
+        .read_text(encoding="utf-8")
+    )
+
+
+class CharCodec:
+    """Characters <-> integer ids, over the characters of the corpus."""
+
+    def __init__(self, text: str):
+        self.chars = sorted(set(text))
+        self.index = {c: i for i, c in enumerate(self.chars)}
+
+    def encode(self, text: str) -> np.ndarray:
+        return np.array([self.index[c] for c in text], dtype=np.int32)
+
+    def decode(self, ids) -> str:
+        return "".join(self.chars[int(i)] for i in ids)
+
+
+def make_mesh(devices: int):
+    """A 1-D mesh named ``ep`` over the first ``devices`` devices, or None for one device."""
+    if devices <= 1:
+        return None
+    available = jax.devices()
+    if len(available) < devices:
+        raise RuntimeError(
+            f"--devices {devices} asked for {devices} devices but JAX sees {len(available)}; "
+            "run through the `jaxmoe` command, which simulates CPU devices with XLA_FLAGS."
+        )
+    return jax.sharding.Mesh(np.array(available[:devices]), ("ep",))
+
+
+def build(cfg: DemoConfig, vocab_size: int):
+    """The model and its optimizer (AdamW on ``nnx.Param`` only: the expert bias is state)."""
+    moe_cfg = jaxmoe.MoEConfig(
+        num_experts=cfg.num_experts,
+        top_k=cfg.top_k,
+        hidden_size=cfg.width,
+        ffn_size=cfg.ffn_size,
+        score=cfg.score,
+        aux_loss_coef=cfg.aux_loss,
+        z_loss_coef=1e-3,
+        use_expert_bias=cfg.expert_bias_rate > 0,
+        ep_axis="ep" if cfg.devices > 1 else None,
+    )
+    model_cfg = ModelConfig(
+        vocab_size=vocab_size,
+        seq_len=cfg.seq_len,
+        num_layers=cfg.num_layers,
+        num_heads=cfg.num_heads,
+        moe=moe_cfg,
+    )
+    model = CharTransformer(model_cfg, rngs=nnx.Rngs(cfg.seed), mesh=make_mesh(cfg.devices))
+    schedule = optax.warmup_cosine_decay_schedule(
+        0.0, cfg.learning_rate, cfg.warmup_steps, max(cfg.steps, cfg.warmup_steps + 1), 0.1
+    )
+    tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(schedule, weight_decay=0.01))
+    optimizer = nnx.Optimizer(model, tx, wrt=nnx.Param)
+    return model, optimizer
+
+
+def make_train_step(graphdef, expert_bias_rate: float):
+    """A jitted ``(state, tokens) -> (state, loss, aux_loss, tokens_per_expert, dropped)``.
+
+    The model and optimizer travel as one ``nnx.State`` (split once), which keeps the per-step
+    Python overhead to a plain ``jax.jit`` call.
+    """
+
+    def loss_fn(model, tokens):
+        logits, stats = model(tokens[:, :-1])
+        ce = optax.softmax_cross_entropy_with_integer_labels(logits, tokens[:, 1:]).mean()
+        aux = jnp.sum(stats.aux_loss)
+        return ce + aux, (ce, aux, stats)
+
+    @jax.jit
+    def train_step(state, tokens):
+        model, optimizer = nnx.merge(graphdef, state)
+        grads, (ce, aux, stats) = nnx.grad(loss_fn, has_aux=True)(model, tokens)
+        optimizer.update(model, grads)
+        if expert_bias_rate > 0:
+            model.update_expert_bias(stats.tokens_per_expert, expert_bias_rate)
+        return (
+            nnx.state((model, optimizer)),
+            ce,
+            aux,
+            stats.tokens_per_expert,
+            jnp.sum(stats.dropped_tokens),
+        )
+
+    return train_step
+
+
+def make_eval_loss(graphdef):
+    @jax.jit
+    def eval_loss(state, tokens):
+        model, _ = nnx.merge(graphdef, state)
+        logits, _ = model(tokens[:, :-1])
+        return optax.softmax_cross_entropy_with_integer_labels(logits, tokens[:, 1:]).mean()
+
+    return eval_loss
+
+
+def sample_text(model, codec: CharCodec, seq_len: int, num_chars: int, seed: int) -> str:
+    """Samples ``num_chars`` characters (temperature 0.8) from a newline, one jitted call each."""
+    graphdef, state = nnx.split(model)
+
+    @jax.jit
+    def next_token(state, window, length, key):
+        logits, _ = nnx.merge(graphdef, state)(window[None])
+        return jax.random.categorical(key, logits[0, length - 1] / 0.8)
+
+    window = np.zeros(seq_len, np.int32)
+    window[0] = codec.index["\n"]
+    length, out = 1, []
+    key = jax.random.key(seed)
+    for _ in range(num_chars):
+        key, sub = jax.random.split(key)
+        token = int(next_token(state, jnp.asarray(window), length, sub))
+        out.append(token)
+        if length < seq_len:
+            window[length] = token
+            length += 1
+        else:  # slide the window: keep the last seq_len characters
+            window = np.roll(window, -1)
+            window[-1] = token
+    return codec.decode(out)
+
+
+def expert_balance(tokens_per_expert: np.ndarray) -> np.ndarray:
+    """Max over mean load per layer (1.0 = perfectly balanced): ``[..., E] -> [...]``."""
+    counts = tokens_per_expert.astype(np.float64)
+    return counts.max(-1) / np.maximum(counts.mean(-1), 1e-9)
+
+
+def plot(metrics: dict, path: Path) -> None:
+    """``demo.png``: the loss curve, max/mean load per layer, and a load heatmap per layer."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    steps = np.array(metrics["step"])
+    loss = np.array(metrics["loss"])
+    load = np.array(metrics["tokens_per_expert"], dtype=np.float64)  # [steps, L, E]
+    num_layers, num_experts = load.shape[1], load.shape[2]
+    share = load / np.maximum(load.sum(-1, keepdims=True), 1)  # fraction of assignments
+
+    fig = plt.figure(figsize=(11, 3.2 + 2.2 * num_layers), layout="constrained")
+    grid = fig.add_gridspec(1 + num_layers, 2, height_ratios=[1.4] + [1.0] * num_layers)
+    ax = fig.add_subplot(grid[0, 0])
+    ax.plot(steps, loss, color="0.75", lw=0.8, label="train (per step)")
+    window = max(1, len(loss) // 30)
+    if len(loss) >= window > 1:
+        smooth = np.convolve(loss, np.ones(window) / window, mode="valid")
+        ax.plot(steps[window - 1 :], smooth, color="C0", lw=2, label=f"train ({window}-step mean)")
+    if metrics.get("val_step"):
+        ax.plot(metrics["val_step"], metrics["val_loss"], "o-", color="C3", label="validation")
+    ax.set(xlabel="step", ylabel="cross-entropy (nats/char)", title="Loss")
+    ax.grid(alpha=0.3)
+    ax.legend()
+
+    ax = fig.add_subplot(grid[0, 1])
+    for layer in range(num_layers):
+        balance = expert_balance(load[:, layer])
+        ax.plot(steps, balance, lw=1.2, label=f"layer {layer}")
+    ax.axhline(1.0, color="k", ls="--", lw=0.8, label="perfect balance")
+    ax.set(
+        xlabel="step",
+        ylabel="max / mean tokens per expert",
+        title="Expert imbalance (lower is better)",
+    )
+    ax.grid(alpha=0.3)
+    ax.legend()
+
+    vmax = max(2.0 / num_experts, float(share.max()))
+    for layer in range(num_layers):
+        ax = fig.add_subplot(grid[1 + layer, :])
+        image = ax.imshow(
+            share[:, layer].T,
+            aspect="auto",
+            interpolation="nearest",
+            cmap="viridis",
+            vmin=0.0,
+            vmax=vmax,
+            extent=(steps[0] - 0.5, steps[-1] + 0.5, num_experts - 0.5, -0.5),
+        )
+        ax.set(
+            ylabel="expert",
+            title=f"Layer {layer}: share of token assignments per expert "
+            f"(balanced = 1/{num_experts} = {1 / num_experts:.3f})",
+        )
+        ax.set_yticks(range(num_experts))
+        if layer == num_layers - 1:
+            ax.set_xlabel("step")
+        fig.colorbar(image, ax=ax, label="share", pad=0.01)
+    fig.suptitle(metrics["title"])
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def run_demo(cfg: DemoConfig) -> dict:
+    """Trains, prints a summary and samples, writes ``metrics.json`` and ``demo.png``.
+
+    Returns the metrics dictionary written to ``metrics.json``.
+    """
+    from tqdm.auto import tqdm
+
+    check_demo_config(cfg)
+    out_dir = Path(cfg.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    text = load_corpus()
+    codec = CharCodec(text)
+    data = codec.encode(text)
+    split = int(0.9 * len(data))
+    train_data, val_data = data[:split], data[split:]
+    rng = np.random.default_rng(cfg.seed)
+    window = cfg.seq_len + 1  # inputs and their next-character targets
+
+    def batch(source: np.ndarray) -> jax.Array:
+        starts = rng.integers(0, len(source) - window, cfg.batch_size)
+        return jnp.asarray(np.stack([source[s : s + window] for s in starts]))
+
+    model, optimizer = build(cfg, len(codec.chars))
+    graphdef, state = nnx.split((model, optimizer))
+    train_step = make_train_step(graphdef, cfg.expert_bias_rate)
+    eval_loss = make_eval_loss(graphdef)
+    val_batches = [batch(val_data) for _ in range(4)]
+    val_every = max(1, cfg.steps // 6)
+
+    moe_cfg = model.cfg.moe
+    print(
+        f"jaxmoe demo: {cfg.num_layers}-layer char transformer, width {cfg.width}, "
+        f"{moe_cfg.num_experts} experts top-{moe_cfg.top_k} ({moe_cfg.score}), "
+        f"{len(codec.chars)} symbols, batch {cfg.batch_size}x{cfg.seq_len}, {cfg.steps} steps "
+        f"on {cfg.devices} {jax.default_backend()} device(s)"
+    )
+    tokens_per_step = cfg.batch_size * cfg.seq_len
+    record = {"loss": [], "aux_loss": [], "tokens_per_expert": [], "dropped": []}
+    metrics = {"step": [], "val_step": [], "val_loss": []}
+    start = time.perf_counter()
+    compile_s = 0.0
+    bar = tqdm(range(1, cfg.steps + 1), desc="training", unit="step", dynamic_ncols=True)
+    for step in bar:
+        t0 = time.perf_counter()
+        state, loss, aux, counts, dropped = train_step(state, batch(train_data))
+        if step == 1:
+            jax.block_until_ready(loss)
+            compile_s = time.perf_counter() - t0
+            start = time.perf_counter()  # throughput excludes compilation
+        metrics["step"].append(step)
+        for key, value in zip(record, (loss, aux, counts, dropped), strict=True):
+            record[key].append(value)
+        if step % val_every == 0 or step == cfg.steps:
+            metrics["val_step"].append(step)
+            metrics["val_loss"].append(float(np.mean([eval_loss(state, b) for b in val_batches])))
+        if step % 10 == 0 or step == cfg.steps:
+            elapsed = time.perf_counter() - start
+            rate = tokens_per_step * max(step - 1, 1) / max(elapsed, 1e-9)
+            bar.set_postfix(loss=f"{float(loss):.3f}", tok_s=f"{rate:,.0f}")
+    bar.close()
+    jax.block_until_ready(state)
+    train_s = time.perf_counter() - start
+    nnx.update((model, optimizer), state)
+
+    host = jax.device_get(record)
+    loss = np.array(host["loss"], dtype=np.float64)
+    load = np.array(host["tokens_per_expert"], dtype=np.int64)  # [steps, L, E]
+    last = load[-max(1, cfg.steps // 10) :].sum(0)  # the last tenth of training, [L, E]
+    final_loss = float(loss[-max(1, min(10, cfg.steps)) :].mean())
+    metrics.update(
+        title=(
+            f"jaxmoe demo: {cfg.num_layers} layers, {cfg.num_experts} experts top-{cfg.top_k}, "
+            f"score={cfg.score}, aux_loss={cfg.aux_loss:g}, "
+            f"expert_bias_rate={cfg.expert_bias_rate:g}"
+        ),
+        loss=loss.tolist(),
+        aux_loss=np.array(host["aux_loss"], dtype=np.float64).tolist(),
+        tokens_per_expert=load.tolist(),
+        dropped_tokens=np.array(host["dropped"], dtype=np.int64).tolist(),
+        final_loss=final_loss,
+        max_over_mean_load=expert_balance(last).tolist(),
+        compile_seconds=compile_s,
+        train_seconds=train_s,
+        tokens_per_second=tokens_per_step * max(cfg.steps - 1, 1) / max(train_s, 1e-9),
+        config=dataclasses.asdict(cfg),
+        vocab="".join(codec.chars),
+    )
+    if not all(math.isfinite(v) for v in metrics["loss"]):
+        print("warning: the loss became non-finite during training")
+
+    print(f"\nsummary after {cfg.steps} steps ({train_s:.1f} s + {compile_s:.1f} s compile):")
+    print(
+        f"  loss {loss[0]:.3f} -> {final_loss:.3f} (mean of the last steps); "
+        f"validation {metrics['val_loss'][-1]:.3f}; "
+        f"{metrics['tokens_per_second']:,.0f} tokens/s"
+    )
+    for layer, (balance, counts) in enumerate(
+        zip(metrics["max_over_mean_load"], last, strict=True)
+    ):
+        share = " ".join(f"{c / max(counts.sum(), 1):.2f}" for c in counts)
+        print(f"  layer {layer}: max/mean expert load {balance:.2f}  (shares: {share})")
+    print(f"  dropped tokens: {int(sum(metrics['dropped_tokens']))} (the layer is dropless)")
+
+    sample = sample_text(model, codec, cfg.seq_len, cfg.sample_chars, cfg.seed)
+    print("\nsample:\n" + "\n".join("  | " + line for line in sample.splitlines()[:8]))
+    metrics["sample"] = sample
+
+    (out_dir / "metrics.json").write_text(json.dumps(metrics))
+    plot(metrics, out_dir / "demo.png")
+    print(f"\nwrote {out_dir / 'metrics.json'} and {out_dir / 'demo.png'}")
+    return metrics
