@@ -33,11 +33,14 @@ class ReferenceGroupedMatmul(GroupedMatmulBackend):
         num_groups = group_sizes.shape[0]
         ids = group_ids(group_sizes, lhs.shape[0])
         onehot = (ids[:, None] == jnp.arange(num_groups)[None, :]).astype(jnp.float32)  # [M, G]
+        # Rows past the groups may hold anything (NaN under JAXMOE_POISON): select them away,
+        # since the one-hot's zeros would not (NaN * 0 = NaN).
+        in_group = (ids < num_groups)[:, None]
         out = jnp.einsum(
             "mk,mg,mn->gkn",
-            lhs.astype(jnp.float32),
+            jnp.where(in_group, lhs.astype(jnp.float32), 0.0),
             onehot,
-            rhs.astype(jnp.float32),
+            jnp.where(in_group, rhs.astype(jnp.float32), 0.0),
             precision=_HIGHEST,
         )
         return out.astype(out_dtype)
