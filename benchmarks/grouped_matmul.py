@@ -22,23 +22,20 @@ from jaxmoe.bench import gemm  # noqa: E402
 from jaxmoe.bench.presets import GEMM_SHAPES  # noqa: E402
 
 
-def _tune_candidates():
+def _tune_candidates(round_: str):
+    """Tile configs tried by ``--tune`` (round 1: the large shapes; round 2: qwen3 and swizzle)."""
     from jaxmoe.ops.grouped_matmul.pallas_triton import TileConfig as T
 
-    fwd = [
-        T(128, 256, 64, 8, 4),
-        T(128, 256, 64, 8, 3),
-        T(128, 128, 64, 4, 4),
-        T(256, 128, 64, 8, 4),
-        T(128, 128, 128, 8, 3),
-    ]
-    tg = [
-        T(64, 256, 128, 8, 3),
-        T(64, 128, 128, 4, 4),
-        T(128, 128, 128, 8, 3),
-        T(64, 256, 128, 8, 4),
-        T(32, 128, 256, 8, 4),
-    ]
+    if round_ == "1":
+        fwd = [T(128, 256, 64, 8, 4), T(128, 256, 64, 8, 3), T(128, 128, 64, 4, 4)]
+        fwd += [T(256, 128, 64, 8, 4), T(128, 128, 128, 8, 3)]
+        tg = [T(64, 256, 128, 8, 3), T(64, 128, 128, 4, 4), T(128, 128, 128, 8, 3)]
+        tg += [T(64, 256, 128, 8, 4), T(32, 128, 256, 8, 4)]
+        return {"gmm": fwd, "dgrad": fwd, "tgmm": tg}
+    fwd = [T(128, 256, 64, 8, 3), T(128, 256, 64, 8, 3, 4), T(128, 256, 64, 8, 3, 16)]
+    fwd += [T(128, 128, 64, 8, 4), T(64, 256, 64, 4, 4)]
+    tg = [T(64, 256, 128, 8, 4), T(128, 256, 128, 8, 3), T(128, 128, 128, 8, 4)]
+    tg += [T(64, 256, 128, 8, 4, 4), T(64, 128, 256, 8, 4)]
     return {"gmm": fwd, "dgrad": fwd, "tgmm": tg}
 
 
@@ -52,28 +49,37 @@ def main(argv=None) -> int:
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--out-dir", default="benchmarks/results")
     parser.add_argument("--stem", default="grouped_matmul")
-    parser.add_argument("--tune", action="store_true", help="sweep Pallas tile configs instead")
+    parser.add_argument(
+        "--tune", default="", help="sweep Pallas tile configs instead (round: 1, 2)"
+    )
     parser.add_argument("--time-budget-s", type=float, default=1e9)
     args = parser.parse_args(argv)
     shapes = [s for s in args.shapes.split(",") if s]
     command = "python " + " ".join([os.path.relpath(__file__), *(argv or sys.argv[1:])])
     if args.tune:
         rows = gemm.sweep_pallas_tiles(
-            shapes, _tune_candidates(), repeats=args.repeats, time_budget_s=args.time_budget_s
+            shapes,
+            _tune_candidates(args.tune),
+            repeats=args.repeats,
+            time_budget_s=args.time_budget_s,
         )
         os.makedirs(args.out_dir, exist_ok=True)
         with open(os.path.join(args.out_dir, f"{args.stem}-tune.json"), "w") as f:
             json.dump({"header": gemm.benchmark_header(command), "rows": rows}, f, indent=1)
         return 0
-    rows = gemm.run_gemm_benchmark(
-        shapes,
-        impls=[i for i in args.impls.split(",") if i],
-        routings=[r for r in args.routings.split(",") if r],
-        passes=[p for p in args.passes.split(",") if p],
-        repeats=args.repeats,
-    )
     header = gemm.benchmark_header(command)
-    json_path, md_path = gemm.write_results(rows, header, args.out_dir, args.stem)
+    rows = []
+    # One impl at a time, writing after each, so that a run cut short still leaves its rows.
+    for impl in [i for i in args.impls.split(",") if i]:
+        rows += gemm.run_gemm_benchmark(
+            shapes,
+            impls=[impl],
+            routings=[r for r in args.routings.split(",") if r],
+            passes=[p for p in args.passes.split(",") if p],
+            repeats=args.repeats,
+        )
+        gemm.fill_ratios(rows)
+        json_path, md_path = gemm.write_results(rows, header, args.out_dir, args.stem)
     print(gemm.markdown_table(rows))
     print(f"wrote {json_path} and {md_path}")
     return 0

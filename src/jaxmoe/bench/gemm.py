@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import functools
 import json
 import math
 import os
@@ -81,10 +82,15 @@ def _jax_inputs(shape: GemmShape, dtype, seed: int):
 
 def _jax_reference(x, w, dy, sizes: np.ndarray):
     """Per-group dense products in float32 (group sizes static), plus zero rows past the end."""
+    return _jax_reference_fn(tuple(int(s) for s in sizes))(x, w, dy)
+
+
+@functools.lru_cache(maxsize=8)
+def _jax_reference_fn(sizes: tuple[int, ...]):
     import jax
     import jax.numpy as jnp
 
-    bounds = np.concatenate([[0], np.cumsum(sizes)]).tolist()
+    bounds = np.concatenate([[0], np.cumsum(sizes)]).astype(int).tolist()
 
     @jax.jit
     def ref(x, w, dy):
@@ -100,14 +106,29 @@ def _jax_reference(x, w, dy, sizes: np.ndarray):
         dxs.append(jnp.zeros((tail, w.shape[1]), f32))
         return jnp.concatenate(outs), jnp.concatenate(dxs), jnp.stack(dws)
 
-    return ref(x, w, dy)
+    return ref
+
+
+@functools.cache
+def _jax_fn(backend, pass_: str):
+    """One jitted function per (backend, pass): group sizes are traced, so routings share it."""
+    import jax
+
+    from jaxmoe.ops.grouped_matmul import api
+
+    if pass_ == "fwd":
+        return jax.jit(lambda x, w, gs: api.grouped_matmul(x, w, gs, backend=backend))
+
+    def fwd_bwd(x, w, gs, dy):
+        out, vjp = jax.vjp(lambda a, b: api.grouped_matmul(a, b, gs, backend=backend), x, w)
+        dx, dw = vjp(dy)
+        return out, dx, dw
+
+    return jax.jit(fwd_bwd)
 
 
 def _jax_case(impl: str, backend, shape: GemmShape, sizes: np.ndarray, pass_: str, dtype, seed):
-    import jax
     import jax.numpy as jnp
-
-    from jaxmoe.ops.grouped_matmul import api
 
     if impl == "jaxmoe":
         from jaxmoe.ops.grouped_matmul.pallas_triton import PallasTritonGroupedMatmul
@@ -120,17 +141,7 @@ def _jax_case(impl: str, backend, shape: GemmShape, sizes: np.ndarray, pass_: st
 
     x, w, dy = _jax_inputs(shape, dtype, seed)
     gs = jnp.asarray(sizes)
-
-    if pass_ == "fwd":
-        fn = jax.jit(lambda x, w, gs: api.grouped_matmul(x, w, gs, backend=backend))
-    else:
-
-        def fwd_bwd(x, w, gs, dy):
-            out, vjp = jax.vjp(lambda a, b: api.grouped_matmul(a, b, gs, backend=backend), x, w)
-            dx, dw = vjp(dy)
-            return out, dx, dw
-
-        fn = jax.jit(fwd_bwd)
+    fn = _jax_fn(backend, pass_)
     args = (x, w, gs) if pass_ == "fwd" else (x, w, gs, dy)
 
     def check() -> float:
@@ -310,11 +321,12 @@ def run_gemm_benchmark(
                     del fn, args, check
         if impl == "torch":
             _release_torch_memory()
-    _fill_ratios(rows)
+    fill_ratios(rows)
     return rows
 
 
-def _fill_ratios(rows):
+def fill_ratios(rows):
+    """Sets each row's ``ratio_vs_torch`` (torch ms / its ms) where torch has the same case."""
     torch_ms = {
         (r["shape"], r["pass"], r["routing"]): r["ms"]
         for r in rows

@@ -99,7 +99,7 @@ def default_gmm_tiles(m: int, k: int, n: int, num_groups: int, dtype) -> TileCon
     if n <= 128:
         return TileConfig(block_m=128, block_n=128, block_k=64, num_warps=4, num_stages=4)
     del k
-    return TileConfig(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=4)
+    return TileConfig(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=3)
 
 
 def default_tgmm_tiles(m: int, k: int, n: int, num_groups: int, dtype) -> TileConfig:
@@ -110,7 +110,7 @@ def default_tgmm_tiles(m: int, k: int, n: int, num_groups: int, dtype) -> TileCo
     del m, k, n, num_groups
     if jnp.dtype(dtype).itemsize >= 4:
         return TileConfig(block_m=32, block_n=64, block_k=64, num_warps=4, num_stages=3)
-    return TileConfig(block_m=64, block_n=256, block_k=128, num_warps=8, num_stages=3)
+    return TileConfig(block_m=64, block_n=256, block_k=128, num_warps=8, num_stages=4)
 
 
 # --------------------------------------------------------------------------------------------------
