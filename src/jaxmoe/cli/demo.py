@@ -137,7 +137,11 @@ def build(cfg: DemoConfig, vocab_size: int):
     )
     model = CharTransformer(model_cfg, rngs=nnx.Rngs(cfg.seed), mesh=make_mesh(cfg.devices))
     schedule = optax.warmup_cosine_decay_schedule(
-        0.0, cfg.learning_rate, cfg.warmup_steps, max(cfg.steps, cfg.warmup_steps + 1), 0.1
+        0.0,
+        cfg.learning_rate,
+        cfg.warmup_steps,
+        max(cfg.steps, cfg.warmup_steps + 1),
+        end_value=0.1 * cfg.learning_rate,
     )
     tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(schedule, weight_decay=0.01))
     optimizer = nnx.Optimizer(model, tx, wrt=nnx.Param)

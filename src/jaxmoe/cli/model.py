@@ -53,7 +53,7 @@ class CausalSelfAttention(nnx.Module):
         qkv = self.qkv(x).reshape(batch, seq, 3, self.num_heads, head_dim)
         q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
         logits = jnp.einsum("bqnd,bknd->bnqk", q, k) / jnp.sqrt(head_dim).astype(x.dtype)
-        causal = jnp.tril(jnp.ones((seq, seq), dtype=bool))
+        causal = jnp.tril(jnp.ones((1, 1, seq, seq), dtype=bool))
         logits = jnp.where(causal, logits, jnp.finfo(logits.dtype).min)
         attn = jax.nn.softmax(logits, axis=-1)
         return self.out(jnp.einsum("bnqk,bknd->bqnd", attn, v).reshape(batch, seq, width))
@@ -93,7 +93,7 @@ class CharTransformer(nnx.Module):
 
     def __call__(self, tokens: jax.Array) -> tuple[jax.Array, jaxmoe.MoEStats]:
         seq = tokens.shape[-1]
-        x = self.embed(tokens) + self.pos_embed[...][:seq]
+        x = self.embed(tokens) + self.pos_embed[...][None, :seq]
         layer_stats = []
         for block in self.blocks:
             x, stats = block(x)
