@@ -108,9 +108,9 @@ def dense_layer(params: dict, x: jax.Array, top_k: int) -> jax.Array:
     combine_weights = _route_dense(params["router"]["kernel"], x, top_k)
 
     def matmul(spec, lhs, rhs):
-        return jnp.einsum(spec, lhs, rhs.astype(dtype), preferred_element_type=jnp.float32).astype(
-            dtype
-        )
+        # No preferred_element_type: XLA's CPU dot has no bf16 x bf16 -> f32 (GPUs accumulate in
+        # float32 either way).
+        return jnp.einsum(spec, lhs, rhs.astype(dtype))
 
     gate = matmul("th,ehf->etf", x, experts["w_gate"])
     up = matmul("th,ehf->etf", x, experts["w_up"])
