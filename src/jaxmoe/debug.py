@@ -5,6 +5,10 @@ the library allocates but must never read back (the tail of the permuted buffer 
 blocks, unused expert-parallel receive space) with NaN instead of zeros. CPUs zero-fill what a
 GPU leaves uninitialised; with poison on, any kernel that reads such a row, or fails to write an
 output row, turns the layer's result into NaN, so the mistake cannot hide.
+
+The switch is read when a function is traced, and ``jit`` reuses earlier traces: set it before
+the first call (e.g. in the environment at process start), or trace a fresh function (or call
+``jax.clear_caches()``) after changing it. Otherwise a cached, unpoisoned trace keeps running.
 """
 
 from __future__ import annotations
