@@ -68,18 +68,27 @@ def main(argv=None) -> int:
             json.dump({"header": gemm.benchmark_header(command), "rows": rows}, f, indent=1)
         return 0
     header = gemm.benchmark_header(command)
-    rows = []
-    # One impl at a time, writing after each, so that a run cut short still leaves its rows.
+    done: list[dict] = []
+    # Results are rewritten after every row, so that a run cut short still leaves what it measured.
+    json_path, md_path = "", ""
+
+    def save(rows):
+        nonlocal json_path, md_path
+        all_rows = done + list(rows)
+        gemm.fill_ratios(all_rows)
+        json_path, md_path = gemm.write_results(all_rows, header, args.out_dir, args.stem)
+
     for impl in [i for i in args.impls.split(",") if i]:
-        rows += gemm.run_gemm_benchmark(
+        done += gemm.run_gemm_benchmark(
             shapes,
             impls=[impl],
             routings=[r for r in args.routings.split(",") if r],
             passes=[p for p in args.passes.split(",") if p],
             repeats=args.repeats,
+            on_row=save,
         )
-        gemm.fill_ratios(rows)
-        json_path, md_path = gemm.write_results(rows, header, args.out_dir, args.stem)
+    rows = done
+    save([])
     print(gemm.markdown_table(rows))
     print(f"wrote {json_path} and {md_path}")
     return 0

@@ -251,13 +251,15 @@ def run_gemm_benchmark(
     slow_impl_repeats: int = 3,
     jaxmoe_backend=None,
     log: Callable[[str], None] = print,
+    on_row: Callable[[list[dict[str, Any]]], None] | None = None,
 ) -> list[dict[str, Any]]:
     """Checks then times every (shape, pass, routing, impl); returns one row per combination.
 
     Runs torch first over all shapes and frees its cache, then the JAX impls (so that the two
     frameworks' memory pools do not fight). A failure (e.g. out of memory) becomes a row with
-    ``"error"`` and the run goes on. ``xla_ragged_dot`` gets ``slow_impl_repeats`` timed runs when
-    one call takes over 50 ms.
+    ``"error"`` and the run goes on. ``on_row(rows)`` is called after every row (e.g. to save
+    partial results, so that a run cut short keeps what it measured). ``xla_ragged_dot`` gets
+    ``slow_impl_repeats`` timed runs when one call takes over 50 ms.
 
     Returns:
       rows ``{"shape", "pass", "routing", "impl", "ms", "tflops", "ratio_vs_torch", ...}`` where
@@ -318,6 +320,8 @@ def run_gemm_benchmark(
                         row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
                     rows.append(row)
                     log(_row_line(row))
+                    if on_row is not None:
+                        on_row(rows)
                     del fn, args, check
         if impl == "torch":
             _release_torch_memory()
@@ -383,6 +387,8 @@ def markdown_table(rows: Sequence[dict[str, Any]], header: dict[str, Any] | None
         )
         lines.append(f"Command: `{header['command']}`")
         lines.append(f"FLOPs: {header['flops']}. Timing: {header['timing']}.")
+        if header.get("note"):
+            lines.append(f"Note: {header['note']}")
         lines.append("")
     impls = [i for i in IMPLS if any(r["impl"] == i for r in rows)]
     for routing in [r for r in ROUTINGS if any(x["routing"] == r for x in rows)]:
