@@ -14,6 +14,7 @@ import argparse
 import json
 import os
 import sys
+import time
 
 # Let torch and JAX share the GPU: JAX must not grab 75% of it up front.
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
@@ -78,15 +79,22 @@ def main(argv=None) -> int:
         gemm.fill_ratios(all_rows)
         json_path, md_path = gemm.write_results(all_rows, header, args.out_dir, args.stem)
 
-    for impl in [i for i in args.impls.split(",") if i]:
-        done += gemm.run_gemm_benchmark(
-            shapes,
-            impls=[impl],
-            routings=[r for r in args.routings.split(",") if r],
-            passes=[p for p in args.passes.split(",") if p],
-            repeats=args.repeats,
-            on_row=save,
-        )
+    # Shape by shape, every implementation back to back: peers are timed minutes apart at most,
+    # under the same clocks and temperature (an impl-major order let the GPU drift between them).
+    started = time.perf_counter()
+    for shape in shapes:
+        for impl in [i for i in args.impls.split(",") if i]:
+            if time.perf_counter() - started > args.time_budget_s:
+                print(f"time budget spent: skipping {shape} {impl}", flush=True)
+                continue
+            done += gemm.run_gemm_benchmark(
+                [shape],
+                impls=[impl],
+                routings=[r for r in args.routings.split(",") if r],
+                passes=[p for p in args.passes.split(",") if p],
+                repeats=args.repeats,
+                on_row=save,
+            )
     rows = done
     save([])
     print(gemm.markdown_table(rows))
