@@ -65,6 +65,25 @@ def test_demo_expert_bias_updates_with_sigmoid(tmp_path):
     assert all(math.isfinite(v) for v in metrics["loss"])
 
 
+def test_demo_expert_parallel_on_two_devices(tmp_path):
+    pytest.importorskip("jaxmoe.parallel")
+    from jaxmoe.cli.demo import DemoConfig, run_demo
+
+    cfg = DemoConfig(
+        steps=2,
+        devices=2,
+        width=32,
+        ffn_size=32,
+        seq_len=16,
+        batch_size=4,
+        sample_chars=4,
+        out=str(tmp_path),
+    )
+    metrics = run_demo(cfg)
+    assert all(math.isfinite(v) for v in metrics["loss"])
+    assert sum(metrics["tokens_per_expert"][-1][0]) == 2 * 4 * 16
+
+
 def _bench_rows(path):
     data = json.loads(path.read_text())
     assert {"device", "jax", "torch", "date", "command"} <= set(data["header"])

@@ -189,13 +189,19 @@ def make_eval_loss(graphdef):
     return eval_loss
 
 
-def sample_text(model, codec: CharCodec, seq_len: int, num_chars: int, seed: int) -> str:
-    """Samples ``num_chars`` characters (temperature 0.8) from a newline, one jitted call each."""
+def sample_text(
+    model, codec: CharCodec, seq_len: int, num_chars: int, seed: int, rows: int = 1
+) -> str:
+    """Samples ``num_chars`` characters (temperature 0.8) from a newline, one jitted call each.
+
+    ``rows`` copies of the window form the batch (an expert-parallel mesh needs one per device).
+    """
     graphdef, state = nnx.split(model)
 
     @jax.jit
     def next_token(state, window, length, key):
-        logits, _ = nnx.merge(graphdef, state)(window[None])
+        batch = jnp.broadcast_to(window[None], (rows, window.shape[0]))
+        logits, _ = nnx.merge(graphdef, state)(batch)
         return jax.random.categorical(key, logits[0, length - 1] / 0.8)
 
     window = np.zeros(seq_len, np.int32)
@@ -390,7 +396,9 @@ def run_demo(cfg: DemoConfig) -> dict:
         print(f"  layer {layer}: max/mean expert load {balance:.2f}  (shares: {share})")
     print(f"  dropped tokens: {int(sum(metrics['dropped_tokens']))} (the layer is dropless)")
 
-    sample = sample_text(model, codec, cfg.seq_len, cfg.sample_chars, cfg.seed)
+    sample = sample_text(
+        model, codec, cfg.seq_len, cfg.sample_chars, cfg.seed, rows=max(1, cfg.devices)
+    )
     print("\nsample:\n" + "\n".join("  | " + line for line in sample.splitlines()[:8]))
     metrics["sample"] = sample
 
