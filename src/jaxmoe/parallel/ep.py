@@ -55,6 +55,7 @@ from jaxmoe.config import MoEConfig
 from jaxmoe.experts import routed_experts, shared_expert
 from jaxmoe.parallel import sharding
 from jaxmoe.parallel.exchange import Exchange, exchange_rows, resolve_exchange
+from jaxmoe.parallel.exchange.base import vary
 
 
 def _round_up(value, multiple):
@@ -401,33 +402,31 @@ def ep_combine(
 # The sharded layer.
 
 
-def _shard_map(f, mesh, in_specs, out_specs):
+def _shard_map(f, mesh, in_specs, out_specs, check_vma: bool = True):
     if hasattr(jax, "shard_map"):  # jax >= 0.6 (0.10, 0.11)
-        return jax.shard_map(f, mesh=mesh, in_specs=in_specs, out_specs=out_specs)
+        return jax.shard_map(
+            f, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_vma=check_vma
+        )
     from jax.experimental.shard_map import shard_map  # pragma: no cover - older jax
 
-    return shard_map(f, mesh=mesh, in_specs=in_specs, out_specs=out_specs)  # pragma: no cover
+    return shard_map(  # pragma: no cover
+        f, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_rep=check_vma
+    )
 
 
-def _vary(value, axes):
-    """Marks ``value`` as varying over ``axes`` (``shard_map``'s type system), where it is not.
+def _needs_unchecked_shard_map(cfg: MoEConfig, platform: str) -> bool:
+    """Pallas kernels inside ``shard_map`` cannot declare how their outputs vary over the mesh
+    (jax 0.10/0.11 refuse them under ``check_vma=True``), so the layer then runs unchecked."""
+    from jaxmoe.ops.grouped_matmul.api import default_backend_name
 
-    Custom VJPs (the grouped matmul's) must return cotangents of their inputs' type: a weight
-    replicated over the data axes gets a per-shard gradient, so it enters as varying, and the
-    transpose of this cast sums the gradient over those axes.
-    """
-    aval = jax.typeof(value) if hasattr(jax, "typeof") else None
-    vma = getattr(aval, "vma", None)  # jax 0.7-0.9 (and 0.11?) spell it .vma
-    if vma is None and hasattr(aval, "manual_axis_type"):  # jax 0.10
-        vma = aval.manual_axis_type.varying
-    if vma is None:  # pragma: no cover - jax without varying-axis types
-        return value
-    missing = tuple(axis for axis in axes if axis not in vma)
-    if not missing:
-        return value
-    if hasattr(jax.lax, "pcast"):
-        return jax.lax.pcast(value, missing, to="varying")
-    return jax.lax.pvary(value, missing)  # pragma: no cover - jax < 0.8.2
+    backend = cfg.grouped_matmul_backend
+    if backend is None or backend == "auto":
+        backend = default_backend_name(platform)
+    return (
+        isinstance(backend, str)
+        and backend == "pallas"
+        or (not isinstance(backend, str) and "Pallas" in type(backend).__name__)
+    )
 
 
 def _gather_fsdp(expert_params: dict, specs: dict, axes) -> dict:
@@ -437,7 +436,7 @@ def _gather_fsdp(expert_params: dict, specs: dict, axes) -> dict:
         for dim, dim_axes in enumerate(specs[name]):
             if dim > 0 and dim_axes is not None:
                 value = jax.lax.all_gather(value, dim_axes, axis=dim, tiled=True)
-        out[name] = _vary(value, axes)
+        out[name] = vary(value, axes)
     return out
 
 
@@ -518,4 +517,7 @@ def moe_sharded(params, x: jax.Array, cfg: MoEConfig, mesh) -> tuple[jax.Array, 
         expert_specs=param_specs["experts"],
         group_tokens=local_tokens * ep,
     )
-    return _shard_map(body, mesh, (param_specs, x_spec), (x_spec, stats_specs))(params, x)
+    check_vma = not _needs_unchecked_shard_map(cfg, platform)
+    return _shard_map(body, mesh, (param_specs, x_spec), (x_spec, stats_specs), check_vma)(
+        params, x
+    )

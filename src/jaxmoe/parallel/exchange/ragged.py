@@ -15,7 +15,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from jaxmoe.parallel.exchange.base import Exchange
+from jaxmoe.parallel.exchange.base import Exchange, vary
 
 UNSUPPORTED_PLATFORMS = ("cpu",)
 
@@ -36,10 +36,12 @@ class RaggedAllToAllExchange(Exchange):
     def exchange(self, send, send_sizes, recv_sizes, axis_name):
         ep, rows, hidden = send.shape
         me = jax.lax.axis_index(axis_name).astype(jnp.int32)
+        axes = tuple(axis_name) if isinstance(axis_name, tuple | list) else (axis_name,)
         slot_starts = jnp.arange(ep, dtype=jnp.int32) * rows
         out = jax.lax.ragged_all_to_all(
             send.reshape(ep * rows, hidden),
-            jnp.zeros((ep * rows, hidden), send.dtype),
+            # The output buffer must vary over the axis like the operand (shard_map's types).
+            vary(jnp.zeros((ep * rows, hidden), send.dtype), axes),
             slot_starts,
             send_sizes.astype(jnp.int32),
             jnp.full((ep,), me * rows, jnp.int32),
