@@ -1,0 +1,269 @@
+"""Expert parallelism on 8 simulated CPU devices: the sharded layer equals the one-device layer.
+
+Forward, every gradient and the stats, over meshes ep=2/4/8 and (data=2, ep=4), routings
+uniform / skewed / all tokens to one expert / ranks that receive nothing, and every exchange
+that runs on CPU. Shapes are tiny: the cost is compilation.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import Mesh
+
+import jaxmoe
+from jaxmoe import debug
+from jaxmoe.parallel import logical_axis_rules, moe_sharded, param_partition_specs
+
+RTOL = 1e-5
+HIDDEN, FFN, NUM_EXPERTS, TOP_K = 8, 16, 8, 2
+
+
+def make_mesh(shape, names):
+    devices = np.array(jax.devices()[: int(np.prod(shape))]).reshape(shape)
+    return Mesh(devices, names)
+
+
+MESHES = {
+    "ep2": (make_mesh((2,), ("ep",)), ()),
+    "ep4": (make_mesh((4,), ("ep",)), ()),
+    "ep8": (make_mesh((8,), ("ep",)), ()),
+    "data2_ep4": (make_mesh((2, 4), ("data", "ep")), ("data",)),
+}
+
+
+def routing_bias(kind: str, ep: int) -> np.ndarray:
+    """Selection bias (sigmoid scores lie in (0, 1), so +10 decides the choice)."""
+    bias = np.zeros(NUM_EXPERTS, np.float32)
+    if kind == "skewed":
+        bias = np.linspace(0.6, 0.0, NUM_EXPERTS).astype(np.float32)
+    elif kind == "one_expert":
+        bias[3] = 10.0  # every token's first choice is expert 3
+    elif kind == "empty_ranks":
+        # Only the experts of rank 0 are chosen: the other ranks receive nothing.
+        bias[: max(TOP_K, NUM_EXPERTS // ep)] = 10.0
+    return bias
+
+
+def make_case(routing="uniform", batch=8, seq=4, **cfg_kwargs):
+    cfg = jaxmoe.MoEConfig(
+        num_experts=NUM_EXPERTS,
+        top_k=TOP_K,
+        hidden_size=HIDDEN,
+        ffn_size=FFN,
+        score="sigmoid",
+        use_expert_bias=True,
+        aux_loss_coef=0.01,
+        seq_aux_loss_coef=0.02,
+        z_loss_coef=0.001,
+        **cfg_kwargs,
+    )
+    k1, k2, k3 = jax.random.split(jax.random.key(0), 3)
+    params = jaxmoe.init_params(k1, cfg)
+    shape = (batch, seq, HIDDEN) if seq else (batch, HIDDEN)
+    x = jax.random.normal(k2, shape, jnp.float32)
+    cotangent = jax.random.normal(k3, shape, jnp.float32)
+    return cfg, params, x, cotangent
+
+
+def with_bias(params, routing, ep):
+    return {**params, "expert_bias": jnp.asarray(routing_bias(routing, ep))}
+
+
+def value_and_grads(cfg, params, x, cotangent, mesh=None):
+    def loss(params, x):
+        y, stats = jaxmoe.moe(params, x, cfg, mesh=mesh)
+        return jnp.sum(y * cotangent) + stats.aux_loss, (y, stats)
+
+    return jax.jit(jax.grad(loss, argnums=(0, 1), has_aux=True))(params, x)
+
+
+def assert_close(actual, expected, what):
+    actual, expected = np.asarray(actual, np.float64), np.asarray(expected, np.float64)
+    scale = max(np.max(np.abs(expected)), 1e-30)
+    err = np.max(np.abs(actual - expected)) / scale
+    assert err < RTOL, f"{what}: relative error {err:.3g}"
+
+
+def assert_same_layer(result, reference):
+    (grads, (y, stats)), (ref_grads, (ref_y, ref_stats)) = result, reference
+    assert_close(y, ref_y, "y")
+    for path, g in jax.tree_util.tree_flatten_with_path(grads)[0]:
+        ref = dict(jax.tree_util.tree_flatten_with_path(ref_grads)[0])[path]
+        assert_close(g, ref, f"grad{jax.tree_util.keystr(path)}")
+    np.testing.assert_array_equal(stats.tokens_per_expert, ref_stats.tokens_per_expert)
+    assert int(stats.dropped_tokens) == int(ref_stats.dropped_tokens)
+    for name in ("aux_loss", "load_balancing_loss", "seq_aux_loss", "z_loss"):
+        assert_close(getattr(stats, name), getattr(ref_stats, name), name)
+
+
+LAYER_CASES = [
+    # (mesh, routing, exchange)
+    ("ep2", "uniform", "all_to_all"),
+    ("ep4", "skewed", "all_to_all"),
+    ("ep8", "one_expert", "all_to_all"),
+    ("data2_ep4", "empty_ranks", "all_to_all"),
+    ("ep4", "empty_ranks", "all_gather"),
+    ("data2_ep4", "skewed", "all_gather"),
+    ("ep8", "uniform", None),  # the platform default
+]
+
+
+@pytest.mark.parametrize("mesh_name,routing,exchange", LAYER_CASES)
+def test_layer_matches_single_device(mesh_name, routing, exchange):
+    mesh, data_axes = MESHES[mesh_name]
+    ep = mesh.shape["ep"]
+    cfg, params, x, cotangent = make_case()
+    params = with_bias(params, routing, ep)
+    sharded = dataclasses.replace(cfg, ep_axis="ep", data_axes=data_axes, ep_exchange=exchange)
+    reference = value_and_grads(cfg, params, x, cotangent)
+    result = value_and_grads(sharded, params, x, cotangent, mesh)
+    assert_same_layer(result, reference)
+    counts = np.asarray(reference[1][1].tokens_per_expert)
+    if routing == "empty_ranks":
+        assert counts[max(TOP_K, NUM_EXPERTS // ep) :].sum() == 0
+    if routing == "one_expert":
+        assert counts[3] == x.shape[0] * x.shape[1]
+
+
+def test_softmax_2d_input_shared_expert_fsdp():
+    """softmax scores, a 2-D x (one sequence), a shared expert, FSDP expert weights, alignment."""
+    mesh, _ = MESHES["data2_ep4"]
+    cfg = jaxmoe.MoEConfig(
+        num_experts=NUM_EXPERTS,
+        top_k=TOP_K,
+        hidden_size=HIDDEN,
+        ffn_size=FFN,
+        num_shared_experts=1,
+        aux_loss_coef=0.01,
+        seq_aux_loss_coef=0.02,
+        alignment=4,
+    )
+    params = jaxmoe.init_params(jax.random.key(1), cfg)
+    x = jax.random.normal(jax.random.key(2), (32, HIDDEN))
+    cotangent = jax.random.normal(jax.random.key(3), x.shape)
+    sharded = dataclasses.replace(cfg, ep_axis="ep", data_axes=("data",), fsdp_expert_weights=True)
+    assert_same_layer(
+        value_and_grads(sharded, params, x, cotangent, mesh),
+        value_and_grads(cfg, params, x, cotangent),
+    )
+
+
+def test_poison_mode_reads_no_unwritten_row():
+    mesh, _ = MESHES["ep4"]
+    cfg, params, x, cotangent = make_case(alignment=4)
+    params = with_bias(params, "skewed", 4)
+    sharded = dataclasses.replace(cfg, ep_axis="ep", ep_receive_factor=1.5)
+    reference = value_and_grads(sharded, params, x, cotangent, mesh)
+    with debug.poison_buffers():
+        poisoned = value_and_grads(sharded, params, x, cotangent, mesh)
+    for leaf in jax.tree.leaves(poisoned):
+        assert np.all(np.isfinite(np.asarray(leaf, np.float64)))
+    assert_same_layer(poisoned, reference)
+
+
+# ---------------------------------------------------------------------------------------------
+# Capacity and receive-bound drops.
+
+
+def test_capacity_matches_single_device():
+    mesh, _ = MESHES["ep4"]
+    cfg, params, x, cotangent = make_case(capacity_factor=0.75, alignment=2)
+    params = with_bias(params, "skewed", 4)
+    reference = value_and_grads(cfg, params, x, cotangent)
+    result = value_and_grads(dataclasses.replace(cfg, ep_axis="ep"), params, x, cotangent, mesh)
+    assert int(reference[1][1].dropped_tokens) > 0
+    assert_same_layer(result, reference)
+
+
+def test_capacity_counts_tokens_of_one_data_shard():
+    """With data axes, C uses the ep group's tokens: moe() on each data shard, concatenated."""
+    mesh, _ = MESHES["data2_ep4"]
+    cfg, params, x, cotangent = make_case(capacity_factor=0.75)
+    params = with_bias(params, "skewed", 4)
+    sharded = dataclasses.replace(cfg, ep_axis="ep", data_axes=("data",))
+
+    def per_shard(params, x):
+        halves = [jaxmoe.moe(params, half, cfg) for half in jnp.split(x, 2)]
+        y = jnp.concatenate([h[0] for h in halves])
+        return (
+            y,
+            sum(h[1].dropped_tokens for h in halves),
+            sum(h[1].tokens_per_expert for h in halves),
+        )
+
+    def sharded_fn(params, x):
+        y, stats = jaxmoe.moe(params, x, sharded, mesh=mesh)
+        return y, stats.dropped_tokens, stats.tokens_per_expert
+
+    ref, out = jax.jit(per_shard)(params, x), jax.jit(sharded_fn)(params, x)
+    assert_close(out[0], ref[0], "y")
+    assert int(out[1]) == int(ref[1]) > 0
+    np.testing.assert_array_equal(out[2], ref[2])
+
+    def grads(fn):
+        return jax.jit(jax.grad(lambda p, x: jnp.sum(fn(p, x)[0] * cotangent), argnums=(0, 1)))(
+            params, x
+        )
+
+    for a, b in zip(
+        jax.tree.leaves(grads(sharded_fn)), jax.tree.leaves(grads(per_shard)), strict=True
+    ):
+        assert_close(a, b, "grad")
+
+
+# ---------------------------------------------------------------------------------------------
+# Errors.
+
+
+def test_mesh_errors_name_the_field():
+    mesh, _ = MESHES["ep4"]
+    cfg, params, x, _ = make_case()
+    with pytest.raises(ValueError, match="ep_axis"):
+        jaxmoe.moe(params, x, dataclasses.replace(cfg, ep_axis="expert"), mesh=mesh)
+    with pytest.raises(ValueError, match="ep_axis"):
+        moe_sharded(params, x, cfg, mesh)  # ep_axis None
+    with pytest.raises(ValueError, match="data_axes"):
+        jaxmoe.moe(
+            params, x, dataclasses.replace(cfg, ep_axis="ep", data_axes=("fsdp",)), mesh=mesh
+        )
+    mesh8, _ = MESHES["ep8"]
+    cfg6 = dataclasses.replace(cfg, num_experts=6, ep_axis="ep")
+    with pytest.raises(ValueError, match="num_experts"):
+        jaxmoe.moe(jaxmoe.init_params(jax.random.key(0), cfg6), x, cfg6, mesh=mesh8)
+    with pytest.raises(ValueError, match="divisible"):
+        jaxmoe.moe(params, x[:6], dataclasses.replace(cfg, ep_axis="ep"), mesh=mesh)
+    with pytest.raises(ValueError, match="ep_exchange"):
+        jaxmoe.moe(params, x, dataclasses.replace(cfg, ep_axis="ep", ep_exchange="nccl"), mesh=mesh)
+    with pytest.raises(NotImplementedError, match="cpu"):
+        jaxmoe.moe(
+            params,
+            x,
+            dataclasses.replace(cfg, ep_axis="ep", ep_exchange="ragged_all_to_all"),
+            mesh=mesh,
+        )
+
+
+def test_logical_rules_and_specs():
+    cfg = jaxmoe.MoEConfig(
+        num_experts=8,
+        top_k=2,
+        hidden_size=8,
+        ffn_size=16,
+        ep_axis="ep",
+        data_axes=("fsdp",),
+        fsdp_expert_weights=True,
+    )
+    rules = dict(logical_axis_rules(cfg))
+    assert rules["batch"] == ("fsdp", "ep")
+    assert rules["expert"] == "ep"
+    assert rules["embed"] == ("fsdp",)
+    specs = param_partition_specs(cfg)
+    assert tuple(specs["experts"]["w_up"])[0] == "ep"
+    assert tuple(specs["experts"]["w_up"])[1] in ("fsdp", ("fsdp",))
+    assert tuple(specs["experts"]["w_down"])[2] in ("fsdp", ("fsdp",))
+    assert tuple(specs["router"]["kernel"]) == ()
