@@ -485,6 +485,11 @@ def _moe_shard(params, x, *, cfg: MoEConfig, expert_specs: dict, group_tokens: i
     return out.astype(x.dtype).reshape(x.shape), stats
 
 
+def _has_explicit_axes(mesh) -> bool:
+    explicit = getattr(getattr(jax.sharding, "AxisType", None), "Explicit", None)
+    return explicit is not None and any(t == explicit for t in getattr(mesh, "axis_types", ()))
+
+
 def moe_sharded(params, x: jax.Array, cfg: MoEConfig, mesh) -> tuple[jax.Array, object]:
     """:func:`jaxmoe.moe` with experts over ``cfg.ep_axis`` and the batch over
     ``(*cfg.data_axes, cfg.ep_axis)`` of ``mesh``: the single-device result, sharded.
@@ -518,6 +523,15 @@ def moe_sharded(params, x: jax.Array, cfg: MoEConfig, mesh) -> tuple[jax.Array, 
         group_tokens=local_tokens * ep,
     )
     check_vma = not _needs_unchecked_shard_map(cfg, platform)
+    if _has_explicit_axes(mesh):
+        # An Explicit-axes mesh (jax.make_mesh's default on recent jax) makes shard_map demand
+        # inputs already laid out as in_specs: lay them out (a no-op when they already are).
+        params, x = jax.tree.map(
+            lambda value, spec: jax.device_put(value, jax.sharding.NamedSharding(mesh, spec)),
+            (params, x),
+            (param_specs, x_spec),
+            is_leaf=lambda node: isinstance(node, jax.sharding.PartitionSpec),
+        )
     return _shard_map(body, mesh, (param_specs, x_spec), (x_spec, stats_specs), check_vma)(
         params, x
     )
