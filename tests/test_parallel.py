@@ -109,6 +109,8 @@ LAYER_CASES = [
     ("data2_ep4", "empty_ranks", "all_to_all"),
     ("ep4", "empty_ranks", "all_gather"),
     ("data2_ep4", "skewed", "all_gather"),
+    ("ep4", "one_expert", "all_to_all_chunked"),
+    ("data2_ep4", "skewed", "all_to_all_chunked"),
     ("ep8", "uniform", None),  # the platform default
 ]
 

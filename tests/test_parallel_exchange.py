@@ -24,7 +24,7 @@ from jaxmoe.parallel import (
 from jaxmoe.parallel.exchange import exchange_rows, resolve_exchange
 
 EP, TOKENS, HIDDEN, TOP_K, NUM_EXPERTS = 4, 12, 8, 2, 8
-CPU_EXCHANGES = ("all_to_all", "all_gather")
+CPU_EXCHANGES = ("all_to_all", "all_to_all_chunked", "all_gather")
 
 
 def ep_mesh(ep=EP):

@@ -402,13 +402,20 @@ def run_ep_benchmark(
     parts: Sequence[str] = ("correctness", "exchange", "layer"),
     cases: Sequence[str] = ("dsv3", "mixtral"),
     tiny: bool = False,
-    receive_factor: float = 1.25,
+    receive_factor: float | None = 1.25,
     budget_s: float = 1e9,
     exchange_ep: Sequence[int] | None = None,
+    exchanges: Sequence[str] | None = None,
+    layer_exchange: str | None = None,
     log: Callable[[str], None] = print,
     on_row: Callable[[dict[str, Any]], None] | None = None,
 ) -> list[dict[str, Any]]:
-    """Runs the parts in order over ``ep_sizes``; stops starting new work past ``budget_s``."""
+    """Runs the parts in order over ``ep_sizes``; stops starting new work past ``budget_s``.
+
+    ``exchanges`` restricts the exchange part to these names (default: all that run here);
+    ``layer_exchange`` is the layer part's ``ep_exchange`` (None: the default), with
+    ``receive_factor`` as its ``ep_receive_factor`` (None: dropless).
+    """
     start = time.perf_counter()
     rows: list[dict[str, Any]] = []
 
@@ -442,11 +449,14 @@ def run_ep_benchmark(
     def exchange():
         exchange_impls = [
             ("all_to_all", None),
-            ("all_to_all", receive_factor),
+            ("all_to_all", receive_factor or 1.25),
+            ("all_to_all_chunked", None),
             ("all_gather", None),
         ]
         if "ragged_all_to_all" in impls_here:
             exchange_impls.append(("ragged_all_to_all", None))
+        if exchanges:
+            exchange_impls = [(name, f) for name, f in exchange_impls if name in exchanges]
         for ep in ep_sizes if exchange_ep is None else exchange_ep:
             if ep < 2 or out_of_time(f"exchange ep={ep}"):
                 continue
@@ -465,7 +475,13 @@ def run_ep_benchmark(
                 if out_of_time(f"layer {name} ep={ep}"):
                     return
                 try:
-                    row = bench_layer(case, ep, receive_factor=receive_factor, backend=backend)
+                    row = bench_layer(
+                        case,
+                        ep,
+                        exchange=layer_exchange,
+                        receive_factor=receive_factor,
+                        backend=backend,
+                    )
                 except Exception as error:  # noqa: BLE001 - the Pallas kernel may not be ready
                     if backend is not None:
                         emit(
@@ -479,7 +495,13 @@ def run_ep_benchmark(
                     log(f"backend auto failed ({str(error)[:300]}); retrying with backend='xla'")
                     backend = "xla"
                     try:
-                        row = bench_layer(case, ep, receive_factor=receive_factor, backend=backend)
+                        row = bench_layer(
+                            case,
+                            ep,
+                            exchange=layer_exchange,
+                            receive_factor=receive_factor,
+                            backend=backend,
+                        )
                     except Exception as error2:  # noqa: BLE001
                         emit(
                             {
@@ -603,7 +625,14 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
     parser.add_argument("--parts", default="correctness,exchange,layer")
     parser.add_argument("--cases", default="dsv3,mixtral")
     parser.add_argument("--tiny", action="store_true", help="tiny shapes (CPU smoke test)")
-    parser.add_argument("--receive-factor", type=float, default=1.25)
+    parser.add_argument(
+        "--receive-factor",
+        type=lambda v: None if v.lower() == "none" else float(v),
+        default=1.25,
+        help="layer part's ep_receive_factor ('none' = dropless)",
+    )
+    parser.add_argument("--exchanges", default="", help="exchange part: only these names")
+    parser.add_argument("--layer-exchange", default=None, help="layer part's ep_exchange")
     parser.add_argument("--budget-s", type=float, default=1e9)
     parser.add_argument("--exchange-ep", default="", help="EP sizes of the exchange part")
     parser.add_argument("--out", default=os.environ.get("OUT", "benchmarks/results"))
@@ -625,6 +654,8 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
         receive_factor=args.receive_factor,
         budget_s=args.budget_s,
         exchange_ep=[int(v) for v in args.exchange_ep.split(",") if v] or None,
+        exchanges=[v for v in args.exchanges.split(",") if v] or None,
+        layer_exchange=args.layer_exchange,
         on_row=save,
     )
     write_results(rows, header, args.out, args.stem)

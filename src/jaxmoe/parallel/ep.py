@@ -55,6 +55,10 @@ from jaxmoe.config import MoEConfig
 from jaxmoe.experts import routed_experts, shared_expert
 from jaxmoe.parallel import sharding
 from jaxmoe.parallel.exchange import Exchange, exchange_rows, resolve_exchange
+from jaxmoe.parallel.exchange.all_to_all_chunked import (
+    ChunkedAllToAllExchange,
+    default_chunk_rows,
+)
 from jaxmoe.parallel.exchange.base import vary
 
 
@@ -289,8 +293,9 @@ def ep_dispatch(
       routing_experts: ``[T, K]`` int32 global expert ids (distinct within a row).
       num_experts: E, divisible by the size of ``axis_name``.
       axis_name: the expert-parallel mesh axis.
-      exchange: ``None`` (platform default), ``"all_to_all"``, ``"all_gather"``,
-        ``"ragged_all_to_all"`` or an :class:`~jaxmoe.parallel.exchange.Exchange`.
+      exchange: ``None`` (platform default), ``"all_to_all"``, ``"all_to_all_chunked"``,
+        ``"all_gather"``, ``"ragged_all_to_all"`` or an
+        :class:`~jaxmoe.parallel.exchange.Exchange`.
       capacity: per-expert capacity ``C`` over the ep group's ``ep*T`` tokens (``None`` =
         dropless); blocks then have ``round_up(C, alignment)`` rows each.
       receive_factor: bound on the receive buffer, about ``receive_factor * T * K`` rows.
@@ -324,6 +329,8 @@ def ep_dispatch(
     rows = slot_rows(
         num_tokens, top_k, ep, num_local, capacity=capacity, receive_factor=receive_factor
     )
+    if isinstance(impl, ChunkedAllToAllExchange) and impl.chunk_rows is None:
+        impl = ChunkedAllToAllExchange(default_chunk_rows(num_tokens * top_k, ep, rows))
     block_rows = None if capacity is None else _round_up(capacity, alignment)
     me = jax.lax.axis_index(axis_name)
 

@@ -10,10 +10,19 @@ import jax
 
 from jaxmoe.parallel.exchange.all_gather import AllGatherExchange
 from jaxmoe.parallel.exchange.all_to_all import AllToAllExchange
+from jaxmoe.parallel.exchange.all_to_all_chunked import ChunkedAllToAllExchange
 from jaxmoe.parallel.exchange.base import Exchange, exchange_rows
 from jaxmoe.parallel.exchange.ragged import RaggedAllToAllExchange
 
-EXCHANGES = {cls.name: cls for cls in (AllToAllExchange, AllGatherExchange, RaggedAllToAllExchange)}
+EXCHANGES = {
+    cls.name: cls
+    for cls in (
+        AllToAllExchange,
+        ChunkedAllToAllExchange,
+        AllGatherExchange,
+        RaggedAllToAllExchange,
+    )
+}
 EXCHANGE_NAMES = tuple(EXCHANGES)
 
 
@@ -51,6 +60,7 @@ __all__ = [
     "EXCHANGE_NAMES",
     "AllGatherExchange",
     "AllToAllExchange",
+    "ChunkedAllToAllExchange",
     "Exchange",
     "RaggedAllToAllExchange",
     "default_exchange_name",
