@@ -474,42 +474,35 @@ def run_ep_benchmark(
                     continue
                 if out_of_time(f"layer {name} ep={ep}"):
                     return
-                try:
-                    row = bench_layer(
+
+                def attempt(backend, case=case, ep=ep):
+                    return bench_layer(
                         case,
                         ep,
                         exchange=layer_exchange,
                         receive_factor=receive_factor,
                         backend=backend,
                     )
+
+                def error_row(error, case=case, ep=ep):
+                    return {
+                        "case": f"layer_fwd_bwd:{case.name}",
+                        "ep": ep,
+                        "error": str(error)[:300],
+                    }
+
+                try:
+                    row = attempt(backend)
                 except Exception as error:  # noqa: BLE001 - the Pallas kernel may not be ready
                     if backend is not None:
-                        emit(
-                            {
-                                "case": f"layer_fwd_bwd:{case.name}",
-                                "ep": ep,
-                                "error": str(error)[:300],
-                            }
-                        )
+                        emit(error_row(error))
                         continue
                     log(f"backend auto failed ({str(error)[:300]}); retrying with backend='xla'")
                     backend = "xla"
                     try:
-                        row = bench_layer(
-                            case,
-                            ep,
-                            exchange=layer_exchange,
-                            receive_factor=receive_factor,
-                            backend=backend,
-                        )
+                        row = attempt(backend)
                     except Exception as error2:  # noqa: BLE001
-                        emit(
-                            {
-                                "case": f"layer_fwd_bwd:{case.name}",
-                                "ep": ep,
-                                "error": str(error2)[:300],
-                            }
-                        )
+                        emit(error_row(error2))
                         continue
                 row["grouped_matmul_backend"] = backend or "auto"
                 if base is None:
