@@ -45,6 +45,13 @@ class EPLayerCase:
     tokens_per_gpu: int
     num_experts: int | None = None
     experts_per_gpu: int | None = None
+    score: str = "softmax"
+    num_groups: int = 1
+    group_top_k: int | None = None
+    use_expert_bias: bool = False
+    # Forced-balanced routing (Megatron-Core's MoE baseline): inputs and router built so that the
+    # real router sends token t to experts (t*K + j) mod E, every expert getting T*K/E copies.
+    balanced: bool = False
 
     def experts(self, ep: int) -> int:
         return self.num_experts if self.num_experts is not None else self.experts_per_gpu * ep
@@ -53,11 +60,72 @@ class EPLayerCase:
 LAYER_CASES = {
     "dsv3": EPLayerCase("dsv3", 7168, 2048, 8, 4096, experts_per_gpu=8),
     "mixtral": EPLayerCase("mixtral", 4096, 14336, 2, 4096, num_experts=8),
+    # Megatron-Core's published per-layer proxies (8xH100, EP8, 4096 tokens per GPU).
+    "megatron-mixtral": EPLayerCase(
+        "megatron-mixtral", 4096, 14336, 2, 4096, num_experts=8, balanced=True
+    ),
+    "megatron-dsv3": EPLayerCase(
+        "megatron-dsv3",
+        7168,
+        2048,
+        8,
+        4096,
+        num_experts=256,
+        score="sigmoid",
+        num_groups=8,
+        group_top_k=4,
+        use_expert_bias=True,
+        balanced=True,
+    ),
 }
 TINY_LAYER_CASES = {
     "dsv3": EPLayerCase("dsv3-tiny", 64, 32, 4, 64, experts_per_gpu=4),
     "mixtral": EPLayerCase("mixtral-tiny", 32, 64, 2, 64, num_experts=8),
+    "megatron-mixtral": EPLayerCase(
+        "megatron-mixtral-tiny", 32, 64, 2, 64, num_experts=8, balanced=True
+    ),
+    "megatron-dsv3": EPLayerCase(
+        "megatron-dsv3-tiny",
+        64,
+        32,
+        8,
+        64,
+        num_experts=32,
+        score="sigmoid",
+        num_groups=8,
+        group_top_k=4,
+        use_expert_bias=True,
+        balanced=True,
+    ),
 }
+
+
+def balanced_inputs(x, router_kernel, num_experts: int, top_k: int, scale: float = 30.0):
+    """Makes the real router pick experts ``(t*K + j) mod E`` for token t: exact balance.
+
+    The first E features of each token become a one-hot-like code of its K experts (larger for
+    earlier choices) and the router kernel's first E rows an identity, so the logits rank those
+    K experts first. With group-limited routing the K experts of a token must lie in at most
+    ``group_top_k`` groups: consecutive experts do when ``K <= (E / G) * group_top_k``.
+    """
+    import jax.numpy as jnp
+
+    tokens = x.shape[0] * x.shape[1] if x.ndim == 3 else x.shape[0]
+    choice = (jnp.arange(tokens)[:, None] * top_k + jnp.arange(top_k)[None, :]) % num_experts
+    code = jnp.zeros((tokens, num_experts), jnp.float32)
+    code = code.at[jnp.arange(tokens)[:, None], choice].set(
+        scale * (1.0 + 0.01 * (top_k - jnp.arange(top_k, dtype=jnp.float32)))[None, :]
+    )
+    flat = x.reshape(tokens, x.shape[-1]).astype(jnp.float32)
+    flat = flat.at[:, :num_experts].set(code)
+    kernel = (
+        router_kernel.astype(jnp.float32)
+        .at[:num_experts]
+        .set(jnp.eye(num_experts, dtype=jnp.float32))
+    )
+    return flat.reshape(x.shape).astype(x.dtype), kernel.astype(router_kernel.dtype)
+
+
 EXCHANGE_SHAPE = {"tokens": 4096, "hidden": 7168, "top_k": 8, "experts_per_gpu": 8}
 TINY_EXCHANGE_SHAPE = {"tokens": 64, "hidden": 32, "top_k": 4, "experts_per_gpu": 2}
 
@@ -352,6 +420,10 @@ def bench_layer(
         dtype=jnp.bfloat16,
         param_dtype=jnp.bfloat16,
         aux_loss_coef=0.01,
+        score=case.score,
+        num_groups=case.num_groups,
+        group_top_k=case.group_top_k,
+        use_expert_bias=case.use_expert_bias,
         ep_axis="ep",
         ep_exchange=exchange,
         ep_receive_factor=receive_factor,
@@ -359,25 +431,31 @@ def bench_layer(
     )
     mesh = _mesh(ep)
     k1, k2 = jax.random.split(jax.random.key(seed))
-    specs = param_partition_specs(cfg)
-    params = jax.tree.map(
-        lambda v, s: jax.device_put(v, NamedSharding(mesh, s)),
-        jaxmoe.init_params(k1, cfg),
-        specs,
-        is_leaf=lambda v: isinstance(v, jax.sharding.PartitionSpec),
-    )
+    params = jaxmoe.init_params(k1, cfg)
     seq = min(case.tokens_per_gpu, 1024)
     x = jax.random.normal(
         k2, (ep * case.tokens_per_gpu // seq, seq, case.hidden_size), jnp.bfloat16
+    )
+    if case.balanced:
+        x, params["router"]["kernel"] = balanced_inputs(
+            x, params["router"]["kernel"], cfg.num_experts, cfg.top_k
+        )
+    params = jax.tree.map(
+        lambda v, s: jax.device_put(v, NamedSharding(mesh, s)),
+        params,
+        param_partition_specs(cfg),
+        is_leaf=lambda v: isinstance(v, jax.sharding.PartitionSpec),
     )
     x = jax.device_put(x, NamedSharding(mesh, batch_partition_spec(cfg, 3)))
 
     def loss(params, x):
         y, stats = jaxmoe.moe(params, x, cfg, mesh=mesh)
-        return jnp.mean(jnp.square(y.astype(jnp.float32))) + stats.aux_loss, stats.dropped_tokens
+        loss = jnp.mean(jnp.square(y.astype(jnp.float32))) + stats.aux_loss
+        return loss, (stats.dropped_tokens, stats.tokens_per_expert)
 
     step = jax.jit(jax.grad(loss, argnums=(0, 1), has_aux=True))
-    _, dropped = step(params, x)
+    _, (dropped, tokens_per_expert) = step(params, x)
+    load = np.asarray(tokens_per_expert, np.float64)
     timing = time_jax(step, params, x)
     return {
         "case": f"layer_fwd_bwd:{case.name}",
@@ -389,6 +467,17 @@ def bench_layer(
         "receive_factor": receive_factor,
         "dropped_tokens": int(dropped),
         "num_experts": cfg.num_experts,
+        "max_over_mean_load": float(load.max() / load.mean()),
+        # Expert-matmul FLOPs (3 matmuls, fwd+bwd = 3x fwd) per GPU per second.
+        "tflops_per_gpu": 3
+        * 3
+        * 2
+        * case.tokens_per_gpu
+        * case.top_k
+        * case.hidden_size
+        * case.ffn_size
+        / timing.median_ms
+        / 1e9,
     }
 
 
