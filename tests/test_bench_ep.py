@@ -12,16 +12,7 @@ from jaxmoe.bench.ep import TINY_LAYER_CASES, balanced_inputs
 @pytest.mark.parametrize("name", ["megatron-mixtral", "megatron-dsv3"])
 def test_balanced_inputs_give_exactly_balanced_routing(name):
     case = TINY_LAYER_CASES[name]
-    cfg = jaxmoe.MoEConfig(
-        num_experts=case.num_experts,
-        top_k=case.top_k,
-        hidden_size=case.hidden_size,
-        ffn_size=case.ffn_size,
-        score=case.score,
-        num_groups=case.num_groups,
-        group_top_k=case.group_top_k,
-        use_expert_bias=case.use_expert_bias,
-    )
+    cfg = case.config(ep=1)
     params = jaxmoe.init_params(jax.random.key(0), cfg)
     x = jax.random.normal(jax.random.key(1), (4, 64, cfg.hidden_size), jnp.bfloat16)
     x, params["router"]["kernel"] = balanced_inputs(

@@ -56,6 +56,22 @@ class EPLayerCase:
     def experts(self, ep: int) -> int:
         return self.num_experts if self.num_experts is not None else self.experts_per_gpu * ep
 
+    def config(self, ep: int, **overrides):
+        """The case's ``MoEConfig`` at expert-parallel size ``ep`` (``overrides`` on top)."""
+        import jaxmoe
+
+        return jaxmoe.MoEConfig(
+            num_experts=self.experts(ep),
+            top_k=self.top_k,
+            hidden_size=self.hidden_size,
+            ffn_size=self.ffn_size,
+            score=self.score,
+            num_groups=self.num_groups,
+            group_top_k=self.group_top_k,
+            use_expert_bias=self.use_expert_bias,
+            **overrides,
+        )
+
 
 LAYER_CASES = {
     "dsv3": EPLayerCase("dsv3", 7168, 2048, 8, 4096, experts_per_gpu=8),
@@ -412,18 +428,11 @@ def bench_layer(
     import jaxmoe
     from jaxmoe.parallel import batch_partition_spec, param_partition_specs
 
-    cfg = jaxmoe.MoEConfig(
-        num_experts=case.experts(ep),
-        top_k=case.top_k,
-        hidden_size=case.hidden_size,
-        ffn_size=case.ffn_size,
+    cfg = case.config(
+        ep,
         dtype=jnp.bfloat16,
         param_dtype=jnp.bfloat16,
         aux_loss_coef=0.01,
-        score=case.score,
-        num_groups=case.num_groups,
-        group_top_k=case.group_top_k,
-        use_expert_bias=case.use_expert_bias,
         ep_axis="ep",
         ep_exchange=exchange,
         ep_receive_factor=receive_factor,

@@ -191,14 +191,10 @@ def _receive_plan(kept_here, offset_here, rows: int, alignment: int, block_rows:
     block_sizes = jnp.sum(kept_here, axis=0)  # [E_l] copies per local expert
     if block_rows is not None:
         group_sizes = jnp.full((num_local,), block_rows, jnp.int32)
-        num_rows = num_local * block_rows
     else:
         group_sizes = _round_up(block_sizes, alignment).astype(jnp.int32)
-        num_rows = (
-            ep * rows
-            if alignment == 1
-            else _round_up(ep * rows + num_local * (alignment - 1), alignment)
-        )
+    # The same static bound as on one device, for ep*P received rows (block_rows is aligned).
+    num_rows = permutation.buffer_rows(ep * rows, num_local, alignment, block_rows)
     block_ends = jnp.cumsum(group_sizes)
     block_starts = block_ends - group_sizes
     sender_ends = jnp.cumsum(kept_here, axis=0)  # [ep, E_l]
@@ -331,7 +327,7 @@ def ep_dispatch(
     )
     if isinstance(impl, ChunkedAllToAllExchange) and impl.chunk_rows is None:
         impl = ChunkedAllToAllExchange(default_chunk_rows(num_tokens * top_k, ep, rows))
-    block_rows = None if capacity is None else _round_up(capacity, alignment)
+    block_rows = permutation.capacity_block_rows(capacity, alignment)
     me = jax.lax.axis_index(axis_name)
 
     flat_experts = routing_experts.reshape(-1).astype(jnp.int32)
