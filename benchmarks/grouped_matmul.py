@@ -24,7 +24,7 @@ from jaxmoe.bench.presets import GEMM_SHAPES  # noqa: E402
 
 
 def _tune_candidates(round_: str):
-    """Tile configs tried by ``--tune`` (round 1: the large shapes; round 2: qwen3 and swizzle)."""
+    """Tile configs tried by ``--tune`` (1: large shapes; 2: qwen3, swizzle; 3: qwen3 K/stages)."""
     from jaxmoe.ops.grouped_matmul.pallas_triton import TileConfig as T
 
     if round_ == "1":
@@ -32,6 +32,14 @@ def _tune_candidates(round_: str):
         fwd += [T(256, 128, 64, 8, 4), T(128, 128, 128, 8, 3)]
         tg = [T(64, 256, 128, 8, 3), T(64, 128, 128, 4, 4), T(128, 128, 128, 8, 3)]
         tg += [T(64, 256, 128, 8, 4), T(32, 128, 256, 8, 4)]
+        return {"gmm": fwd, "dgrad": fwd, "tgmm": tg}
+    if round_ == "3":  # qwen3: short K or N (768), 128 groups of 512 rows
+        fwd = [T(128, 256, 64, 8, 3, 4), T(128, 256, 64, 8, 4, 4), T(128, 256, 128, 8, 2, 4)]
+        fwd += [T(256, 128, 64, 8, 3, 4), T(256, 128, 64, 8, 4, 4), T(256, 128, 128, 8, 2, 4)]
+        fwd += [T(128, 128, 128, 4, 3, 4), T(128, 128, 64, 4, 3, 4), T(128, 128, 64, 8, 3, 4)]
+        fwd += [T(128, 256, 64, 8, 3, 1), T(128, 256, 32, 8, 5, 4), T(64, 256, 128, 4, 3, 4)]
+        tg = [T(64, 256, 128, 8, 4), T(64, 256, 128, 8, 3), T(32, 256, 128, 8, 4)]
+        tg += [T(128, 128, 128, 8, 3), T(128, 256, 128, 8, 2)]
         return {"gmm": fwd, "dgrad": fwd, "tgmm": tg}
     fwd = [T(128, 256, 64, 8, 3), T(128, 256, 64, 8, 3, 4), T(128, 256, 64, 8, 3, 16)]
     fwd += [T(128, 128, 64, 8, 4), T(64, 256, 64, 4, 4)]
@@ -51,7 +59,7 @@ def main(argv=None) -> int:
     parser.add_argument("--out-dir", default="benchmarks/results")
     parser.add_argument("--stem", default="grouped_matmul")
     parser.add_argument(
-        "--tune", default="", help="sweep Pallas tile configs instead (round: 1, 2)"
+        "--tune", default="", help="sweep Pallas tile configs instead (round: 1, 2, 3)"
     )
     parser.add_argument("--time-budget-s", type=float, default=1e9)
     args = parser.parse_args(argv)
