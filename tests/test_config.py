@@ -46,6 +46,9 @@ INVALID = [
     ("data_axes", {"ep_axis": "expert", "data_axes": ("data", "expert")}),
     ("data_axes", {"data_axes": ("data", "data")}),
     ("ep_receive_factor", {"ep_receive_factor": 0.0}),
+    ("ep_fast_slot_factor", {"ep_fast_slot_factor": 0.9}),
+    ("ep_fast_slot_factor", {"ep_fast_slot_factor": float("inf")}),
+    ("ep_fast_slot_factor", {"ep_fast_slot_factor": "1.5"}),
 ]
 
 

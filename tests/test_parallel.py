@@ -17,7 +17,7 @@ from jax.sharding import Mesh
 
 import jaxmoe
 from jaxmoe import debug
-from jaxmoe.parallel import logical_axis_rules, moe_sharded, param_partition_specs
+from jaxmoe.parallel import logical_axis_rules, moe_sharded, param_partition_specs, slot_rows
 
 RTOL = 1e-5
 HIDDEN, FFN, NUM_EXPERTS, TOP_K = 8, 16, 8, 2
@@ -130,6 +130,35 @@ def test_layer_matches_single_device(mesh_name, routing, exchange):
         assert counts[max(TOP_K, NUM_EXPERTS // ep) :].sum() == 0
     if routing == "one_expert":
         assert counts[3] == x.shape[0] * x.shape[1]
+
+
+def fullest_slot_numpy(experts: np.ndarray, ep: int) -> int:
+    """Most copies one rank sends another (ranks own contiguous token and expert ranges)."""
+    per_rank = experts.reshape(ep, -1)
+    local = NUM_EXPERTS // ep
+    return max(int(np.sum(per_rank[s] // local == d)) for s in range(ep) for d in range(ep))
+
+
+@pytest.mark.parametrize("routing,fits", [("uniform", True), ("one_expert", False)])
+def test_dropless_fast_path_and_worst_case_path_are_exact(routing, fits):
+    """Dropless EP picks, on the device, slots of ``ceil(f*T*K/ep)`` rows when every slot fits
+    and the worst-case slots otherwise: both branches give the one-device result."""
+    mesh, _ = MESHES["ep4"]
+    ep, factor = 4, 2.0
+    cfg, params, x, cotangent = make_case()
+    params = with_bias(params, routing, ep)
+    sharded = dataclasses.replace(cfg, ep_axis="ep", ep_fast_slot_factor=factor)
+    tokens = x.reshape(-1, HIDDEN)
+    logits = tokens @ params["router"]["kernel"]
+    experts = np.asarray(jaxmoe.route(logits, cfg, params["expert_bias"]).experts)
+    fast_rows = slot_rows(
+        tokens.shape[0] // ep, TOP_K, ep, NUM_EXPERTS // ep, receive_factor=factor
+    )
+    assert fast_rows < tokens.shape[0] // ep * TOP_K  # the fast path exists here
+    assert (fullest_slot_numpy(experts, ep) <= fast_rows) == fits
+    reference = value_and_grads(cfg, params, x, cotangent)
+    assert_same_layer(value_and_grads(sharded, params, x, cotangent, mesh), reference)
+    assert int(reference[1][1].dropped_tokens) == 0
 
 
 def test_softmax_2d_input_shared_expert_fsdp():

@@ -194,10 +194,26 @@ def collectives(hlo: str):
     return found
 
 
-def assert_only_exchange_collectives(hlo: str, cfg, ep: int, *, fsdp_weight_elements=()):
+def assert_only_exchange_collectives(
+    hlo: str, cfg, ep: int, tokens: int, *, fsdp_weight_elements=()
+):
+    """Only the exchanges (dispatch + combine; twice with the dropless fast path: one pair per
+    branch of its ``lax.cond``, slots of ``P_fast`` and of ``T*K`` rows) and small collectives.
+    ``tokens`` is T, per rank."""
     small = cfg.num_experts * ep  # the [ep, E] counts; stats are [E] or scalars
     ops = collectives(hlo)
-    assert sum(op == "all-to-all" for op, _, _ in ops) == 2, ops  # dispatch + combine
+    # CPU splits an all-to-all into per-peer pieces: its largest result is one [P, H] slot.
+    worst = slot_rows(
+        tokens, cfg.top_k, ep, cfg.num_experts // ep, receive_factor=cfg.ep_receive_factor
+    )
+    worst *= cfg.hidden_size
+    slots = [worst, worst]
+    if cfg.ep_fast_slot_factor is not None and cfg.ep_receive_factor is None:
+        fast = slot_rows(
+            tokens, cfg.top_k, ep, cfg.num_experts // ep, receive_factor=cfg.ep_fast_slot_factor
+        )
+        slots += [fast * cfg.hidden_size] * 2
+    assert sorted(n for op, _, n in ops if op == "all-to-all") == sorted(slots), ops
     for op, dtype, elements in ops:
         if op == "all-to-all":
             continue
@@ -235,7 +251,7 @@ def test_hlo_layer_has_no_stray_collectives():
     hlo = (
         jax.jit(lambda p, x: jaxmoe.moe(p, x, cfg, mesh=mesh)).lower(params, x).compile().as_text()
     )
-    assert_only_exchange_collectives(hlo, cfg, 4)
+    assert_only_exchange_collectives(hlo, cfg, 4, tokens=8)
 
 
 def test_hlo_projections_on_batch_tuple_add_no_collectives():
@@ -252,7 +268,7 @@ def test_hlo_projections_on_batch_tuple_add_no_collectives():
         return jnp.einsum("bsh,hk->bsk", y, w_out), stats
 
     hlo = jax.jit(model).lower(params, w_in, w_out, x).compile().as_text()
-    assert_only_exchange_collectives(hlo, cfg, 4)
+    assert_only_exchange_collectives(hlo, cfg, 4, tokens=8)
 
 
 def test_hlo_fsdp_gathers_only_expert_weights():
@@ -261,8 +277,20 @@ def test_hlo_fsdp_gathers_only_expert_weights():
         jax.jit(lambda p, x: jaxmoe.moe(p, x, cfg, mesh=mesh)).lower(params, x).compile().as_text()
     )
     local_weight = (NUM_EXPERTS // 4) * HIDDEN * cfg.ffn_size  # one gathered [E_l, H, F]
-    assert_only_exchange_collectives(hlo, cfg, 4, fsdp_weight_elements=(local_weight,))
+    assert_only_exchange_collectives(hlo, cfg, 4, tokens=8, fsdp_weight_elements=(local_weight,))
     assert any(op == "all-gather" and n == local_weight for op, _, n in collectives(hlo))
+
+
+def test_hlo_without_fast_path_has_one_exchange_pair():
+    mesh, cfg, params, x = _fsdp_ep_setup()
+    for no_fast in (
+        dataclasses.replace(cfg, ep_fast_slot_factor=None),
+        dataclasses.replace(cfg, ep_receive_factor=1.5),  # a bound: drops, no worst case
+    ):
+        hlo = jax.jit(lambda p, x, c=no_fast: jaxmoe.moe(p, x, c, mesh=mesh))
+        hlo = hlo.lower(params, x).compile().as_text()
+        assert_only_exchange_collectives(hlo, no_fast, 4, tokens=8)
+        assert sum(op == "all-to-all" for op, _, _ in collectives(hlo)) == 2
 
 
 def test_default_exchange_is_dense_all_to_all():

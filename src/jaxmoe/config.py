@@ -76,6 +76,12 @@ class MoEConfig:
       ep_receive_factor: bounds each rank's expert-parallel receive buffer to
         ``ceil(ep_receive_factor * T_local * K)`` rows (``None`` = dropless worst case). Copies
         that overflow it are dropped and counted in ``MoEStats.dropped_tokens``.
+      ep_fast_slot_factor: dropless expert parallelism (no capacity, no ``ep_receive_factor``)
+        first sizes each (sender, receiver) slot for ``ceil(f * T_local * K / ep)`` rows, ``f``
+        times the balanced share. When the fullest slot of the ep group needs more, the layer
+        takes the worst-case path (slots of ``T_local * K`` rows, recomputed in backward) for
+        that step: exact either way, the choice made on the device. ``None`` = always the
+        worst-case path.
       fsdp_expert_weights: also shard expert weights over ``data_axes`` (gathered just in time).
     """
 
@@ -105,6 +111,7 @@ class MoEConfig:
     alignment: int | None = None
     ep_exchange: str | None = None
     ep_receive_factor: float | None = None
+    ep_fast_slot_factor: float | None = 1.125
     fsdp_expert_weights: bool = False
 
     def __post_init__(self):
@@ -222,6 +229,18 @@ class MoEConfig:
                 "must be None (dropless) or a float > 0",
                 self.ep_receive_factor,
                 "Use e.g. 2.0, or None for the dropless bound.",
+            )
+        if self.ep_fast_slot_factor is not None and (
+            not isinstance(self.ep_fast_slot_factor, int | float)
+            or isinstance(self.ep_fast_slot_factor, bool)
+            or not math.isfinite(self.ep_fast_slot_factor)
+            or self.ep_fast_slot_factor < 1
+        ):
+            _fail(
+                "ep_fast_slot_factor",
+                "must be None or a finite float >= 1 (a multiple of the balanced slot)",
+                self.ep_fast_slot_factor,
+                "Use e.g. 1.125, or None to always size slots for the worst case.",
             )
         if self.alignment is not None:
             _positive_int("alignment", self.alignment)

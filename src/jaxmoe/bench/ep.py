@@ -258,18 +258,20 @@ def _off_rank_rows(experts: np.ndarray, ep: int, experts_per_rank: int) -> float
 def bench_exchange(
     ep: int,
     *,
-    impls: Sequence[tuple[str, float | None]],
+    impls: Sequence[tuple[str, float | None] | tuple[str, float | None, float | None]],
     tiny: bool = False,
     seed: int = 0,
     log: Callable[[str], None] = print,
 ) -> list[dict[str, Any]]:
-    """Times ``ep_dispatch``+``ep_combine`` per (exchange, receive_factor), and bare baselines."""
+    """Times dispatch + combine (:func:`jaxmoe.parallel.ep_apply_experts` with identity experts)
+    per ``(exchange, receive_factor[, fast_slot_factor])`` (fast_slot_factor defaults to the
+    library default, 1.125; it only acts when dropless), and the bare baselines."""
     jax = _jax()
     import jax.numpy as jnp
     from jax.sharding import NamedSharding
     from jax.sharding import PartitionSpec as P
 
-    from jaxmoe.parallel import ep_combine, ep_dispatch
+    from jaxmoe.parallel import ep_apply_experts
 
     shape = TINY_EXCHANGE_SHAPE if tiny else EXCHANGE_SHAPE
     tokens, hidden, top_k = shape["tokens"], shape["hidden"], shape["top_k"]
@@ -358,18 +360,23 @@ def bench_exchange(
                 }
             )
 
-    for impl, factor in impls:
+    for spec in impls:
+        impl, factor, fast = (*spec, 1.125)[:3]
 
-        def roundtrip(x, experts, weights, impl=impl, factor=factor):
-            buffer, _, handle = ep_dispatch(
+        def roundtrip(x, experts, weights, impl=impl, factor=factor, fast=fast):
+            y, _, dropped = ep_apply_experts(
                 x,
                 experts,
+                weights,
+                lambda buffer, sizes, params: buffer,
+                None,
                 num_experts=num_experts,
                 axis_name="ep",
                 exchange=impl,
                 receive_factor=factor,
+                fast_slot_factor=fast,
             )
-            return ep_combine(buffer, weights, handle).astype(x.dtype), handle.dropped[None]
+            return y.astype(x.dtype), dropped[None]
 
         fwd = jax.jit(
             jax.shard_map(
@@ -382,7 +389,12 @@ def bench_exchange(
             return jnp.sum(y.astype(jnp.float32) * cotangent.astype(jnp.float32))
 
         fwd_bwd = jax.jit(jax.grad(loss, argnums=(0, 1)))
-        label = f"{impl}" + ("" if factor is None else f" (receive_factor={factor})")
+        if factor is not None:
+            label = f"{impl} (receive_factor={factor})"
+        elif fast is not None:
+            label = f"{impl} (dropless, fast slots {fast}x)"
+        else:
+            label = f"{impl} (dropless, worst-case slots)"
         try:
             dropped = int(np.sum(np.asarray(fwd(x, experts, weights)[1])))
             for case, fn, args, exchanges in (
@@ -417,6 +429,7 @@ def bench_layer(
     *,
     exchange: str | None = None,
     receive_factor: float | None = 1.25,
+    fast_slot_factor: float | None = 1.125,
     backend: str | None = None,
     seed: int = 0,
 ) -> dict[str, Any]:
@@ -436,6 +449,7 @@ def bench_layer(
         ep_axis="ep",
         ep_exchange=exchange,
         ep_receive_factor=receive_factor,
+        ep_fast_slot_factor=fast_slot_factor,
         grouped_matmul_backend=backend,
     )
     mesh = _mesh(ep)
@@ -464,6 +478,17 @@ def bench_layer(
 
     step = jax.jit(jax.grad(loss, argnums=(0, 1), has_aux=True))
     _, (dropped, tokens_per_expert) = step(params, x)
+    # The fullest (sender, receiver) slot against the balanced share: <= fast_slot_factor means
+    # the dropless fast path ran.
+    routing = jaxmoe.route(
+        x.reshape(-1, case.hidden_size).astype(jnp.float32)
+        @ params["router"]["kernel"].astype(jnp.float32),
+        cfg,
+        params.get("expert_bias"),
+    )
+    per_rank = np.asarray(routing.experts).reshape(ep, -1) // (cfg.num_experts // ep)
+    fullest = max(int(np.sum(per_rank[s] == d)) for s in range(ep) for d in range(ep))
+    share = case.tokens_per_gpu * case.top_k / ep
     load = np.asarray(tokens_per_expert, np.float64)
     timing = time_jax(step, params, x)
     return {
@@ -474,6 +499,8 @@ def bench_layer(
         "tokens_per_s_per_gpu": case.tokens_per_gpu / timing.median_ms * 1e3,
         "ratio_vs_dense_a2a": None,
         "receive_factor": receive_factor,
+        "fast_slot_factor": fast_slot_factor,
+        "fullest_slot_over_share": fullest / share,
         "dropped_tokens": int(dropped),
         "num_experts": cfg.num_experts,
         "max_over_mean_load": float(load.max() / load.mean()),
@@ -501,6 +528,7 @@ def run_ep_benchmark(
     cases: Sequence[str] = ("dsv3", "mixtral"),
     tiny: bool = False,
     receive_factor: float | None = 1.25,
+    fast_slot_factor: float | None = 1.125,
     budget_s: float = 1e9,
     exchange_ep: Sequence[int] | None = None,
     exchanges: Sequence[str] | None = None,
@@ -512,7 +540,8 @@ def run_ep_benchmark(
 
     ``exchanges`` restricts the exchange part to these names (default: all that run here);
     ``layer_exchange`` is the layer part's ``ep_exchange`` (None: the default), with
-    ``receive_factor`` as its ``ep_receive_factor`` (None: dropless).
+    ``receive_factor`` as its ``ep_receive_factor`` (None: dropless) and ``fast_slot_factor``
+    as its ``ep_fast_slot_factor``.
     """
     start = time.perf_counter()
     rows: list[dict[str, Any]] = []
@@ -546,15 +575,16 @@ def run_ep_benchmark(
 
     def exchange():
         exchange_impls = [
-            ("all_to_all", None),
-            ("all_to_all", receive_factor or 1.25),
-            ("all_to_all_chunked", None),
-            ("all_gather", None),
+            ("all_to_all", None, fast_slot_factor or 1.125),  # the default
+            ("all_to_all", None, None),
+            ("all_to_all", receive_factor or 1.25, None),
+            ("all_to_all_chunked", None, None),
+            ("all_gather", None, fast_slot_factor or 1.125),
         ]
         if "ragged_all_to_all" in impls_here:
-            exchange_impls.append(("ragged_all_to_all", None))
+            exchange_impls.append(("ragged_all_to_all", None, fast_slot_factor or 1.125))
         if exchanges:
-            exchange_impls = [(name, f) for name, f in exchange_impls if name in exchanges]
+            exchange_impls = [spec for spec in exchange_impls if spec[0] in exchanges]
         for ep in ep_sizes if exchange_ep is None else exchange_ep:
             if ep < 2 or out_of_time(f"exchange ep={ep}"):
                 continue
@@ -579,6 +609,7 @@ def run_ep_benchmark(
                         ep,
                         exchange=layer_exchange,
                         receive_factor=receive_factor,
+                        fast_slot_factor=fast_slot_factor,
                         backend=backend,
                     )
 
@@ -674,6 +705,9 @@ def markdown(rows: Sequence[dict[str, Any]], header: dict[str, Any]) -> str:
                 "ms",
                 "tokens_per_s_per_gpu",
                 "weak_scaling_vs_first",
+                "receive_factor",
+                "fast_slot_factor",
+                "fullest_slot_over_share",
                 "dropped_tokens",
                 "grouped_matmul_backend",
                 "error",
@@ -722,6 +756,12 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
         default=1.25,
         help="layer part's ep_receive_factor ('none' = dropless)",
     )
+    parser.add_argument(
+        "--fast-slot-factor",
+        type=lambda v: None if v.lower() == "none" else float(v),
+        default=1.125,
+        help="ep_fast_slot_factor of the layer part and of the default exchange row",
+    )
     parser.add_argument("--exchanges", default="", help="exchange part: only these names")
     parser.add_argument("--layer-exchange", default=None, help="layer part's ep_exchange")
     parser.add_argument("--budget-s", type=float, default=1e9)
@@ -743,6 +783,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
         cases=args.cases.split(","),
         tiny=args.tiny,
         receive_factor=args.receive_factor,
+        fast_slot_factor=args.fast_slot_factor,
         budget_s=args.budget_s,
         exchange_ep=[int(v) for v in args.exchange_ep.split(",") if v] or None,
         exchanges=[v for v in args.exchanges.split(",") if v] or None,

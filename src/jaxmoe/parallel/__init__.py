@@ -3,13 +3,22 @@
 * :func:`moe_sharded` (what ``jaxmoe.moe(..., mesh=mesh)`` calls): the layer under
   ``jax.shard_map``.
 * :func:`ep_dispatch` / :func:`ep_combine`: the exchange-level API for use inside your own
-  ``shard_map``.
+  ``shard_map``; :func:`ep_apply_experts` wraps both around an expert function, with the
+  dropless fast path.
 * :mod:`jaxmoe.parallel.exchange`: the exchange implementations (dense all-to-all, all-gather
   reference, ragged all-to-all).
 * :mod:`jaxmoe.parallel.sharding`: mesh checks, partition specs, logical axis rules.
 """
 
-from jaxmoe.parallel.ep import EPHandle, ep_combine, ep_dispatch, moe_sharded, slot_rows
+from jaxmoe.parallel.ep import (
+    EPHandle,
+    all_expert_counts,
+    ep_apply_experts,
+    ep_combine,
+    ep_dispatch,
+    moe_sharded,
+    slot_rows,
+)
 from jaxmoe.parallel.exchange import (
     EXCHANGE_NAMES,
     Exchange,
@@ -27,9 +36,11 @@ __all__ = [
     "EXCHANGE_NAMES",
     "EPHandle",
     "Exchange",
+    "all_expert_counts",
     "batch_partition_spec",
     "check_mesh",
     "default_exchange_name",
+    "ep_apply_experts",
     "ep_combine",
     "ep_dispatch",
     "logical_axis_rules",

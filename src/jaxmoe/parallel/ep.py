@@ -227,6 +227,26 @@ def _receive_plan(kept_here, offset_here, rows: int, alignment: int, block_rows:
     return receive_index, receive_inverse, group_sizes
 
 
+def all_expert_counts(routing_experts: jax.Array, num_experts: int, axis_name) -> jax.Array:
+    """``[ep, E]`` int32: row ``s`` = rank ``s``'s copies per expert (one small all-gather)."""
+    flat = routing_experts.reshape(-1).astype(jnp.int32)
+    return _all_expert_counts(flat, num_experts, axis_name)
+
+
+def _all_expert_counts(flat_experts, num_experts: int, axis_name):
+    counts = jnp.sum(
+        flat_experts[:, None] == jnp.arange(num_experts, dtype=jnp.int32)[None, :],
+        axis=0,
+        dtype=jnp.int32,
+    )
+    return jax.lax.all_gather(counts, axis_name)  # [ep, E], the only count exchange
+
+
+def fullest_slot(all_counts: jax.Array, ep: int) -> jax.Array:
+    """The most copies any rank sends any rank (int32; the same value on every rank)."""
+    return jnp.max(jnp.sum(all_counts.reshape(ep, ep, -1), axis=-1))
+
+
 # ---------------------------------------------------------------------------------------------
 # Row permutations whose VJP is the inverse permutation (a gather both ways).
 
@@ -271,6 +291,7 @@ def ep_dispatch(
     capacity: int | None = None,
     receive_factor: float | None = None,
     alignment: int = 1,
+    all_counts: jax.Array | None = None,
 ) -> tuple[jax.Array, jax.Array, EPHandle]:
     r"""Sends each token copy to the rank owning its expert; returns my experts' rows.
 
@@ -296,6 +317,8 @@ def ep_dispatch(
         dropless); blocks then have ``round_up(C, alignment)`` rows each.
       receive_factor: bound on the receive buffer, about ``receive_factor * T * K`` rows.
       alignment: pad each expert block to a multiple of this many rows.
+      all_counts: ``[ep, E]`` int32, every rank's copies per expert, if the caller already
+        gathered them with :func:`all_expert_counts` (saves that small collective).
 
     Returns:
       ``(buffer [R, H], group_sizes [E_l] int32, handle)``: ``buffer`` is ready for
@@ -331,12 +354,9 @@ def ep_dispatch(
     me = jax.lax.axis_index(axis_name)
 
     flat_experts = routing_experts.reshape(-1).astype(jnp.int32)
-    counts = jnp.sum(
-        flat_experts[:, None] == jnp.arange(num_experts, dtype=jnp.int32)[None, :],
-        axis=0,
-        dtype=jnp.int32,
-    )
-    all_counts = jax.lax.all_gather(counts, axis_name)  # [ep, E], the only count exchange
+    if all_counts is None:
+        all_counts = _all_expert_counts(flat_experts, num_experts, axis_name)
+    counts = jax.lax.dynamic_index_in_dim(all_counts, me, axis=0, keepdims=False)
     kept, offset = _slot_layout(all_counts, num_local, capacity, rows)
     kept_mine = jax.lax.dynamic_index_in_dim(kept, me, axis=0, keepdims=False)  # [ep (d), E_l]
     offset_mine = jax.lax.dynamic_index_in_dim(offset, me, axis=0, keepdims=False)
@@ -401,6 +421,99 @@ def ep_combine(
     return permutation.combine(back.reshape(ep * rows, -1), weights, handle.send_plan)
 
 
+def fast_slot_rows(
+    num_tokens: int, top_k: int, ep: int, num_local_experts: int, factor: float | None
+) -> int | None:
+    """Slot rows of the dropless fast path (``ceil(factor * T*K / ep)``), or None where that
+    saves nothing (it would hold ``T*K`` rows, the worst case, anyway) or ``factor`` is None."""
+    if factor is None:
+        return None
+    rows = slot_rows(num_tokens, top_k, ep, num_local_experts, receive_factor=factor)
+    return rows if rows < num_tokens * top_k else None
+
+
+def ep_apply_experts(
+    x: jax.Array,
+    routing_experts: jax.Array,
+    routing_weights: jax.Array,
+    expert_fn,
+    expert_params,
+    *,
+    num_experts: int,
+    axis_name,
+    exchange: str | Exchange | None = None,
+    capacity: int | None = None,
+    receive_factor: float | None = None,
+    fast_slot_factor: float | None = 1.125,
+    alignment: int = 1,
+):
+    r""":func:`ep_dispatch`, ``expert_fn``, :func:`ep_combine`: dropless at bounded cost.
+
+    Dropless (``capacity`` and ``receive_factor`` None) slots must hold ``T*K`` rows for the
+    worst case, all copies to one rank: ``ep`` times the balanced share, on the wire and in
+    every buffer. With ``fast_slot_factor=f`` the whole dispatch-experts-combine runs on slots
+    of ``P_fast = ceil(f*T*K/ep)`` rows whenever the fullest (sender, receiver) slot of the ep
+    group fits them, and on worst-case slots otherwise::
+
+        fits = max_{s,d} copies(s -> d) <= P_fast      (from the all-gathered [ep, E] counts)
+        y = lax.cond(fits, path(P_fast), checkpoint(path(T*K)))
+
+    Every rank computes ``fits`` from the same counts, so all ranks take the same branch and
+    enter the same collectives; no host sync. Both branches are exact and drop nothing. The
+    worst-case branch is rematerialized in backward, so its activations are not kept (``lax.cond``
+    keeps the residuals of both branches). With a bound (``capacity`` or ``receive_factor``)
+    there is one path, which drops and counts what overflows.
+
+    Args:
+      x, routing_experts: as for :func:`ep_dispatch`.
+      routing_weights: ``[T, K]`` combine weights, as for :func:`ep_combine`.
+      expert_fn: ``expert_fn(buffer [R, H], group_sizes [E_l], expert_params) -> [R, H']``.
+      expert_params: a pytree passed to ``expert_fn`` (e.g. the local expert weights).
+      fast_slot_factor: ``f`` above (None: always the worst-case slots).
+      Others: as for :func:`ep_dispatch`.
+
+    Returns:
+      ``(y [T, H'] float32, tokens_per_expert [E] int32 (this rank's copies), dropped int32)``.
+    """
+    ep = jax.lax.axis_size(axis_name)
+    num_tokens, top_k = routing_experts.shape
+    all_counts = all_expert_counts(routing_experts, num_experts, axis_name)
+
+    def path(factor, operands):
+        x, routing_experts, routing_weights, expert_params, all_counts = operands
+        with jax.named_scope("ep_dispatch"):
+            buffer, group_sizes, handle = ep_dispatch(
+                x,
+                routing_experts,
+                num_experts=num_experts,
+                axis_name=axis_name,
+                exchange=exchange,
+                capacity=capacity,
+                receive_factor=factor,
+                alignment=alignment,
+                all_counts=all_counts,
+            )
+        with jax.named_scope("experts"):
+            expert_out = expert_fn(buffer, group_sizes, expert_params)
+        with jax.named_scope("ep_combine"):
+            y = ep_combine(expert_out, routing_weights, handle)
+        return y, handle.tokens_per_expert, handle.dropped
+
+    operands = (x, routing_experts, routing_weights, expert_params, all_counts)
+    fast_rows = None
+    if capacity is None and receive_factor is None and num_experts % ep == 0:
+        fast_rows = fast_slot_rows(num_tokens, top_k, ep, num_experts // ep, fast_slot_factor)
+    if fast_rows is None:
+        return path(receive_factor, operands)
+    fits = fullest_slot(all_counts, ep) <= fast_rows
+    return jax.lax.cond(
+        fits,
+        functools.partial(path, fast_slot_factor),
+        jax.checkpoint(functools.partial(path, None)),
+        operands,
+    )
+
+
 # ---------------------------------------------------------------------------------------------
 # The sharded layer.
 
@@ -453,24 +566,29 @@ def _moe_shard(params, x, *, cfg: MoEConfig, expert_specs: dict, group_tokens: i
             routing, terms = layer.route_tokens(params, tokens, cfg, layer.num_sequences(x.shape))
         compute = tokens.astype(cfg.dtype)
         alignment = layer.resolve_alignment(cfg)
-        with jax.named_scope("ep_dispatch"):
-            buffer, group_sizes, handle = ep_dispatch(
-                compute,
-                routing.experts,
-                num_experts=cfg.num_experts,
-                axis_name=cfg.ep_axis,
-                exchange=cfg.ep_exchange,
-                capacity=cfg.capacity(group_tokens),
-                receive_factor=cfg.ep_receive_factor,
-                alignment=alignment,
-            )
+        capacity = cfg.capacity(group_tokens)
         with jax.named_scope("experts"):
             weights = _gather_fsdp(params["experts"], expert_specs, axes)
-            expert_out = routed_experts(
+
+        def experts_fn(buffer, group_sizes, weights):
+            return routed_experts(
                 buffer, group_sizes, weights, cfg.activation, cfg.grouped_matmul_backend
             )
-        with jax.named_scope("ep_combine"):
-            out = ep_combine(expert_out, routing.weights, handle)
+
+        out, tokens_per_rank, dropped = ep_apply_experts(
+            compute,
+            routing.experts,
+            routing.weights,
+            experts_fn,
+            weights,
+            num_experts=cfg.num_experts,
+            axis_name=cfg.ep_axis,
+            exchange=cfg.ep_exchange,
+            capacity=capacity,
+            receive_factor=cfg.ep_receive_factor,
+            fast_slot_factor=cfg.ep_fast_slot_factor,
+            alignment=alignment,
+        )
         if cfg.num_shared_experts:
             with jax.named_scope("shared_expert"):
                 out = out + shared_expert(compute, params["shared"], cfg.activation)
@@ -482,8 +600,8 @@ def _moe_shard(params, x, *, cfg: MoEConfig, expert_specs: dict, group_tokens: i
                 terms = terms._replace(
                     seq_loss_sum=load_balancing, num_sequences=jnp.ones((), jnp.float32)
                 )
-            tokens_per_expert = jax.lax.psum(handle.tokens_per_expert, axes)
-            dropped = jax.lax.psum(handle.dropped, axes)
+            tokens_per_expert = jax.lax.psum(tokens_per_rank, axes)
+            dropped = jax.lax.psum(dropped, axes)
             stats = layer.finish_stats(terms, tokens_per_expert, dropped, cfg)
     return out.astype(x.dtype).reshape(x.shape), stats
 
