@@ -49,6 +49,8 @@ INVALID = [
     ("ep_fast_slot_factor", {"ep_fast_slot_factor": 0.9}),
     ("ep_fast_slot_factor", {"ep_fast_slot_factor": float("inf")}),
     ("ep_fast_slot_factor", {"ep_fast_slot_factor": "1.5"}),
+    ("ep_chunks", {"ep_chunks": 0}),
+    ("ep_chunks", {"ep_chunks": 2, "capacity_factor": 1.25}),
 ]
 
 

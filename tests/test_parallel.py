@@ -161,6 +161,27 @@ def test_dropless_fast_path_and_worst_case_path_are_exact(routing, fits):
     assert int(reference[1][1].dropped_tokens) == 0
 
 
+@pytest.mark.parametrize(
+    "routing,factor", [("uniform", 2.0), ("one_expert", 2.0), ("skewed", None)]
+)
+def test_chunked_layer_matches_single_device(routing, factor):
+    """ep_chunks=2: two exchanges and two expert passes per device, the same result (through
+    the fast path, the worst-case path after a failed fast check, and worst-case only)."""
+    mesh, _ = MESHES["ep4"]
+    cfg, params, x, cotangent = make_case()
+    params = with_bias(params, routing, 4)
+    sharded = dataclasses.replace(cfg, ep_axis="ep", ep_chunks=2, ep_fast_slot_factor=factor)
+    reference = value_and_grads(cfg, params, x, cotangent)
+    assert_same_layer(value_and_grads(sharded, params, x, cotangent, mesh), reference)
+
+
+def test_chunks_must_divide_tokens_per_device():
+    mesh, _ = MESHES["ep4"]
+    cfg, params, x, _ = make_case()  # 32 tokens: 8 per device
+    with pytest.raises(ValueError, match="ep_chunks"):
+        jaxmoe.moe(params, x, dataclasses.replace(cfg, ep_axis="ep", ep_chunks=3), mesh=mesh)
+
+
 def test_softmax_2d_input_shared_expert_fsdp():
     """softmax scores, a 2-D x (one sequence), a shared expert, FSDP expert weights, alignment."""
     mesh, _ = MESHES["data2_ep4"]

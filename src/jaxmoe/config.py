@@ -82,6 +82,10 @@ class MoEConfig:
         takes the worst-case path (slots of ``T_local * K`` rows, recomputed in backward) for
         that step: exact either way, the choice made on the device. ``None`` = always the
         worst-case path.
+      ep_chunks: split each device's tokens into this many chunks, each with its own
+        exchange and expert matmuls, so that XLA can overlap one chunk's all-to-all with
+        another's matmuls (GPU: needs ``--xla_gpu_enable_latency_hiding_scheduler=true``).
+        Needs ``capacity_factor=None``; must divide the tokens per device.
       fsdp_expert_weights: also shard expert weights over ``data_axes`` (gathered just in time).
     """
 
@@ -112,6 +116,7 @@ class MoEConfig:
     ep_exchange: str | None = None
     ep_receive_factor: float | None = None
     ep_fast_slot_factor: float | None = 1.125
+    ep_chunks: int = 1
     fsdp_expert_weights: bool = False
 
     def __post_init__(self):
@@ -241,6 +246,14 @@ class MoEConfig:
                 "must be None or a finite float >= 1 (a multiple of the balanced slot)",
                 self.ep_fast_slot_factor,
                 "Use e.g. 1.125, or None to always size slots for the worst case.",
+            )
+        _positive_int("ep_chunks", self.ep_chunks)
+        if self.ep_chunks > 1 and self.capacity_factor is not None:
+            _fail(
+                "ep_chunks",
+                "must be 1 with a capacity_factor (capacity counts all of a device's tokens)",
+                self.ep_chunks,
+                "Set ep_chunks=1, or capacity_factor=None (dropless).",
             )
         if self.alignment is not None:
             _positive_int("alignment", self.alignment)

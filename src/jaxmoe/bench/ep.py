@@ -258,14 +258,15 @@ def _off_rank_rows(experts: np.ndarray, ep: int, experts_per_rank: int) -> float
 def bench_exchange(
     ep: int,
     *,
-    impls: Sequence[tuple[str, float | None] | tuple[str, float | None, float | None]],
+    impls: Sequence[tuple],
     tiny: bool = False,
     seed: int = 0,
     log: Callable[[str], None] = print,
 ) -> list[dict[str, Any]]:
     """Times dispatch + combine (:func:`jaxmoe.parallel.ep_apply_experts` with identity experts)
-    per ``(exchange, receive_factor[, fast_slot_factor])`` (fast_slot_factor defaults to the
-    library default, 1.125; it only acts when dropless), and the bare baselines."""
+    per ``(exchange, receive_factor[, fast_slot_factor[, chunks]])`` (fast_slot_factor defaults
+    to the library default, 1.125, and acts only when dropless; chunks to 1), and the bare
+    baselines."""
     jax = _jax()
     import jax.numpy as jnp
     from jax.sharding import NamedSharding
@@ -361,9 +362,11 @@ def bench_exchange(
             )
 
     for spec in impls:
-        impl, factor, fast = (*spec, 1.125)[:3]
+        impl, factor = spec[0], spec[1]
+        fast = spec[2] if len(spec) > 2 else 1.125
+        chunks = spec[3] if len(spec) > 3 else 1
 
-        def roundtrip(x, experts, weights, impl=impl, factor=factor, fast=fast):
+        def roundtrip(x, experts, weights, impl=impl, factor=factor, fast=fast, chunks=chunks):
             y, _, dropped = ep_apply_experts(
                 x,
                 experts,
@@ -375,6 +378,7 @@ def bench_exchange(
                 exchange=impl,
                 receive_factor=factor,
                 fast_slot_factor=fast,
+                num_chunks=chunks,
             )
             return y.astype(x.dtype), dropped[None]
 
@@ -395,6 +399,8 @@ def bench_exchange(
             label = f"{impl} (dropless, fast slots {fast}x)"
         else:
             label = f"{impl} (dropless, worst-case slots)"
+        if chunks > 1:
+            label = label[:-1] + f", {chunks} chunks)"
         try:
             dropped = int(np.sum(np.asarray(fwd(x, experts, weights)[1])))
             for case, fn, args, exchanges in (
@@ -430,6 +436,7 @@ def bench_layer(
     exchange: str | None = None,
     receive_factor: float | None = 1.25,
     fast_slot_factor: float | None = 1.125,
+    chunks: int = 1,
     backend: str | None = None,
     seed: int = 0,
 ) -> dict[str, Any]:
@@ -450,6 +457,7 @@ def bench_layer(
         ep_exchange=exchange,
         ep_receive_factor=receive_factor,
         ep_fast_slot_factor=fast_slot_factor,
+        ep_chunks=chunks if ep > 1 else 1,
         grouped_matmul_backend=backend,
     )
     mesh = _mesh(ep)
@@ -500,6 +508,7 @@ def bench_layer(
         "ratio_vs_dense_a2a": None,
         "receive_factor": receive_factor,
         "fast_slot_factor": fast_slot_factor,
+        "ep_chunks": chunks if ep > 1 else 1,
         "fullest_slot_over_share": fullest / share,
         "dropped_tokens": int(dropped),
         "num_experts": cfg.num_experts,
@@ -529,6 +538,7 @@ def run_ep_benchmark(
     tiny: bool = False,
     receive_factor: float | None = 1.25,
     fast_slot_factor: float | None = 1.125,
+    chunks: int = 1,
     budget_s: float = 1e9,
     exchange_ep: Sequence[int] | None = None,
     exchanges: Sequence[str] | None = None,
@@ -576,6 +586,8 @@ def run_ep_benchmark(
     def exchange():
         exchange_impls = [
             ("all_to_all", None, fast_slot_factor or 1.125),  # the default
+            ("all_to_all", None, fast_slot_factor or 1.125, 2),
+            ("all_to_all", None, fast_slot_factor or 1.125, 4),
             ("all_to_all", None, None),
             ("all_to_all", receive_factor or 1.25, None),
             ("all_to_all_chunked", None, None),
@@ -610,6 +622,7 @@ def run_ep_benchmark(
                         exchange=layer_exchange,
                         receive_factor=receive_factor,
                         fast_slot_factor=fast_slot_factor,
+                        chunks=chunks,
                         backend=backend,
                     )
 
@@ -707,6 +720,7 @@ def markdown(rows: Sequence[dict[str, Any]], header: dict[str, Any]) -> str:
                 "weak_scaling_vs_first",
                 "receive_factor",
                 "fast_slot_factor",
+                "ep_chunks",
                 "fullest_slot_over_share",
                 "dropped_tokens",
                 "grouped_matmul_backend",
@@ -762,6 +776,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
         default=1.125,
         help="ep_fast_slot_factor of the layer part and of the default exchange row",
     )
+    parser.add_argument("--chunks", type=int, default=1, help="layer part's ep_chunks")
     parser.add_argument("--exchanges", default="", help="exchange part: only these names")
     parser.add_argument("--layer-exchange", default=None, help="layer part's ep_exchange")
     parser.add_argument("--budget-s", type=float, default=1e9)
@@ -784,6 +799,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
         tiny=args.tiny,
         receive_factor=args.receive_factor,
         fast_slot_factor=args.fast_slot_factor,
+        chunks=args.chunks,
         budget_s=args.budget_s,
         exchange_ep=[int(v) for v in args.exchange_ep.split(",") if v] or None,
         exchanges=[v for v in args.exchanges.split(",") if v] or None,

@@ -243,8 +243,11 @@ def _all_expert_counts(flat_experts, num_experts: int, axis_name):
 
 
 def fullest_slot(all_counts: jax.Array, ep: int) -> jax.Array:
-    """The most copies any rank sends any rank (int32; the same value on every rank)."""
-    return jnp.max(jnp.sum(all_counts.reshape(ep, ep, -1), axis=-1))
+    """The most copies any rank sends any rank (int32; the same value on every rank).
+
+    ``all_counts`` is ``[..., ep, E]`` (leading dims, e.g. chunks, are maxed over too).
+    """
+    return jnp.max(jnp.sum(all_counts.reshape(-1, ep, ep, all_counts.shape[-1] // ep), axis=-1))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -446,6 +449,7 @@ def ep_apply_experts(
     receive_factor: float | None = None,
     fast_slot_factor: float | None = 1.125,
     alignment: int = 1,
+    num_chunks: int = 1,
 ):
     r""":func:`ep_dispatch`, ``expert_fn``, :func:`ep_combine`: dropless at bounded cost.
 
@@ -470,6 +474,10 @@ def ep_apply_experts(
       expert_fn: ``expert_fn(buffer [R, H], group_sizes [E_l], expert_params) -> [R, H']``.
       expert_params: a pytree passed to ``expert_fn`` (e.g. the local expert weights).
       fast_slot_factor: ``f`` above (None: always the worst-case slots).
+      num_chunks: split the ``T`` tokens into this many equal chunks, each its own dispatch,
+        experts and combine (slots sized per chunk; the fast path needs every chunk to fit),
+        so that the scheduler may overlap one chunk's exchange with another's matmuls.
+        Needs ``capacity=None``.
       Others: as for :func:`ep_dispatch`.
 
     Returns:
@@ -477,35 +485,62 @@ def ep_apply_experts(
     """
     ep = jax.lax.axis_size(axis_name)
     num_tokens, top_k = routing_experts.shape
-    all_counts = all_expert_counts(routing_experts, num_experts, axis_name)
+    if not isinstance(num_chunks, int) or num_chunks < 1 or num_tokens % num_chunks:
+        raise ValueError(
+            f"ep_apply_experts: `num_chunks` ({num_chunks!r}) must be a positive int dividing "
+            f"the tokens per rank ({num_tokens})."
+        )
+    if num_chunks > 1 and capacity is not None:
+        raise ValueError(
+            "ep_apply_experts: `num_chunks` > 1 needs capacity=None (a capacity counts the "
+            "copies of all tokens, chunks would count each chunk's)."
+        )
+    chunk_tokens = num_tokens // num_chunks
+    # [chunks, ep, E]: each chunk's counts on every rank (one all-gather for all chunks).
+    chunk_experts = routing_experts.reshape(num_chunks, chunk_tokens * top_k).astype(jnp.int32)
+    chunk_counts = jnp.sum(
+        chunk_experts[:, :, None] == jnp.arange(num_experts, dtype=jnp.int32)[None, None, :],
+        axis=1,
+        dtype=jnp.int32,
+    )
+    all_counts = jnp.swapaxes(jax.lax.all_gather(chunk_counts, axis_name), 0, 1)
 
     def path(factor, operands):
         x, routing_experts, routing_weights, expert_params, all_counts = operands
-        with jax.named_scope("ep_dispatch"):
-            buffer, group_sizes, handle = ep_dispatch(
-                x,
-                routing_experts,
-                num_experts=num_experts,
-                axis_name=axis_name,
-                exchange=exchange,
-                capacity=capacity,
-                receive_factor=factor,
-                alignment=alignment,
-                all_counts=all_counts,
-            )
-        with jax.named_scope("experts"):
-            expert_out = expert_fn(buffer, group_sizes, expert_params)
-        with jax.named_scope("ep_combine"):
-            y = ep_combine(expert_out, routing_weights, handle)
-        return y, handle.tokens_per_expert, handle.dropped
+        ys, tokens_per_expert, dropped = [], 0, 0
+        # Separate chunks are independent exchanges and matmuls: XLA's latency-hiding scheduler
+        # (--xla_gpu_enable_latency_hiding_scheduler=true) can run one chunk's all-to-all
+        # under another chunk's expert matmuls.
+        for chunk in range(num_chunks):
+            rows = slice(chunk * chunk_tokens, (chunk + 1) * chunk_tokens)
+            with jax.named_scope("ep_dispatch"):
+                buffer, group_sizes, handle = ep_dispatch(
+                    x[rows],
+                    routing_experts[rows],
+                    num_experts=num_experts,
+                    axis_name=axis_name,
+                    exchange=exchange,
+                    capacity=capacity,
+                    receive_factor=factor,
+                    alignment=alignment,
+                    all_counts=all_counts[chunk],
+                )
+            with jax.named_scope("experts"):
+                expert_out = expert_fn(buffer, group_sizes, expert_params)
+            with jax.named_scope("ep_combine"):
+                ys.append(ep_combine(expert_out, routing_weights[rows], handle))
+            tokens_per_expert = tokens_per_expert + handle.tokens_per_expert
+            dropped = dropped + handle.dropped
+        y = ys[0] if num_chunks == 1 else jnp.concatenate(ys, axis=0)
+        return y, tokens_per_expert, dropped
 
     operands = (x, routing_experts, routing_weights, expert_params, all_counts)
     fast_rows = None
     if capacity is None and receive_factor is None and num_experts % ep == 0:
-        fast_rows = fast_slot_rows(num_tokens, top_k, ep, num_experts // ep, fast_slot_factor)
+        fast_rows = fast_slot_rows(chunk_tokens, top_k, ep, num_experts // ep, fast_slot_factor)
     if fast_rows is None:
         return path(receive_factor, operands)
-    fits = fullest_slot(all_counts, ep) <= fast_rows
+    fits = fullest_slot(all_counts.reshape(num_chunks * ep, num_experts), ep) <= fast_rows
     return jax.lax.cond(
         fits,
         functools.partial(path, fast_slot_factor),
@@ -588,6 +623,7 @@ def _moe_shard(params, x, *, cfg: MoEConfig, expert_specs: dict, group_tokens: i
             receive_factor=cfg.ep_receive_factor,
             fast_slot_factor=cfg.ep_fast_slot_factor,
             alignment=alignment,
+            num_chunks=cfg.ep_chunks,
         )
         if cfg.num_shared_experts:
             with jax.named_scope("shared_expert"):
@@ -633,6 +669,12 @@ def moe_sharded(params, x: jax.Array, cfg: MoEConfig, mesh) -> tuple[jax.Array, 
     ep = sharding.mesh_axis_size(mesh, cfg.ep_axis)
     shards = sharding.mesh_axis_size(mesh, sharding.batch_axes(cfg))
     local_tokens = math.prod(x.shape[:-1]) // shards
+    if cfg.ep_chunks > 1 and local_tokens % cfg.ep_chunks:
+        raise ValueError(
+            f"MoEConfig.ep_chunks ({cfg.ep_chunks}) must divide the tokens per device "
+            f"({local_tokens} = {math.prod(x.shape[:-1])} tokens / {shards} shards). Pick a "
+            "divisor, or 1."
+        )
     param_specs = sharding.param_partition_specs(cfg)
     param_specs = {key: param_specs[key] for key in params}
     x_spec = sharding.batch_partition_spec(cfg, x.ndim)
