@@ -20,5 +20,12 @@ timeout "${LHS_S:-150}" python3 benchmarks/ep.py --ep 1,4 --parts layer --cases 
   --receive-factor none --chunks 2 --out "$OUT" --stem ep-h200x4-layer-chunks2-lhs \
   --budget-s 130 >>"$log" 2>&1
 rm -f "$OUT"/*.md  # at most 8 files come back; tables are rebuilt from the JSON
-grep -a -h -o '"case": "[^"]*", "ep": [0-9]*, "impl": "[^"]*", "ms": [0-9.]*' "$OUT"/*.json | head -60
+python3 - "$OUT" <<'PY'
+import glob, json, sys
+for path in sorted(glob.glob(sys.argv[1] + "/*.json")):
+    for r in json.load(open(path))["rows"]:
+        keys = ("case", "ep", "impl", "ms", "ratio_vs_dense_a2a", "weak_scaling_vs_first",
+                "fullest_slot_over_share", "ep_chunks", "rel_err_y", "max_rel_err_grad", "error")
+        print({k: (round(r[k], 4) if isinstance(r.get(k), float) else r[k]) for k in keys if k in r})
+PY
 grep -a -i "error\|Traceback" "$log" | head -20
