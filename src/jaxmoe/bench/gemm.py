@@ -28,10 +28,11 @@ import numpy as np
 from jaxmoe.bench.presets import GEMM_SHAPES, GemmShape
 from jaxmoe.bench.timing import Timing, time_jax, time_torch
 
-IMPLS = ("torch", "jaxmoe", "xla_ragged_dot")
+IMPLS = ("torch", "jaxmoe", "xla_ragged_dot", "jax_mosaic")
 IMPL_LABELS = {
     "jaxmoe": "jaxmoe Pallas (Triton) kernel",
     "xla_ragged_dot": "jax.lax.ragged_dot (jaxmoe backend='xla')",
+    "jax_mosaic": "jax's own Mosaic GPU ragged_dot kernels (peer, GPU only)",
     "torch": "torch._grouped_mm",
 }
 ROUTINGS = ("balanced", "skewed")
@@ -157,6 +158,8 @@ def _jax_case(impl: str, backend, shape: GemmShape, sizes: np.ndarray, pass_: st
         backend = backend or PallasTritonGroupedMatmul()
     elif impl == "xla_ragged_dot":
         backend = "xla"
+    elif impl == "jax_mosaic":
+        backend = _jax_mosaic_peer()
     else:
         raise ValueError(f"not a jax impl: {impl}")
 
@@ -173,6 +176,54 @@ def _jax_case(impl: str, backend, shape: GemmShape, sizes: np.ndarray, pass_: st
         return max(_rel_err(a.astype(jnp.float32), b) for a, b in zip(got, ref, strict=True))
 
     return fn, args, check, time_jax
+
+
+def _jax_mosaic_peer():
+    """A peer, not a jaxmoe backend: the Hopper Mosaic GPU kernels that ship with jax
+    (``jax.experimental.pallas.ops.gpu.ragged_dot_mgpu`` / ``transposed_ragged_dot_mgpu``),
+    wrapped in jaxmoe's backend interface so that the same custom VJP drives them. Fixed tiles
+    (128x128x64, 4 stages); measured to see what Mosaic GPU reaches on these shapes."""
+    from jax.experimental.pallas.ops.gpu import ragged_dot_mgpu, transposed_ragged_dot_mgpu
+
+    from jaxmoe.ops.grouped_matmul.base import GroupedMatmulBackend
+
+    def grid_block_n(n, block_n):
+        tiles = n // block_n
+        return 2 if tiles % 2 == 0 else 1
+
+    @dataclasses.dataclass(frozen=True)
+    class JaxMosaicPeer(GroupedMatmulBackend):
+        name: str = dataclasses.field(default="jax_mosaic", init=False)
+
+        def gmm(self, lhs, rhs, group_sizes, *, transpose_rhs, out_dtype):
+            n = rhs.shape[1] if transpose_rhs else rhs.shape[2]
+            out = ragged_dot_mgpu.ragged_dot(
+                lhs,
+                rhs,
+                group_sizes=group_sizes,
+                block_m=128,
+                block_n=128,
+                block_k=64,
+                max_concurrent_steps=4,
+                grid_block_n=grid_block_n(n, 128),
+                transpose_rhs=transpose_rhs,
+            )
+            return out.astype(out_dtype)
+
+        def tgmm(self, lhs, rhs, group_sizes, *, out_dtype):
+            out = transposed_ragged_dot_mgpu.transposed_ragged_dot(
+                lhs,
+                rhs,
+                group_sizes=group_sizes,
+                block_m=128,
+                block_n=128,
+                block_k=64,
+                max_concurrent_steps=4,
+                grid_block_n=grid_block_n(rhs.shape[1], 128),
+            )
+            return out.astype(out_dtype)
+
+    return JaxMosaicPeer()
 
 
 # --------------------------------------------------------------------------------------------------
