@@ -429,6 +429,35 @@ def bench_exchange(
 # Layer weak scaling
 
 
+def _fullest_slot(params, x, cfg, mesh) -> int:
+    """The fullest (sender, receiver) slot of the layer's own routing, computed as the layer
+    does (``route_tokens`` per shard, then ``all_expert_counts`` and ``fullest_slot``): at most
+    ``ceil(fast_slot_factor * T*K / ep)`` means the dropless fast path ran."""
+    jax = _jax()
+    from jax.sharding import PartitionSpec as P
+
+    from jaxmoe import layer
+    from jaxmoe.parallel import all_expert_counts, batch_partition_spec, param_partition_specs
+    from jaxmoe.parallel.ep import fullest_slot
+
+    ep = mesh.shape["ep"]
+
+    def body(params, x):
+        routing, _ = layer.route_tokens(params, x.reshape(-1, cfg.hidden_size), cfg, 1)
+        counts = all_expert_counts(routing.experts, cfg.num_experts, "ep")
+        return fullest_slot(counts, ep)[None]
+
+    specs = param_partition_specs(cfg)
+    fn = jax.shard_map(
+        body,
+        mesh=mesh,
+        in_specs=({k: specs[k] for k in params}, batch_partition_spec(cfg, x.ndim)),
+        out_specs=P("ep"),
+        check_vma=False,
+    )
+    return int(np.max(np.asarray(jax.jit(fn)(params, x))))
+
+
 def bench_layer(
     case: EPLayerCase,
     ep: int,
@@ -486,16 +515,7 @@ def bench_layer(
 
     step = jax.jit(jax.grad(loss, argnums=(0, 1), has_aux=True))
     _, (dropped, tokens_per_expert) = step(params, x)
-    # The fullest (sender, receiver) slot against the balanced share: <= fast_slot_factor means
-    # the dropless fast path ran.
-    routing = jaxmoe.route(
-        x.reshape(-1, case.hidden_size).astype(jnp.float32)
-        @ params["router"]["kernel"].astype(jnp.float32),
-        cfg,
-        params.get("expert_bias"),
-    )
-    per_rank = np.asarray(routing.experts).reshape(ep, -1) // (cfg.num_experts // ep)
-    fullest = max(int(np.sum(per_rank[s] == d)) for s in range(ep) for d in range(ep))
+    fullest = _fullest_slot(params, x, cfg, mesh)
     share = case.tokens_per_gpu * case.top_k / ep
     load = np.asarray(tokens_per_expert, np.float64)
     timing = time_jax(step, params, x)
