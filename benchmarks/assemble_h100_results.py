@@ -11,6 +11,10 @@ edited here, rows are only selected and labelled with the run they come from:
 * run2: ``bash benchmarks/run_h100_part2.sh``: the layer bench per preset (torch, jaxmoe; qwen3
   also jaxmoe-xla), torch on qwen3-down (the jaxmoe rows were cut by the time limit), ragged_dot on
   the other shapes, the poison check's skewed case.
+* run3 (session 2): ``bash benchmarks/run_h100_gemm.sh``: the grouped-matmul table now comes
+  from this one run, all six shapes balanced (torch, jaxmoe, jax's Mosaic GPU kernels as a
+  peer), then skewed (torch, jaxmoe; its time limit cut qwen3-down). Runs 0-2's grouped-matmul
+  rows stay in raw/ as history.
 
 Usage: python benchmarks/assemble_h100_results.py
 """
@@ -43,12 +47,12 @@ LAYER_KEYS = ("preset", "pass", "impl", "ms", "tflops", "mfu", "ratio_vs_torch")
 
 def gemm_rows():
     rows = []
-    run1 = _load("h100-run1/grouped_matmul-h100.json")
-    rows += [_row(r, "run1", GEMM_KEYS) for r in run1["rows"]]
-    run0 = _load("h100-run0/grouped_matmul-h100.json")
-    rows += [_row(r, "run0", GEMM_KEYS) for r in run0["rows"] if r["routing"] == "skewed"]
-    run2 = _load("h100-run2/gemm-qwen3-down.json")
-    rows += [_row(r, "run2", GEMM_KEYS) for r in run2["rows"]]
+    run3_balanced = _load("h100-run3/gemm-balanced.json")
+    run3_skewed = _load("h100-run3/gemm-skewed.json")
+    rows += [_row(r, "run3", GEMM_KEYS) for r in run3_balanced["rows"]]
+    rows += [_row(r, "run3", GEMM_KEYS) for r in run3_skewed["rows"]]
+    # ragged_dot was not re-run in run3 (it is 7-50x slower and out of memory on qwen3):
+    # its rows, and the torch rows timed next to them, come from runs 1 and 2.
     for path, run in (
         ("h100-run1/ragged_dot-h100.json", "run1"),
         ("h100-run2/ragged_dot-h100-2.json", "run2"),
@@ -58,13 +62,19 @@ def gemm_rows():
             for r in _load(path)["rows"]
             if r["impl"] == "xla_ragged_dot" or r.get("ms")
         ]
-    header = dict(run1["header"])
+    header = dict(run3_balanced["header"])
     header["command"] = (
-        "bash benchmarks/run_h100.sh (run1), bash benchmarks/run_h100_part2.sh "
-        "(run2), python benchmarks/grouped_matmul.py (run0); assembled by "
+        "bash benchmarks/run_h100_gemm.sh (run3: balanced torch,jaxmoe,jax_mosaic then skewed "
+        "torch,jaxmoe); ragged_dot rows: bash benchmarks/run_h100.sh (run1) and "
+        "bash benchmarks/run_h100_part2.sh (run2); assembled by "
         "python benchmarks/assemble_h100_results.py"
     )
-    header["runs"] = {"run0": run0["header"], "run1": run1["header"], "run2": run2["header"]}
+    header["runs"] = {
+        "run3 balanced": run3_balanced["header"],
+        "run3 skewed": run3_skewed["header"],
+        "run1": _load("h100-run1/ragged_dot-h100.json")["header"],
+        "run2": _load("h100-run2/ragged_dot-h100-2.json")["header"],
+    }
     return header, rows
 
 
@@ -157,11 +167,13 @@ def main():
             ("tflops", ".0f"),
             ("ratio_vs_torch", ".2f"),
         ],
-        "Grouped matmul on one H100: jaxmoe Pallas kernel vs torch._grouped_mm vs ragged_dot",
+        "Grouped matmul on one H100: jaxmoe Pallas kernel vs torch._grouped_mm, Mosaic, ragged_dot",
         [
             "bf16, useful FLOPs only (fwd 2MKN, fwd+bwd 3x). ratio_vs_torch = torch ms / impl ms,",
-            "torch timed in the same run and next to the impl (balanced: interleaved per shape).",
-            "jaxmoe rows for qwen3-down were cut by the runs' time limits (not measured).",
+            "torch timed in the same run, next to the impl (interleaved per shape). jax_mosaic:",
+            "jax's own Hopper Mosaic GPU ragged_dot kernels (jax.experimental.pallas.ops.gpu,",
+            "fixed 128x128x64 tiles, 4 stages), a peer, not a jaxmoe backend. Skewed qwen3-down",
+            "was cut by run3's time limit (not measured). ragged_dot rows: runs 1-2.",
         ],
     )
     header, rows = layer_rows()
