@@ -227,19 +227,22 @@ def _receive_plan(kept_here, offset_here, rows: int, alignment: int, block_rows:
     return receive_index, receive_inverse, group_sizes
 
 
-def all_expert_counts(routing_experts: jax.Array, num_experts: int, axis_name) -> jax.Array:
-    """``[ep, E]`` int32: row ``s`` = rank ``s``'s copies per expert (one small all-gather)."""
-    flat = routing_experts.reshape(-1).astype(jnp.int32)
-    return _all_expert_counts(flat, num_experts, axis_name)
+def all_expert_counts(
+    routing_experts: jax.Array, num_experts: int, axis_name, num_chunks: int = 1
+) -> jax.Array:
+    """``[ep, E]`` int32: row ``s`` = rank ``s``'s copies per expert (one small all-gather).
 
-
-def _all_expert_counts(flat_experts, num_experts: int, axis_name):
+    With ``num_chunks > 1`` the rows of ``routing_experts`` are cut into that many equal
+    chunks and the result is ``[num_chunks, ep, E]``, one count matrix per chunk.
+    """
+    per_chunk = routing_experts.reshape(num_chunks, -1).astype(jnp.int32)
     counts = jnp.sum(
-        flat_experts[:, None] == jnp.arange(num_experts, dtype=jnp.int32)[None, :],
-        axis=0,
+        per_chunk[:, :, None] == jnp.arange(num_experts, dtype=jnp.int32)[None, None, :],
+        axis=1,
         dtype=jnp.int32,
-    )
-    return jax.lax.all_gather(counts, axis_name)  # [ep, E], the only count exchange
+    )  # [chunks, E]
+    gathered = jnp.swapaxes(jax.lax.all_gather(counts, axis_name), 0, 1)  # [chunks, ep, E]
+    return gathered[0] if num_chunks == 1 else gathered
 
 
 def fullest_slot(all_counts: jax.Array, ep: int) -> jax.Array:
@@ -358,7 +361,7 @@ def ep_dispatch(
 
     flat_experts = routing_experts.reshape(-1).astype(jnp.int32)
     if all_counts is None:
-        all_counts = _all_expert_counts(flat_experts, num_experts, axis_name)
+        all_counts = all_expert_counts(routing_experts, num_experts, axis_name)
     counts = jax.lax.dynamic_index_in_dim(all_counts, me, axis=0, keepdims=False)
     kept, offset = _slot_layout(all_counts, num_local, capacity, rows)
     kept_mine = jax.lax.dynamic_index_in_dim(kept, me, axis=0, keepdims=False)  # [ep (d), E_l]
@@ -497,13 +500,8 @@ def ep_apply_experts(
         )
     chunk_tokens = num_tokens // num_chunks
     # [chunks, ep, E]: each chunk's counts on every rank (one all-gather for all chunks).
-    chunk_experts = routing_experts.reshape(num_chunks, chunk_tokens * top_k).astype(jnp.int32)
-    chunk_counts = jnp.sum(
-        chunk_experts[:, :, None] == jnp.arange(num_experts, dtype=jnp.int32)[None, None, :],
-        axis=1,
-        dtype=jnp.int32,
-    )
-    all_counts = jnp.swapaxes(jax.lax.all_gather(chunk_counts, axis_name), 0, 1)
+    all_counts = all_expert_counts(routing_experts, num_experts, axis_name, num_chunks)
+    all_counts = all_counts.reshape(num_chunks, ep, num_experts)
 
     def path(factor, operands):
         x, routing_experts, routing_weights, expert_params, all_counts = operands
