@@ -2,8 +2,9 @@
 # Issue 7 in one device call (kind nvidia-h200-x8): the layer at EP=8 on Megatron-Core's two
 # per-layer proxies with forced-balanced routing (4096 tokens per GPU, bf16, fwd+bwd), dropless
 # (the default: slots of 1.125x the balanced share, which forced-balanced routing always fits;
-# the run reports fullest_slot_over_share) and with ep_receive_factor=1.25; the exchange at EP=8 against the dense all_to_all; and the
-# dense bf16 peak of one GPU, measured in the same call. Writes under $OUT.
+# the run reports fullest_slot_over_share) and with ep_receive_factor=1.25; the exchange at
+# EP=8 against the dense all_to_all; and the dense bf16 peak of one GPU, measured in the same
+# call. Writes under $OUT.
 #   run (device tool, kind nvidia-h200-x8): bash benchmarks/run_ep8.sh
 set -u
 export PYTHONPATH=src PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
