@@ -28,9 +28,10 @@ import numpy as np
 from jaxmoe.bench.presets import GEMM_SHAPES, GemmShape
 from jaxmoe.bench.timing import Timing, time_jax, time_torch
 
-IMPLS = ("torch", "jaxmoe", "xla_ragged_dot", "jax_mosaic")
+IMPLS = ("torch", "jaxmoe", "jaxmoe_triton", "xla_ragged_dot", "jax_mosaic")
 IMPL_LABELS = {
-    "jaxmoe": "jaxmoe Pallas (Triton) kernel",
+    "jaxmoe": "jaxmoe backend='pallas' (Mosaic GPU fwd/dgrad, Triton wgrad)",
+    "jaxmoe_triton": "jaxmoe backend='pallas_triton' (Triton kernels only)",
     "xla_ragged_dot": "jax.lax.ragged_dot (jaxmoe backend='xla')",
     "jax_mosaic": "jax's own Mosaic GPU ragged_dot kernels (peer, GPU only)",
     "torch": "torch._grouped_mm",
@@ -153,9 +154,9 @@ def _jax_case(impl: str, backend, shape: GemmShape, sizes: np.ndarray, pass_: st
     import jax.numpy as jnp
 
     if impl == "jaxmoe":
-        from jaxmoe.ops.grouped_matmul.pallas_triton import PallasTritonGroupedMatmul
-
-        backend = backend or PallasTritonGroupedMatmul()
+        backend = backend or "pallas"
+    elif impl == "jaxmoe_triton":
+        backend = "pallas_triton"
     elif impl == "xla_ragged_dot":
         backend = "xla"
     elif impl == "jax_mosaic":

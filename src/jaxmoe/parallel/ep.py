@@ -573,7 +573,7 @@ def _needs_unchecked_shard_map(cfg: MoEConfig, platform: str) -> bool:
         backend = default_backend_name(platform)
     return (
         isinstance(backend, str)
-        and backend == "pallas"
+        and backend.startswith("pallas")
         or (not isinstance(backend, str) and "Pallas" in type(backend).__name__)
     )
 

@@ -16,8 +16,14 @@ from jaxmoe.ops.grouped_matmul.reference import ReferenceGroupedMatmul
 from jaxmoe.ops.grouped_matmul.xla import XlaGroupedMatmul
 
 
+# Imported lazily: Pallas pulls in Triton/Mosaic lowering code that a CPU user never needs.
 def _pallas_backend() -> GroupedMatmulBackend:
-    # Imported lazily: Pallas pulls in Triton/Mosaic lowering code that a CPU user never needs.
+    from jaxmoe.ops.grouped_matmul.pallas_mosaic import PallasMosaicGroupedMatmul
+
+    return PallasMosaicGroupedMatmul()
+
+
+def _pallas_triton_backend() -> GroupedMatmulBackend:
     from jaxmoe.ops.grouped_matmul.pallas_triton import PallasTritonGroupedMatmul
 
     return PallasTritonGroupedMatmul()
@@ -27,6 +33,7 @@ _BACKENDS = {
     "reference": ReferenceGroupedMatmul,
     "xla": XlaGroupedMatmul,
     "pallas": _pallas_backend,
+    "pallas_triton": _pallas_triton_backend,
 }
 BACKEND_NAMES = ("auto", *_BACKENDS)
 
@@ -99,8 +106,10 @@ def grouped_matmul(
       lhs: ``[M, K]`` rows sorted by group (e.g. tokens sorted expert-major).
       rhs: ``[G, K, N]`` one matrix per group (e.g. expert weights).
       group_sizes: ``[G]`` integer row counts.
-      backend: ``None``/``"auto"`` (Pallas kernel on GPU, XLA elsewhere), ``"reference"``,
-        ``"xla"`` (``jax.lax.ragged_dot``), ``"pallas"``, or a configured backend object.
+      backend: ``None``/``"auto"`` (``"pallas"`` on GPU, ``"xla"`` elsewhere), ``"reference"``,
+        ``"xla"`` (``jax.lax.ragged_dot``), ``"pallas"`` (Mosaic GPU kernel for the forward and
+        dgrad where it applies, Triton kernels for the rest), ``"pallas_triton"`` (Triton
+        kernels only), or a configured backend object.
       preferred_element_type: dtype of the result (default: ``lhs.dtype``).
 
     Returns:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -92,8 +93,15 @@ def group_ids(group_sizes: Array, num_rows: int) -> Array:
 
 @dataclasses.dataclass(frozen=True)
 class GroupedMatmulBackend(abc.ABC):
-    """One implementation of the grouped matmul primitives (see the module docstring)."""
+    """One implementation of the grouped matmul primitives (see the module docstring).
 
+    Class attributes (capabilities, declared by each backend):
+      supports_check_vma: whether its outputs carry the mesh-variance types that
+        ``jax.shard_map(check_vma=True)`` checks. Pallas kernels cannot declare them (jax 0.10 and
+        0.11 refuse them under the check), so a sharded layer using one runs unchecked.
+    """
+
+    supports_check_vma: ClassVar[bool] = True
     name: str = dataclasses.field(default="", init=False)
 
     @abc.abstractmethod

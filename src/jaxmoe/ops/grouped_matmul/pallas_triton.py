@@ -31,6 +31,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import warnings
+from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -105,7 +106,7 @@ def default_gmm_tiles(m: int, k: int, n: int, num_groups: int, dtype) -> TileCon
         return TileConfig(block_m=64, block_n=128, block_k=32, num_warps=4, num_stages=3)
     if n <= 128:
         return TileConfig(block_m=128, block_n=128, block_k=64, num_warps=4, num_stages=4)
-    stages = 4 if k <= 1024 else 3
+    stages = 4 if min(k, n) <= 1024 else 3
     return TileConfig(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=stages)
 
 
@@ -452,7 +453,8 @@ class PallasTritonGroupedMatmul(GroupedMatmulBackend):
       interpret: ``None`` runs interpret mode when JAX's default backend is not a GPU.
     """
 
-    name: str = dataclasses.field(default="pallas", init=False)
+    supports_check_vma: ClassVar[bool] = False  # Pallas outputs carry no vma types
+    name: str = dataclasses.field(default="pallas_triton", init=False)
     gmm_tiles: TileConfig | None = None
     tgmm_tiles: TileConfig | None = None
     interpret: bool | None = None

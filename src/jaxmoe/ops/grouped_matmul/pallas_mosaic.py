@@ -1,0 +1,450 @@
+"""Grouped matmul on Hopper in Pallas Mosaic GPU: a persistent, warp-specialized ``gmm``.
+
+Layout of the work (``bm, bn, bk`` are the block sizes)::
+
+    work items   as in ``pallas_triton``: one per (m tile t, group g intersecting t), plus the
+                 "tail" group G for rows at or past sum(group_sizes) (written as zeros). Their
+                 list is computed on the device (``gmm_work_items``).
+    schedule     one CTA per SM loops over (work item, N tile) pairs (``plgpu.nd_loop``), walking
+                 ``group_swizzle`` neighbouring work items along N for L2 reuse.
+    one pair     three warpgroups. The memory warpgroup streams ``[bm, bk]`` blocks of ``lhs``
+                 and ``[bk, bn]`` blocks of ``rhs[g]`` (``[bn, bk]`` when transposed) into a ring
+                 of ``stages`` shared-memory slots by TMA; the two compute warpgroups each
+                 multiply into a ``[bm, bn / 2]`` float32 accumulator with ``wgmma``. Because the
+                 memory warpgroup runs ahead, the next pair's loads overlap this pair's epilogue.
+    epilogue     the accumulator is cast and staged in shared memory, then stored by TMA without
+                 waiting for completion (the next pair waits only until the stage has been read).
+                 A tile whose rows all belong to its group is one store; a tile cut by a group
+                 boundary stores its rows ``[lo, hi)`` as power-of-two runs, because a TMA box has
+                 a static shape: ``hi - lo = 0b1011`` is stored as runs of 8, 2 and 1 rows.
+
+Why a second lowering: the Triton kernel (``pallas_triton``) is not persistent and cannot overlap
+its epilogue with the next tile's main loop, which costs most on short-K shapes (benchmarks/).
+
+Limits: bf16/fp16 operands and a 2-byte result (fp32 goes through Triton, exact IEEE), and
+``M % bm == 0``, ``K % bk == 0``, ``N % bn == 0`` (TMA boxes never cross the array edge).
+:class:`PallasMosaicGroupedMatmul` sends anything else, and every ``tgmm``, to the Triton kernels.
+On a CPU the kernel runs in Mosaic GPU's interpreter (jax's GPU interpret mode), which the tests
+use.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import ClassVar
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+from jaxmoe.ops.grouped_matmul import pallas_triton
+from jaxmoe.ops.grouped_matmul.base import GroupedMatmulBackend
+from jaxmoe.ops.grouped_matmul.pallas_triton import gmm_work_items
+
+Array = jax.Array
+
+_NUM_COMPUTE_WARPGROUPS = 2
+# The memory warpgroup only issues TMA copies; giving it few registers leaves more to the
+# compute warpgroups' accumulators (Hopper redistributes registers between warpgroups).
+_MEMORY_REGISTERS = 40
+_H100_SMS = 132
+
+
+@dataclasses.dataclass(frozen=True)
+class MosaicTileConfig:
+    """Block sizes of the Mosaic GPU ``gmm``.
+
+    ``block_n`` is the CTA's N tile; each of the two compute warpgroups owns half of it.
+    ``stages`` is the depth of the shared-memory ring. ``pipelined_tiles`` keeps one pipeline
+    alive across all of a CTA's tiles (jax's ``PipelinePipeline`` states), so the memory
+    warpgroup never drains between tiles; it applies when ``K / block_k`` is a multiple of
+    ``stages``. ``epilogue_rows`` (default ``block_m``) is the height of the shared-memory slab
+    that stages the result for its TMA store: half of ``block_m`` frees shared memory for a
+    deeper ring.
+    """
+
+    block_m: int = 128
+    block_n: int = 256
+    block_k: int = 64
+    stages: int = 3
+    group_swizzle: int = 8
+    pipelined_tiles: bool = False
+    epilogue_rows: int | None = None
+
+
+def default_mosaic_gmm_tiles(m: int, k: int, n: int) -> MosaicTileConfig:
+    """Block sizes of the Mosaic ``gmm``: H100 sweeps, ``benchmarks/NOTES-grouped-matmul.md``.
+
+    Always ``128 x 256 x 64`` tiles (``128 x 128`` was slower on every MoE shape measured), and:
+
+    - ``K <= 2048`` (DeepSeek down, Qwen3): a 4-deep ring, made to fit in shared memory by a
+      64-row epilogue slab; also ``min(K, N) <= 1024`` (Qwen3): one pipeline across a CTA's tiles.
+    - otherwise (Mixtral, DeepSeek up): a 3-deep ring, plain pipelines.
+
+    Short K leaves few steps per tile to hide the next tile's start, so a deeper ring and
+    chained pipelines pay there (2-5% on Qwen3, 4% on DeepSeek down); on long K they do not.
+    """
+    del m
+    if k > 2048:
+        return MosaicTileConfig()
+    return MosaicTileConfig(stages=4, epilogue_rows=64, pipelined_tiles=min(k, n) <= 1024)
+
+
+def supports(
+    lhs_shape,
+    rhs_shape,
+    dtype,
+    out_dtype,
+    transpose_rhs,
+    cfg: MosaicTileConfig,
+    interpret: bool = False,
+) -> bool:
+    """Whether the Mosaic ``gmm`` takes these operands (otherwise the Triton kernel does).
+
+    ``interpret``: whether it would run in Mosaic GPU's interpreter, which has no transposed
+    ``wgmma`` operand (so ``transpose_rhs`` runs on the Triton kernel there).
+    """
+    m, k = lhs_shape
+    n = rhs_shape[1] if transpose_rhs else rhs_shape[2]
+    return (
+        jnp.dtype(dtype) in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
+        and jnp.dtype(out_dtype).itemsize == 2
+        and m > 0
+        and m % cfg.block_m == 0
+        and k % cfg.block_k == 0
+        and n % cfg.block_n == 0
+        and not (interpret and transpose_rhs)
+    )
+
+
+def check_tiles(cfg: MosaicTileConfig) -> None:
+    """Raises ``ValueError`` for block sizes the kernel cannot lower."""
+    bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
+    problems = []
+    if bm not in (64, 128):
+        problems.append(f"block_m={bm} must be 64 or 128 (one wgmma M tile per warpgroup)")
+    if bn not in (128, 256):
+        problems.append(f"block_n={bn} must be 128 or 256 (each compute warpgroup takes half)")
+    if bk != 64:
+        problems.append(f"block_k={bk} must be 64 (one 128-byte swizzled bf16 row)")
+    if cfg.stages < 2:
+        problems.append(f"stages={cfg.stages} must be >= 2")
+    if cfg.group_swizzle < 1:
+        problems.append(f"group_swizzle={cfg.group_swizzle} must be >= 1")
+    if cfg.epilogue_rows not in (None, bm) and not (
+        cfg.epilogue_rows == bm // 2 and cfg.epilogue_rows >= 64
+    ):
+        problems.append(
+            f"epilogue_rows={cfg.epilogue_rows} must be None, block_m or block_m // 2 >= 64 "
+            "(smaller slabs fail Mosaic's layout inference)"
+        )
+    if problems:
+        raise ValueError("MosaicTileConfig: " + "; ".join(problems) + ".")
+
+
+def _interpret_params(interpret: bool | None):
+    """``None`` on a GPU; Mosaic GPU's interpreter elsewhere (or when asked)."""
+    if not pallas_triton._use_interpret(interpret):
+        return None
+    # Not public API in jax 0.10-0.11; only the tests and CPU users reach this.
+    from jax._src.pallas.mosaic_gpu.interpret.params import InterpretGPUParams
+
+    return InterpretGPUParams()
+
+
+def _num_sms(interpret) -> int:
+    if interpret is not None:
+        return 2  # The interpreter simulates every CTA; two exercise the persistent loop.
+    # Lowering for a GPU from a CPU-only host (the tests do) has no GPU to ask: an H100's count.
+    return getattr(jax.devices()[0], "core_count", _H100_SMS)
+
+
+def _swizzle(index, num_rows: int, num_cols: int, group: int):
+    """Maps a flat index onto (row, col), walking ``group`` rows at a time along the cols."""
+    per_band = group * num_cols
+    band = index // per_band
+    first_row = band * group
+    rows_in_band = jnp.minimum(num_rows - first_row, group)
+    inner = index % per_band
+    return first_row + inner % rows_in_band, inner // rows_in_band
+
+
+def _jaxmoe_mosaic_gmm(
+    work_counts_gmem,
+    work_group_gmem,
+    work_tile_gmem,
+    offsets_gmem,
+    lhs_gmem,
+    rhs_gmem,
+    out_gmem,
+    *,
+    cfg: MosaicTileConfig,
+    num_groups: int,
+    transpose_rhs: bool,
+):
+    bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
+    wg_n = bn // _NUM_COMPUTE_WARPGROUPS
+    stage_rows = cfg.epilogue_rows or bm
+    k = lhs_gmem.shape[1]
+    n = out_gmem.shape[1]
+    num_n_tiles = n // bn
+    out_dtype = out_gmem.dtype
+    itemsize = jnp.dtype(lhs_gmem.dtype).itemsize
+    swizzle = plgpu.find_swizzle(bk * itemsize * 8)
+    transforms = (
+        plgpu.TilingTransform((8, swizzle // itemsize)),
+        plgpu.SwizzleTransform(swizzle),
+    )
+    lhs_spec = plgpu.BlockSpec((bm, bk), lambda kk: (0, kk), transforms=transforms)
+    if transpose_rhs:
+        rhs_spec = plgpu.BlockSpec((bn, bk), lambda kk: (0, kk), transforms=transforms)
+    else:
+        rhs_spec = plgpu.BlockSpec((bk, bn), lambda kk: (kk, 0), transforms=transforms)
+    chained = _chains_tiles(cfg, k)
+
+    def make_pipeline(body, context, state=None):
+        return plgpu.emit_pipeline_warp_specialized(
+            body,
+            grid=(k // bk,),
+            memory_registers=_MEMORY_REGISTERS,
+            in_specs=[lhs_spec, rhs_spec],
+            wg_axis="wg",
+            num_compute_wgs=_NUM_COMPUTE_WARPGROUPS,
+            max_concurrent_steps=cfg.stages,
+            compute_context=context,
+            pipeline_state=state,
+        )
+
+    def rhs_block_source(group, col0):
+        rhs_g = rhs_gmem.at[group]
+        return rhs_g.at[pl.ds(col0, bn), :] if transpose_rhs else rhs_g.at[:, pl.ds(col0, bn)]
+
+    def unused(*args, **kwargs):
+        del args, kwargs
+
+    allocations = make_pipeline(unused, unused).get_allocations(
+        lhs_gmem.at[pl.ds(0, bm), :], rhs_block_source(0, 0)
+    )
+
+    @functools.partial(
+        pl.run_scoped,
+        pipeline_allocs=allocations,
+        # Unswizzled so that a run may start at any row (group boundaries are arbitrary).
+        out_smem=plgpu.SMEM((_NUM_COMPUTE_WARPGROUPS, stage_rows, wg_n), out_dtype),
+        collective_axes="wg",
+    )
+    def _scope(pipeline_allocs, out_smem):
+        wg = lax.axis_index("wg")
+        wg_cols = pl.ds(wg * wg_n, wg_n)
+        num_compute_work = work_counts_gmem[0]
+        num_tail_work = work_counts_gmem[1]
+
+        def store(values, row0, col0, lo, hi):
+            """A compute warpgroup's ``[bm, wg_n]`` result, rows ``[lo, hi)`` of the tile only."""
+            for part in range(bm // stage_rows):
+                first_row = part * stage_rows
+                part_lo = jnp.clip(lo - first_row, 0, stage_rows)
+                part_hi = jnp.clip(hi - first_row, 0, stage_rows)
+                # The previous store from this stage must have been read before we overwrite it.
+                plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+                stage = out_smem.at[wg]
+                stage[...] = (
+                    values if stage_rows == bm else values[first_row : first_row + stage_rows]
+                )
+                plgpu.commit_smem()
+                dst = out_gmem.at[
+                    pl.ds(row0 + first_row, stage_rows), pl.ds(col0 + wg * wg_n, wg_n)
+                ]
+                whole = (part_lo == 0) & (part_hi == stage_rows)
+
+                @pl.when(whole)
+                def _store_whole(stage=stage, dst=dst):
+                    plgpu.copy_smem_to_gmem(stage, dst)
+
+                @pl.when(jnp.logical_not(whole))
+                def _store_runs(part_lo=part_lo, part_hi=part_hi, stage=stage, dst=dst):
+                    size = part_hi - part_lo
+                    first = part_lo
+                    run = stage_rows
+                    while run >= 1:
+                        this_run = run
+
+                        @pl.when((size & this_run) != 0)
+                        def _store_run(first=first, this_run=this_run):
+                            plgpu.copy_smem_to_gmem(
+                                stage.at[pl.ds(first, this_run)], dst.at[pl.ds(first, this_run)]
+                            )
+
+                        first = first + (size & this_run)
+                        run //= 2
+
+        def tile_rows(work):
+            group = work_group_gmem[work]
+            row0 = work_tile_gmem[work] * bm
+            start = offsets_gmem[jnp.minimum(group, num_groups + 1)]
+            end = offsets_gmem[jnp.minimum(group + 1, num_groups + 1)]
+            return group, row0, jnp.clip(start - row0, 0, bm), jnp.clip(end - row0, 0, bm)
+
+        @pl.when(wg < _NUM_COMPUTE_WARPGROUPS)
+        def _zero_tail():  # rows at or past sum(group_sizes): GPU memory is uninitialised.
+            @plgpu.nd_loop((num_tail_work * num_n_tiles,), collective_axes="sm")
+            def _tail_loop(loop_info):
+                (index,) = loop_info.index
+                _, row0, lo, hi = tile_rows(num_compute_work + index // num_n_tiles)
+                col0 = (index % num_n_tiles) * bn
+                store(jnp.zeros((bm, wg_n), out_dtype), row0, col0, lo, hi)
+
+        # The compute work items come first in gmm_work_items' list: [0, num_compute_work).
+        @plgpu.nd_loop((num_compute_work * num_n_tiles,), collective_axes="sm")
+        def _tile_loop(loop_info):
+            (index,) = loop_info.index
+            work, n_tile = _swizzle(index, num_compute_work, num_n_tiles, cfg.group_swizzle)
+            group, row0, lo, hi = tile_rows(work)
+            col0 = n_tile * bn
+
+            def context(eval_pipeline):
+                @functools.partial(pl.run_scoped, acc_ref=plgpu.ACC((bm, wg_n), jnp.float32))
+                def _acc_scope(acc_ref):
+                    eval_pipeline(acc_ref)
+                    store(acc_ref[...].astype(out_dtype), row0, col0, lo, hi)
+
+            def mma(indices, lhs_smem, rhs_smem, acc_ref):
+                del indices
+                if transpose_rhs:
+                    rhs_block = plgpu.transpose_ref(rhs_smem.at[wg_cols, :], (1, 0))
+                else:
+                    rhs_block = rhs_smem.at[:, wg_cols]
+                plgpu.wgmma(acc_ref, lhs_smem, rhs_block)
+                plgpu.wgmma_wait(0)
+                return acc_ref
+
+            operands = (lhs_gmem.at[pl.ds(row0, bm), :], rhs_block_source(group, col0))
+            if not chained:
+                make_pipeline(mma, context)(*operands, allocations=pipeline_allocs)
+                return
+            # One pipeline across this CTA's tiles: the memory warpgroup loads the next tile
+            # while the compute warpgroups finish this one (no drain between tiles).
+            local, count = loop_info.local_index, loop_info.num_local_steps
+            state = jnp.where(
+                local == 0, plgpu.PipelinePipeline.START, plgpu.PipelinePipeline.STEADY
+            )
+            state = jnp.where(local == count - 1, plgpu.PipelinePipeline.STOP, state)
+
+            @pl.when(count == 1)  # START and STOP at once: a plain pipeline.
+            def _single():
+                make_pipeline(mma, context)(*operands, allocations=pipeline_allocs)
+
+            @pl.when(count > 1)
+            def _chain():
+                make_pipeline(mma, context, state)(*operands, allocations=pipeline_allocs)
+
+        @pl.when(wg < _NUM_COMPUTE_WARPGROUPS)
+        def _drain():
+            plgpu.wait_smem_to_gmem(0)
+
+
+def _chains_tiles(cfg: MosaicTileConfig, k: int) -> bool:
+    # jax's pipeline of pipelines needs the K loop to be a whole number of ring turns.
+    return cfg.pipelined_tiles and (k // cfg.block_k) % cfg.stages == 0
+
+
+def gmm(
+    lhs: Array,
+    rhs: Array,
+    group_sizes: Array,
+    *,
+    transpose_rhs: bool = False,
+    out_dtype=None,
+    tiles: MosaicTileConfig | None = None,
+    interpret: bool | None = None,
+) -> Array:
+    """``out[rows of g] = lhs[rows of g] @ rhs[g]`` (``rhs[g].T`` if transposed); zeros after.
+
+    Same contract as :func:`jaxmoe.ops.grouped_matmul.pallas_triton.gmm`; the operands must pass
+    :func:`supports` (bf16/fp16, dims divisible by the blocks).
+    """
+    pallas_triton._check(lhs, rhs, group_sizes, transpose_rhs, "gmm")
+    m, k = lhs.shape
+    num_groups = rhs.shape[0]
+    n = rhs.shape[1] if transpose_rhs else rhs.shape[2]
+    out_dtype = jnp.dtype(out_dtype or lhs.dtype)
+    cfg = tiles or default_mosaic_gmm_tiles(m, k, n)
+    check_tiles(cfg)
+    interpret_params = _interpret_params(interpret)
+    if not supports(
+        lhs.shape, rhs.shape, lhs.dtype, out_dtype, transpose_rhs, cfg, interpret_params is not None
+    ):
+        raise ValueError(
+            f"mosaic gmm: operands lhs {lhs.shape} {lhs.dtype}, rhs {rhs.shape}, out {out_dtype} "
+            f"need bf16/fp16 inputs, a 2-byte output and M % {cfg.block_m}, K % {cfg.block_k}, "
+            f"N % {cfg.block_n} == 0 (and transpose_rhs=False in interpret mode); use "
+            "backend='pallas', which falls back to the Triton kernel."
+        )
+    work_group, work_tile, offsets = gmm_work_items(group_sizes, m, cfg.block_m)
+    work_counts = jnp.stack(
+        [jnp.sum(work_group < num_groups), jnp.sum(work_group == num_groups)]
+    ).astype(jnp.int32)
+    body = functools.partial(
+        _jaxmoe_mosaic_gmm, cfg=cfg, num_groups=num_groups, transpose_rhs=transpose_rhs
+    )
+    kernel = plgpu.kernel(
+        body,
+        out_type=jax.ShapeDtypeStruct((m, n), out_dtype),
+        grid=(_num_sms(interpret_params),),
+        grid_names=("sm",),
+        num_threads=_NUM_COMPUTE_WARPGROUPS + 1,
+        thread_name="wg",
+        compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Warpgroup),
+        interpret=interpret_params,
+    )
+    return kernel(work_counts, work_group, work_tile, offsets, lhs, rhs)
+
+
+@dataclasses.dataclass(frozen=True)
+class PallasMosaicGroupedMatmul(GroupedMatmulBackend):
+    """``gmm`` by the Mosaic GPU kernel where it applies, the Triton kernels for the rest.
+
+    Attributes:
+      gmm_tiles: Mosaic block sizes; ``None``: :func:`default_mosaic_gmm_tiles`.
+      triton: the Triton backend that takes ``tgmm`` and the operands :func:`supports` refuses;
+        ``None``: default tiles and the same ``interpret`` as this backend.
+      interpret: ``None`` runs the interpreters when JAX's default backend is not a GPU.
+    """
+
+    supports_check_vma: ClassVar[bool] = False  # Pallas outputs carry no vma types
+    name: str = dataclasses.field(default="pallas", init=False)
+    gmm_tiles: MosaicTileConfig | None = None
+    triton: pallas_triton.PallasTritonGroupedMatmul | None = None
+    interpret: bool | None = None
+
+    def __post_init__(self):
+        if self.gmm_tiles is not None:
+            check_tiles(self.gmm_tiles)
+        if self.triton is None:  # frozen dataclass: fill the default in place
+            triton = pallas_triton.PallasTritonGroupedMatmul(interpret=self.interpret)
+            object.__setattr__(self, "triton", triton)
+
+    def gmm(self, lhs, rhs, group_sizes, *, transpose_rhs, out_dtype):
+        m, k = lhs.shape
+        n = rhs.shape[1] if transpose_rhs else rhs.shape[2]
+        cfg = self.gmm_tiles or default_mosaic_gmm_tiles(m, k, n)
+        interpreted = pallas_triton._use_interpret(self.interpret)
+        if supports(lhs.shape, rhs.shape, lhs.dtype, out_dtype, transpose_rhs, cfg, interpreted):
+            return gmm(
+                lhs,
+                rhs,
+                group_sizes,
+                transpose_rhs=transpose_rhs,
+                out_dtype=out_dtype,
+                tiles=cfg,
+                interpret=self.interpret,
+            )
+        return self.triton.gmm(
+            lhs, rhs, group_sizes, transpose_rhs=transpose_rhs, out_dtype=out_dtype
+        )
+
+    def tgmm(self, lhs, rhs, group_sizes, *, out_dtype):
+        return self.triton.tgmm(lhs, rhs, group_sizes, out_dtype=out_dtype)

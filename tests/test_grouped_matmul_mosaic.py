@@ -1,0 +1,164 @@
+"""The Mosaic GPU ``gmm`` (``backend="pallas"``) against the NumPy reference of the shared suite.
+
+On a CPU the kernel runs in Mosaic GPU's interpreter, which simulates every warpgroup, barrier
+and TMA copy; each call costs seconds, so the shapes are the smallest that still give several
+M tiles, two N tiles, two K steps per tile and more work items than the two simulated SMs.
+The interpreter has no transposed ``wgmma`` operand, so the dgrad (``transpose_rhs``) is proven
+by lowering for CUDA instead, and on the device by ``benchmarks/``.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from test_grouped_matmul import check_all, np_gmm, random_inputs
+
+from jaxmoe.ops.grouped_matmul import pallas_mosaic
+from jaxmoe.ops.grouped_matmul.api import resolve_backend
+from jaxmoe.ops.grouped_matmul.pallas_mosaic import (
+    MosaicTileConfig,
+    PallasMosaicGroupedMatmul,
+    default_mosaic_gmm_tiles,
+)
+from jaxmoe.ops.grouped_matmul.pallas_triton import PallasTritonGroupedMatmul, TileConfig
+
+M, K, N = 256, 128, 256
+SMALL = MosaicTileConfig(block_m=64, block_n=128, block_k=64, stages=2, group_swizzle=2)
+CONFIGS = {
+    "plain": SMALL,
+    # K / block_k = 2 steps, a multiple of the 2 stages: one pipeline across a CTA's tiles.
+    "chained": MosaicTileConfig(64, 128, 64, stages=2, group_swizzle=2, pipelined_tiles=True),
+    # The default's 128-row tile with a 64-row epilogue slab (two stores per tile).
+    "half_slab": MosaicTileConfig(
+        128, 128, 64, stages=2, group_swizzle=2, pipelined_tiles=True, epilogue_rows=64
+    ),
+}
+TRITON_TILES = TileConfig(block_m=32, block_n=32, block_k=32, num_warps=4, num_stages=2)
+
+
+def mosaic_forward(group_sizes, cfg, m=M, k=K, n=N, seed=0):
+    lhs, rhs, _ = random_inputs(m, k, n, len(group_sizes), "bfloat16", seed)
+    out = pallas_mosaic.gmm(lhs, rhs, jnp.asarray(group_sizes, jnp.int32), tiles=cfg)
+    assert out.shape == (m, n) and out.dtype == jnp.bfloat16
+    return np.asarray(out.astype(jnp.float32), np.float64), np_gmm(lhs, rhs, group_sizes)
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_forward_empty_groups_straddling_tiles_and_tail(name):
+    # Groups end at rows 70, 70, 73, 173, 213: an empty group, a 3-row group inside one tile,
+    # boundaries inside tiles (odd run lengths exercise every power-of-two store) and 43 tail
+    # rows, which must be written as zeros.
+    got, want = mosaic_forward([70, 0, 3, 100, 40], CONFIGS[name])
+    err = np.max(np.abs(got - want)) / np.max(np.abs(want))
+    assert err <= 1.6e-2, f"{name}: relative error {err:.3g}"
+    assert np.all(got[213:] == 0), "rows past sum(group_sizes) are not zero"
+
+
+def test_forward_single_group_holds_every_row():
+    got, want = mosaic_forward([0, M, 0], SMALL, seed=1)
+    assert np.max(np.abs(got - want)) / np.max(np.abs(want)) <= 1.6e-2
+
+
+def test_forward_no_rows_at_all_is_zeros():
+    got, _ = mosaic_forward([0, 0], SMALL, m=64, n=128)
+    assert np.all(got == 0)
+
+
+def test_backend_forward_and_grads_against_reference():
+    # The Mosaic kernel takes the forward; d lhs (transposed) and d rhs go to Triton here.
+    backend = PallasMosaicGroupedMatmul(
+        gmm_tiles=SMALL, triton=PallasTritonGroupedMatmul(TRITON_TILES, TRITON_TILES)
+    )
+    check_all(backend, [50, 0, 30, 20], m=128, k=64, n=128, dtype="bfloat16")
+
+
+def test_backend_uses_mosaic_where_it_applies_and_triton_elsewhere():
+    backend = PallasMosaicGroupedMatmul(gmm_tiles=SMALL)
+    gs = jnp.array([40, 50], jnp.int32)
+
+    def kernels(m, k, n, dtype, transpose_rhs=False):
+        lhs, rhs, _ = random_inputs(m, k, n, 2, dtype)
+        if transpose_rhs:
+            rhs = jnp.swapaxes(rhs, 1, 2)
+        text = str(
+            jax.make_jaxpr(
+                lambda a, b: backend.gmm(
+                    a, b, gs, transpose_rhs=transpose_rhs, out_dtype=jnp.dtype(dtype)
+                )
+            )(lhs, rhs)
+        )
+        return ("wgmma" in text), ("jaxmoe_gmm" in text)
+
+    assert kernels(128, 64, 128, "bfloat16") == (True, False)
+    assert kernels(128, 64, 128, "float32") == (False, True)  # fp32: exact IEEE in Triton
+    assert kernels(100, 64, 128, "bfloat16") == (False, True)  # M not a multiple of block_m
+    assert kernels(128, 64, 96, "bfloat16") == (False, True)  # N not a multiple of block_n
+    assert kernels(128, 64, 128, "bfloat16", transpose_rhs=True) == (False, True)  # interpreter
+
+
+def test_pallas_name_resolves_to_mosaic_and_triton_to_triton():
+    assert isinstance(resolve_backend("pallas"), PallasMosaicGroupedMatmul)
+    assert isinstance(resolve_backend("pallas_triton"), PallasTritonGroupedMatmul)
+
+
+@pytest.mark.parametrize("transpose_rhs", [False, True], ids=["fwd", "dgrad"])
+@pytest.mark.parametrize("name", ["default", "chained"])
+def test_lowers_for_cuda(transpose_rhs, name):
+    # No GPU needed: proves both operand layouts and the chained pipeline pass Mosaic GPU's
+    # lowering (the interpreter cannot run the transposed one).
+    cfg = None if name == "default" else CONFIGS[name]
+    k = 2048  # default tiles: a 4-stage chained ring at K = 2048, N = 256
+    rhs_shape = (5, N, k) if transpose_rhs else (5, k, N)
+    fn = jax.jit(
+        functools.partial(
+            pallas_mosaic.gmm, transpose_rhs=transpose_rhs, tiles=cfg, interpret=False
+        )
+    )
+    lowered = fn.trace(
+        jax.ShapeDtypeStruct((M, k), jnp.bfloat16),
+        jax.ShapeDtypeStruct(rhs_shape, jnp.bfloat16),
+        jax.ShapeDtypeStruct((5,), jnp.int32),
+    ).lower(lowering_platforms=("cuda",))
+    text = lowered.as_text()
+    assert "mosaic_gpu" in text and "jaxmoe_mosaic_gmm" in text
+
+
+def test_default_tiles_follow_the_measured_table():
+    qwen3_up = default_mosaic_gmm_tiles(65536, 2048, 768)
+    assert (qwen3_up.stages, qwen3_up.epilogue_rows, qwen3_up.pipelined_tiles) == (4, 64, True)
+    deepseek_down = default_mosaic_gmm_tiles(32768, 2048, 7168)
+    assert (deepseek_down.stages, deepseek_down.pipelined_tiles) == (4, False)
+    mixtral_up = default_mosaic_gmm_tiles(16384, 4096, 14336)
+    assert (mixtral_up.stages, mixtral_up.epilogue_rows) == (3, None)
+    for cfg in (qwen3_up, deepseek_down, mixtral_up):
+        pallas_mosaic.check_tiles(cfg)
+
+
+def test_unsupported_operands_raise_value_error():
+    lhs, rhs, _ = random_inputs(128, 64, 128, 2, "float32")
+    with pytest.raises(ValueError, match="bf16/fp16"):
+        pallas_mosaic.gmm(lhs, rhs, jnp.array([64, 64], jnp.int32), tiles=SMALL)
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [("epilogue_rows", 32), ("block_n", 96), ("block_k", 128), ("block_m", 256), ("stages", 1)],
+)
+def test_bad_tiles_raise_value_error(field, value):
+    with pytest.raises(ValueError, match=field):
+        PallasMosaicGroupedMatmul(gmm_tiles=MosaicTileConfig(**{field: value}))
+
+
+@settings(max_examples=3, deadline=None, derandomize=True)
+@given(sizes=st.lists(st.integers(0, 90), min_size=3, max_size=3))
+def test_forward_random_group_sizes(sizes):
+    # Sums from 0 to 270 > M: empty output, tails of every length, and truncation at M.
+    got, want = mosaic_forward(sizes, SMALL, seed=sum(sizes))
+    assert np.max(np.abs(got - want)) <= 1.6e-2 * max(np.max(np.abs(want)), 1e-6)
+    assert np.all(got[min(sum(sizes), M) :] == 0)
