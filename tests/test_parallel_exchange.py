@@ -14,6 +14,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import jaxmoe
+from jaxmoe.ops.grouped_matmul import XlaGroupedMatmul
 from jaxmoe.parallel import (
     batch_partition_spec,
     ep_combine,
@@ -326,22 +327,33 @@ def test_ragged_exchange_lowers_with_gradients():
 
 
 def test_unchecked_shard_map_path_is_exact(monkeypatch):
-    """On GPU the Pallas grouped matmul forces shard_map(check_vma=False): same results."""
-    import jaxmoe.parallel.ep as ep_module
+    """A backend declaring no vma types (Pallas, on GPU) runs shard_map(check_vma=False): same
+    results."""
+
+    class UncheckedXla(XlaGroupedMatmul):
+        supports_check_vma = False
 
     mesh, cfg, params, x = _fsdp_ep_setup()
     x = x * jnp.arange(1, 1 + x.shape[1], dtype=x.dtype)[None, :, None]
     cotangent = jnp.cos(x)
+    check_vma_used = []
+    shard_map = jax.shard_map
 
-    def grads():
+    def recording_shard_map(*args, check_vma=True, **kwargs):
+        check_vma_used.append(check_vma)
+        return shard_map(*args, check_vma=check_vma, **kwargs)
+
+    monkeypatch.setattr(jax, "shard_map", recording_shard_map)
+
+    def grads(cfg):
         def loss(p, x):
             y, stats = jaxmoe.moe(p, x, cfg, mesh=mesh)
             return jnp.sum(y * cotangent) + stats.aux_loss
 
         return jax.jit(jax.grad(loss, argnums=(0, 1)))(params, x)
 
-    checked = grads()
-    monkeypatch.setattr(ep_module, "_needs_unchecked_shard_map", lambda cfg, platform: True)
-    unchecked = grads()
+    checked = grads(cfg)
+    unchecked = grads(dataclasses.replace(cfg, grouped_matmul_backend=UncheckedXla()))
+    assert check_vma_used == [True, False]
     for a, b in zip(jax.tree.leaves(unchecked), jax.tree.leaves(checked), strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)

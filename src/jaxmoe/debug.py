@@ -41,9 +41,15 @@ def poison_buffers(enabled: bool = True):
             os.environ[POISON_ENV] = previous
 
 
-def poison_rows(rows: jax.Array, live_rows: jax.Array) -> jax.Array:
-    """Rows at or past ``live_rows`` become NaN when poisoning is on; unchanged otherwise."""
+def poison_rows(rows: jax.Array, live_rows) -> jax.Array:
+    """Rows at or past ``live_rows`` become NaN when poisoning is on; unchanged otherwise.
+
+    ``rows`` is ``[..., R, H]`` and ``live_rows`` broadcasts against its leading dims: a scalar
+    for one buffer ``[R, H]``, ``[ep]`` for the slots ``[ep, P, H]`` of an exchange.
+    """
     if not poison_enabled():
         return rows
-    is_live = jnp.arange(rows.shape[0]) < live_rows
-    return jnp.where(is_live[:, None], rows, jnp.asarray(jnp.nan, rows.dtype))
+    live_rows = jnp.asarray(live_rows)
+    positions = jnp.arange(rows.shape[-2]).reshape((1,) * live_rows.ndim + (-1,))
+    is_live = positions < live_rows[..., None]
+    return jnp.where(is_live[..., None], rows, jnp.asarray(jnp.nan, rows.dtype))

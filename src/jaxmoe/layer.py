@@ -1,45 +1,22 @@
-"""``moe``: the functional MoE layer (router -> permutation -> experts -> combine), and its stats.
+"""``moe``: the functional MoE layer (router -> permutation -> experts -> combine).
 
-The single-device path lives here; with a ``mesh`` the same steps run per shard inside
-``shard_map`` (``jaxmoe.parallel``), with an exchange between permutation and experts.
+Both the one-device path and the expert-parallel one (``mesh=...``) are thin callers of
+:func:`jaxmoe.stages.moe_body`; this module adds the one-device experts step and the checks.
 """
 
 from __future__ import annotations
-
-import math
-from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxmoe import losses, permutation
+from jaxmoe import permutation
 from jaxmoe.config import MoEConfig
-from jaxmoe.experts import routed_experts, shared_expert
+from jaxmoe.experts import routed_experts
+from jaxmoe.parallel.sharded import moe_sharded
 from jaxmoe.params import check_params
-from jaxmoe.router import Routing, route, router_logits
-
-
-class MoEStats(NamedTuple):
-    """What a layer reports besides its output (a pytree; every field a scalar but one).
-
-    Attributes:
-      aux_loss: ``aux_loss_coef * load_balancing_loss + seq_aux_loss_coef * seq_aux_loss
-        + z_loss_coef * z_loss``: add it to the training loss.
-      load_balancing_loss: unweighted, float32 (1.0 at perfect balance).
-      seq_aux_loss: unweighted, float32.
-      z_loss: unweighted, float32.
-      tokens_per_expert: ``[E]`` int32 assignments routed to each expert over the whole batch,
-        before any drop (feed it to ``update_expert_bias``).
-      dropped_tokens: int32, assignments dropped by a capacity or a receive-buffer bound.
-    """
-
-    aux_loss: jax.Array
-    load_balancing_loss: jax.Array
-    seq_aux_loss: jax.Array
-    z_loss: jax.Array
-    tokens_per_expert: jax.Array
-    dropped_tokens: jax.Array
+from jaxmoe.router import Routing
+from jaxmoe.stages import ExpertsResult, MoEStats, moe_body, resolve_alignment
 
 
 def check_inputs(params, x, cfg: MoEConfig) -> None:
@@ -60,58 +37,17 @@ def check_inputs(params, x, cfg: MoEConfig) -> None:
     check_params(params, cfg)
 
 
-def num_sequences(shape: tuple[int, ...]) -> int:
-    """B for ``x`` of shape ``[*B, S, H]``; a 2-D (or 1-D) ``x`` is one sequence."""
-    return math.prod(shape[:-2]) if len(shape) >= 3 else 1
+def local_experts_step(params, cfg: MoEConfig):
+    """The experts step of one device: dispatch -> grouped-matmul experts -> combine."""
 
-
-def resolve_alignment(cfg: MoEConfig) -> int:
-    """``cfg.alignment``, or 128 on GPU (the grouped matmul's row tile) and 1 elsewhere."""
-    if cfg.alignment is not None:
-        return cfg.alignment
-    return 128 if jax.default_backend() == "gpu" else 1
-
-
-def route_tokens(params, tokens: jax.Array, cfg: MoEConfig, sequences: int):
-    """Router logits, routing and loss partial sums for ``tokens[T, H]`` (T = sequences * S)."""
-    logits = router_logits(tokens, params["router"]["kernel"])
-    routing = route(logits, cfg, params.get("expert_bias"))
-    terms = losses.loss_terms(logits, routing.scores, routing.experts, sequences)
-    return routing, terms
-
-
-def finish_stats(terms: losses.LossTerms, tokens_per_expert, dropped, cfg: MoEConfig) -> MoEStats:
-    """Turns (globally summed) loss terms and counts into :class:`MoEStats`."""
-    load_balancing, seq_aux, z_loss = losses.finish_losses(terms, cfg.num_experts, cfg.top_k)
-    aux = (
-        cfg.aux_loss_coef * load_balancing
-        + cfg.seq_aux_loss_coef * seq_aux
-        + cfg.z_loss_coef * z_loss
-    )
-    return MoEStats(
-        aux_loss=aux.astype(jnp.float32),
-        load_balancing_loss=load_balancing.astype(jnp.float32),
-        seq_aux_loss=seq_aux.astype(jnp.float32),
-        z_loss=z_loss.astype(jnp.float32),
-        tokens_per_expert=tokens_per_expert.astype(jnp.int32),
-        dropped_tokens=jnp.asarray(dropped, jnp.int32),
-    )
-
-
-def moe_local(params, x: jax.Array, cfg: MoEConfig) -> tuple[jax.Array, MoEStats]:
-    """The layer on one device (or one data shard): no collectives. See :func:`moe`."""
-    with jax.named_scope("jaxmoe"):
-        tokens = x.reshape(-1, cfg.hidden_size)
-        with jax.named_scope("router"):
-            routing, terms = route_tokens(params, tokens, cfg, num_sequences(x.shape))
-        compute = tokens.astype(cfg.dtype)
+    def step(tokens: jax.Array, routing: Routing) -> ExpertsResult:
         with jax.named_scope("permute"):
             alignment = resolve_alignment(cfg)
             capacity = cfg.capacity(tokens.shape[0])
             plan = permutation.plan_dispatch(
                 routing.experts, cfg.num_experts, alignment=alignment, capacity=capacity
             )
-            buffer = permutation.dispatch(compute, plan)
+            buffer = permutation.dispatch(tokens, plan)
         with jax.named_scope("experts"):
             expert_out = routed_experts(
                 buffer,
@@ -123,11 +59,14 @@ def moe_local(params, x: jax.Array, cfg: MoEConfig) -> tuple[jax.Array, MoEStats
             )
         with jax.named_scope("combine"):
             out = permutation.combine(expert_out, routing.weights, plan)
-        if cfg.num_shared_experts:
-            with jax.named_scope("shared_expert"):
-                out = out + shared_expert(compute, params["shared"], cfg.activation)
-        stats = finish_stats(terms, plan.tokens_per_expert, plan.dropped, cfg)
-    return out.astype(x.dtype).reshape(x.shape), stats
+        return ExpertsResult(out, plan.tokens_per_expert, plan.dropped)
+
+    return step
+
+
+def moe_local(params, x: jax.Array, cfg: MoEConfig) -> tuple[jax.Array, MoEStats]:
+    """The layer on one device (or one data shard): no collectives. See :func:`moe`."""
+    return moe_body(params, x, cfg, local_experts_step(params, cfg))
 
 
 def moe(params, x: jax.Array, cfg: MoEConfig, *, mesh=None) -> tuple[jax.Array, MoEStats]:
@@ -164,8 +103,6 @@ def moe(params, x: jax.Array, cfg: MoEConfig, *, mesh=None) -> tuple[jax.Array, 
     """
     check_inputs(params, x, cfg)
     if mesh is not None:
-        from jaxmoe.parallel import moe_sharded  # imported lazily: single-device users skip it
-
         return moe_sharded(params, x, cfg, mesh)
     if cfg.ep_axis is not None:
         raise ValueError(

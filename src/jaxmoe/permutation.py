@@ -53,13 +53,14 @@ class DispatchPlan(NamedTuple):
         return self.row_assignment.shape[0]
 
 
-def _round_up(value, multiple):
+def round_up(value, multiple):
+    """The least multiple of ``multiple`` that is ``>= value`` (ints or int arrays)."""
     return (value + multiple - 1) // multiple * multiple
 
 
 def capacity_block_rows(capacity: int | None, alignment: int) -> int | None:
     """Rows of every expert block in capacity mode (``Cp``), or None when dropless."""
-    return None if capacity is None else _round_up(capacity, alignment)
+    return None if capacity is None else round_up(capacity, alignment)
 
 
 def buffer_rows(
@@ -70,7 +71,7 @@ def buffer_rows(
         return num_experts * capacity_block_rows(capacity, alignment)
     if alignment == 1:
         return num_assignments
-    return _round_up(num_assignments + num_experts * (alignment - 1), alignment)
+    return round_up(num_assignments + num_experts * (alignment - 1), alignment)
 
 
 def plan_dispatch(
@@ -97,10 +98,10 @@ def plan_dispatch(
     starts = jnp.cumsum(tokens_per_expert) - tokens_per_expert  # first sorted slot of each expert
     if capacity is None:
         kept = tokens_per_expert
-        group_sizes = _round_up(kept, alignment)
+        group_sizes = round_up(kept, alignment)
     else:
         kept = jnp.minimum(tokens_per_expert, capacity)
-        group_sizes = jnp.full((num_experts,), _round_up(capacity, alignment), jnp.int32)
+        group_sizes = jnp.full((num_experts,), round_up(capacity, alignment), jnp.int32)
     offsets = jnp.cumsum(group_sizes) - group_sizes  # first buffer row of each block
 
     # Buffer row -> assignment (a gather: row r of block e is that expert's (r - offset)-th copy).
@@ -134,6 +135,29 @@ def plan_dispatch(
 def _gather_rows(values: jax.Array, index: jax.Array) -> jax.Array:
     """``values[index]`` along axis 0, with zeros for out-of-range (sentinel) indices."""
     return jnp.take(values, index, axis=0, mode="fill", fill_value=0)
+
+
+@jax.custom_vjp
+def permute_rows(values: jax.Array, index: jax.Array, inverse: jax.Array) -> jax.Array:
+    """``out[i] = values[index[i]]`` (zeros for out-of-range ``index``), ``index`` injective.
+
+    ``inverse`` is the inverse map (``inverse[index[i]] = i``, out of range where no ``i``
+    maps there), so the VJP is a gather too: ``grad_values = grad_out[inverse]``. No
+    scatter-add in either direction, so gradients are deterministic.
+    """
+    return _gather_rows(values, index)
+
+
+def _permute_rows_fwd(values, index, inverse):
+    return _gather_rows(values, index), (index, inverse)
+
+
+def _permute_rows_bwd(residuals, grad_out):
+    index, inverse = residuals
+    return _gather_rows(grad_out, inverse), None, None
+
+
+permute_rows.defvjp(_permute_rows_fwd, _permute_rows_bwd)
 
 
 def _sum_copies(values: jax.Array, assignment_row: jax.Array, weights=None) -> jax.Array:

@@ -436,14 +436,18 @@ def _fullest_slot(params, x, cfg, mesh) -> int:
     jax = _jax()
     from jax.sharding import PartitionSpec as P
 
-    from jaxmoe import layer
-    from jaxmoe.parallel import all_expert_counts, batch_partition_spec, param_partition_specs
-    from jaxmoe.parallel.ep import fullest_slot
+    from jaxmoe import stages
+    from jaxmoe.parallel import (
+        all_expert_counts,
+        batch_partition_spec,
+        fullest_slot,
+        param_partition_specs,
+    )
 
     ep = mesh.shape["ep"]
 
     def body(params, x):
-        routing, _ = layer.route_tokens(params, x.reshape(-1, cfg.hidden_size), cfg, 1)
+        routing, _ = stages.route_tokens(params, x.reshape(-1, cfg.hidden_size), cfg, 1)
         counts = all_expert_counts(routing.experts, cfg.num_experts, "ep")
         return fullest_slot(counts, ep)[None]
 

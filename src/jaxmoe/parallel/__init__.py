@@ -5,26 +5,21 @@
 * :func:`ep_dispatch` / :func:`ep_combine`: the exchange-level API for use inside your own
   ``shard_map``; :func:`ep_apply_experts` wraps both around an expert function, with the
   dropless fast path.
+* :mod:`jaxmoe.parallel.layout`: the slot and receive-buffer arithmetic behind them.
 * :mod:`jaxmoe.parallel.exchange`: the exchange implementations (dense all-to-all, all-gather
   reference, ragged all-to-all).
 * :mod:`jaxmoe.parallel.sharding`: mesh checks, partition specs, logical axis rules.
 """
 
-from jaxmoe.parallel.ep import (
-    EPHandle,
-    all_expert_counts,
-    ep_apply_experts,
-    ep_combine,
-    ep_dispatch,
-    moe_sharded,
-    slot_rows,
-)
+from jaxmoe.parallel.dispatch import EPHandle, ep_apply_experts, ep_combine, ep_dispatch
 from jaxmoe.parallel.exchange import (
     EXCHANGE_NAMES,
     Exchange,
     default_exchange_name,
     resolve_exchange,
 )
+from jaxmoe.parallel.layout import all_expert_counts, fullest_slot, slot_rows
+from jaxmoe.parallel.sharded import moe_sharded
 from jaxmoe.parallel.sharding import (
     batch_partition_spec,
     check_mesh,
@@ -43,6 +38,7 @@ __all__ = [
     "ep_apply_experts",
     "ep_combine",
     "ep_dispatch",
+    "fullest_slot",
     "logical_axis_rules",
     "moe_sharded",
     "param_partition_specs",

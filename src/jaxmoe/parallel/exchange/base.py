@@ -14,7 +14,7 @@ cotangent with the sizes swapped (``send_sizes`` <-> ``recv_sizes``): :func:`exc
 wraps every implementation in that custom VJP. No implementation adds values (no scatter-add),
 so forward and backward are deterministic.
 
-``P`` (rows per slot) is a static bound chosen by :mod:`jaxmoe.parallel.ep`.
+``P`` (rows per slot) is a static bound chosen by :mod:`jaxmoe.parallel.layout`.
 """
 
 from __future__ import annotations
@@ -23,27 +23,6 @@ import abc
 import functools
 
 import jax
-
-
-def vary(value, axes):
-    """Marks ``value`` as varying over ``axes`` (``shard_map``'s type system), where it is not.
-
-    Custom VJPs (the grouped matmul's) must return cotangents of their inputs' type: a weight
-    replicated over the data axes gets a per-shard gradient, so it enters as varying, and the
-    transpose of this cast sums the gradient over those axes.
-    """
-    aval = jax.typeof(value) if hasattr(jax, "typeof") else None
-    vma = getattr(aval, "vma", None)  # jax 0.7-0.9 (and 0.11?) spell it .vma
-    if vma is None and hasattr(aval, "manual_axis_type"):  # jax 0.10
-        vma = aval.manual_axis_type.varying
-    if vma is None:  # pragma: no cover - jax without varying-axis types
-        return value
-    missing = tuple(axis for axis in axes if axis not in vma)
-    if not missing:
-        return value
-    if hasattr(jax.lax, "pcast"):
-        return jax.lax.pcast(value, missing, to="varying")
-    return jax.lax.pvary(value, missing)  # pragma: no cover - jax < 0.8.2
 
 
 class Exchange(abc.ABC):

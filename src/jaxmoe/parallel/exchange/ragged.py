@@ -15,7 +15,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from jaxmoe.parallel.exchange.base import Exchange, vary
+from jaxmoe.compat import vary
+from jaxmoe.parallel.exchange.base import Exchange
 
 UNSUPPORTED_PLATFORMS = ("cpu",)
 

@@ -1,0 +1,42 @@
+"""The few places where jax 0.10 and 0.11 (the versions jaxmoe supports) differ.
+
+Everything else in jaxmoe uses one spelling of the JAX API; the floor (``jax>=0.10`` in
+``pyproject.toml``) has ``jax.shard_map``, ``jax.typeof`` and ``jax.lax.pcast``.
+"""
+
+from __future__ import annotations
+
+import jax
+
+
+def varying_axes(value) -> frozenset | None:
+    """The mesh axes ``value`` varies over inside ``shard_map`` (``None`` outside one).
+
+    jax 0.11 spells it ``aval.vma``; jax 0.10 ``aval.manual_axis_type.varying``.
+    """
+    aval = jax.typeof(value)
+    vma = getattr(aval, "vma", None)
+    if vma is None and hasattr(aval, "manual_axis_type"):
+        vma = aval.manual_axis_type.varying
+    return None if vma is None else frozenset(vma)
+
+
+def vary(value, axes):
+    """Marks ``value`` as varying over ``axes`` (``shard_map``'s type system), where it is not.
+
+    Custom VJPs (the grouped matmul's) must return cotangents of their inputs' type: a weight
+    replicated over the data axes gets a per-shard gradient, so it enters as varying, and the
+    transpose of this cast sums the gradient over those axes.
+    """
+    vma = varying_axes(value)
+    if vma is None:
+        return value
+    missing = tuple(axis for axis in axes if axis not in vma)
+    if not missing:
+        return value
+    return jax.lax.pcast(value, missing, to="varying")
+
+
+def has_explicit_axes(mesh) -> bool:
+    """Whether ``mesh`` has an axis of type ``Explicit`` (``jax.make_mesh``'s default on 0.11)."""
+    return any(axis_type == jax.sharding.AxisType.Explicit for axis_type in mesh.axis_types)

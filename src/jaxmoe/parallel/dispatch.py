@@ -1,0 +1,351 @@
+r"""Expert parallelism, the exchange-level API: :func:`ep_dispatch`, :func:`ep_combine` and
+:func:`ep_apply_experts` (both around an expert function, with the dropless fast path).
+
+Experts are split over the mesh axis ``axis_name`` (``ep`` ranks, ``E_l = E / ep`` experts each,
+rank ``d`` owns experts ``[d*E_l, (d+1)*E_l)``). Each rank routes its own ``T`` tokens, then::
+
+    x[T, H] --permute--> send[ep, P, H] --exchange--> recv[ep, P, H] --sort--> buffer[R, H]
+       (slot d: my copies for rank d,      (slot s: rank s's copies       (expert-major blocks
+        expert-major, token order)          for my experts)                 for grouped_matmul)
+
+:func:`ep_combine` runs the same path backwards (gathers and the reverse exchange) and sums each
+token's K weighted outputs. Every step is a gather or a permutation, and every exchange's VJP is
+the reverse exchange, so gradients are deterministic (no scatter-add).
+
+Counts stay on the device: each rank's ``[E]`` counts are all-gathered over the ep axis (a tiny
+``[ep, E]`` int32 collective), and every rank derives the whole layout from them.
+
+**Order and drops.** Within an expert's block, copies come sender by sender in rank order, and
+in token order within a sender: the token order of the ep group, as on one device. Two bounds
+can drop copies, each counted in ``dropped`` (never silent):
+
+1. capacity ``C`` (per expert, over the ep group's tokens): an expert keeps its first ``C``
+   copies in that order;
+2. the slot bound ``P``: the rows one sender can put in one receiver's slot. Within a slot the
+   copies are ordered by expert then token; copies past the first ``P`` are dropped (the last
+   experts' last tokens of that sender).
+
+**Memory (receive buffer).** ``ep * P`` rows of ``H`` per rank (and as many to send), with
+
+* dropless (default): ``P = T*K``, so ``ep * T * K`` rows: the worst case, all copies of all
+  ranks to one rank;
+* ``receive_factor=f``: ``P = min(T*K, ceil(ceil(f*T*K) / ep))``, about ``f*T*K`` rows (e.g.
+  ``f = 1.25`` leaves 25% headroom over perfect balance);
+* capacity ``C``: ``P = min(T*K, E_l * min(T, C))`` (no extra drops), then the ``f`` bound if set.
+
+The expert-major ``buffer`` has ``R = ep*P + E_l*(alignment-1)`` rows rounded up to
+``alignment`` (dropless), or ``E_l * round_up(C, alignment)`` (capacity); past its blocks it holds
+zeros (NaN under ``JAXMOE_POISON``).
+
+References: Lepikhin et al. 2020 (GShard); Fedus et al. 2021 (Switch); DeepSeek-AI 2024
+(DeepSeek-V3); NVIDIA TransformerEngine ``ep_dispatch``/``ep_combine`` for the API shape.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from jaxmoe import debug, permutation
+from jaxmoe.parallel import layout
+from jaxmoe.parallel.exchange import Exchange, exchange_rows, resolve_exchange
+from jaxmoe.parallel.exchange.all_to_all_chunked import (
+    ChunkedAllToAllExchange,
+    default_chunk_rows,
+)
+
+
+@functools.partial(
+    jax.tree_util.register_dataclass,
+    data_fields=[
+        "send_plan",
+        "receive_index",
+        "receive_inverse",
+        "send_sizes",
+        "recv_sizes",
+        "tokens_per_expert",
+        "dropped",
+    ],
+    meta_fields=["exchange", "axis_name", "slot_rows"],
+)
+@dataclasses.dataclass(frozen=True)
+class EPHandle:
+    """What :func:`ep_combine` needs from :func:`ep_dispatch` (a pytree; int32 arrays).
+
+    Attributes:
+      send_plan: the :class:`~jaxmoe.permutation.DispatchPlan` of the send buffer
+        (``ep * P`` rows).
+      receive_index: ``[R]`` the receive row of each expert-buffer row (``ep*P`` = none).
+      receive_inverse: ``[ep*P]`` the expert-buffer row of each receive row (``R`` = none).
+      send_sizes: ``[ep]`` real rows this rank sends to each rank.
+      recv_sizes: ``[ep]`` real rows this rank receives from each rank.
+      tokens_per_expert: ``[E]`` this rank's copies per (global) expert, before any drop.
+      dropped: this rank's copies dropped by the capacity or the slot bound.
+      exchange, axis_name, slot_rows: static.
+    """
+
+    send_plan: permutation.DispatchPlan
+    receive_index: jax.Array
+    receive_inverse: jax.Array
+    send_sizes: jax.Array
+    recv_sizes: jax.Array
+    tokens_per_expert: jax.Array
+    dropped: jax.Array
+    exchange: Exchange
+    axis_name: object
+    slot_rows: int
+
+
+def ep_dispatch(
+    x: jax.Array,
+    routing_experts: jax.Array,
+    *,
+    num_experts: int,
+    axis_name,
+    exchange: str | Exchange | None = None,
+    capacity: int | None = None,
+    receive_factor: float | None = None,
+    alignment: int = 1,
+    all_counts: jax.Array | None = None,
+) -> tuple[jax.Array, jax.Array, EPHandle]:
+    r"""Sends each token copy to the rank owning its expert; returns my experts' rows.
+
+    Call inside ``jax.shard_map`` (or any SPMD context) where ``axis_name`` is the
+    expert-parallel axis; rank ``d`` owns experts ``[d*E_l, (d+1)*E_l)``, ``E_l = E / ep``.
+    Equivalent to gathering every rank's tokens and running
+    :func:`jaxmoe.permutation.dispatch` for my experts only, in the token order of the ep group
+    (rank-major). Drops and buffer sizes are described in the module docstring; the receive
+    buffer holds ``ep * P`` rows, ``P = T*K`` when dropless.
+
+    Differentiable in ``x``: the VJP gathers the cotangent back through the reverse exchange and
+    sums each token's K copies (equal to :func:`ep_combine` with unit weights).
+
+    Args:
+      x: ``[T, H]`` this rank's tokens.
+      routing_experts: ``[T, K]`` int32 global expert ids (distinct within a row).
+      num_experts: E, divisible by the size of ``axis_name``.
+      axis_name: the expert-parallel mesh axis.
+      exchange: ``None`` (platform default), ``"all_to_all"``, ``"all_to_all_chunked"``,
+        ``"all_gather"``, ``"ragged_all_to_all"`` or an
+        :class:`~jaxmoe.parallel.exchange.Exchange`.
+      capacity: per-expert capacity ``C`` over the ep group's ``ep*T`` tokens (``None`` =
+        dropless); blocks then have ``round_up(C, alignment)`` rows each.
+      receive_factor: bound on the receive buffer, about ``receive_factor * T * K`` rows.
+      alignment: pad each expert block to a multiple of this many rows.
+      all_counts: ``[ep, E]`` int32, every rank's copies per expert, if the caller already
+        gathered them with :func:`all_expert_counts` (saves that small collective).
+
+    Returns:
+      ``(buffer [R, H], group_sizes [E_l] int32, handle)``: ``buffer`` is ready for
+      ``grouped_matmul(buffer, w_local, group_sizes)``; pass ``handle`` to :func:`ep_combine`.
+
+    Example::
+
+      def body(x, experts, weights, w_local):  # inside shard_map over "ep"
+          buffer, sizes, handle = ep_dispatch(x, experts, num_experts=E, axis_name="ep")
+          y = grouped_matmul(buffer, w_local, sizes)
+          return ep_combine(y, weights, handle, "ep")
+    """
+    impl = resolve_exchange(exchange)
+    num_tokens, top_k = routing_experts.shape
+    ep = jax.lax.axis_size(axis_name)
+    if num_experts % ep:
+        raise ValueError(
+            f"ep_dispatch: `num_experts` ({num_experts}) must be divisible by the size of "
+            f"axis {axis_name!r} ({ep})."
+        )
+    if x.ndim != 2 or x.shape[0] != num_tokens:
+        raise ValueError(
+            f"ep_dispatch: `x` must be [T, H] with T = routing_experts.shape[0] ({num_tokens}); "
+            f"got {x.shape}."
+        )
+    num_local = num_experts // ep
+    rows = layout.slot_rows(
+        num_tokens, top_k, ep, num_local, capacity=capacity, receive_factor=receive_factor
+    )
+    if isinstance(impl, ChunkedAllToAllExchange) and impl.chunk_rows is None:
+        impl = ChunkedAllToAllExchange(default_chunk_rows(num_tokens * top_k, ep, rows))
+    block_rows = permutation.capacity_block_rows(capacity, alignment)
+    me = jax.lax.axis_index(axis_name)
+
+    flat_experts = routing_experts.reshape(-1).astype(jnp.int32)
+    if all_counts is None:
+        all_counts = layout.all_expert_counts(routing_experts, num_experts, axis_name)
+    counts = jax.lax.dynamic_index_in_dim(all_counts, me, axis=0, keepdims=False)
+    kept, offset = layout.slot_layout(all_counts, num_local, capacity, rows)
+    kept_mine = jax.lax.dynamic_index_in_dim(kept, me, axis=0, keepdims=False)  # [ep (d), E_l]
+    offset_mine = jax.lax.dynamic_index_in_dim(offset, me, axis=0, keepdims=False)
+    kept_here = jax.lax.dynamic_index_in_dim(kept, me, axis=1, keepdims=False)  # [ep (s), E_l]
+    offset_here = jax.lax.dynamic_index_in_dim(offset, me, axis=1, keepdims=False)
+    send_sizes = jnp.sum(kept_mine, axis=1)
+    recv_sizes = jnp.sum(kept_here, axis=1)
+
+    send_plan = layout.send_plan(flat_experts, counts, kept_mine, offset_mine, rows, top_k)
+    send = permutation.dispatch(x, send_plan).reshape(ep, rows, x.shape[1])
+    recv = exchange_rows(impl, send, send_sizes, recv_sizes, axis_name)
+    recv = debug.poison_rows(recv, recv_sizes)
+    receive_index, receive_inverse, group_sizes = layout.receive_plan(
+        kept_here, offset_here, rows, alignment, block_rows
+    )
+    buffer = permutation.permute_rows(recv.reshape(ep * rows, -1), receive_index, receive_inverse)
+    buffer = debug.poison_rows(buffer, jnp.sum(group_sizes))
+    handle = EPHandle(
+        send_plan=send_plan,
+        receive_index=receive_index,
+        receive_inverse=receive_inverse,
+        send_sizes=send_sizes,
+        recv_sizes=recv_sizes,
+        tokens_per_expert=counts,
+        dropped=send_plan.dropped,
+        exchange=impl,
+        axis_name=axis_name,
+        slot_rows=rows,
+    )
+    return buffer, group_sizes, handle
+
+
+def ep_combine(
+    expert_out: jax.Array, weights: jax.Array, handle: EPHandle, axis_name=None
+) -> jax.Array:
+    r"""Returns each token's weighted expert outputs: ``y[t] = sum_j w[t,j] * out(copy t,j)``.
+
+    The inverse path of :func:`ep_dispatch` (sort back, reverse exchange, gather and sum the K
+    copies in float32). Dropped copies contribute zero. Differentiable in ``expert_out`` (VJP:
+    the weighted dispatch of the cotangent) and ``weights``.
+
+    Args:
+      expert_out: ``[R, H]`` expert outputs in the layout of ``ep_dispatch``'s buffer.
+      weights: ``[T, K]`` combine weights.
+      handle: from :func:`ep_dispatch`.
+      axis_name: optional; must match the dispatch's axis.
+
+    Returns:
+      ``[T, H]`` float32.
+    """
+    if axis_name is not None and axis_name != handle.axis_name:
+        raise ValueError(
+            f"ep_combine: `axis_name` {axis_name!r} differs from the dispatch's "
+            f"{handle.axis_name!r}."
+        )
+    ep, rows = handle.send_sizes.shape[0], handle.slot_rows
+    recv = permutation.permute_rows(expert_out, handle.receive_inverse, handle.receive_index)
+    recv = recv.reshape(ep, rows, expert_out.shape[-1])
+    back = exchange_rows(
+        handle.exchange, recv, handle.recv_sizes, handle.send_sizes, handle.axis_name
+    )
+    back = debug.poison_rows(back, handle.send_sizes)
+    return permutation.combine(back.reshape(ep * rows, -1), weights, handle.send_plan)
+
+
+def ep_apply_experts(
+    x: jax.Array,
+    routing_experts: jax.Array,
+    routing_weights: jax.Array,
+    expert_fn,
+    expert_params,
+    *,
+    num_experts: int,
+    axis_name,
+    exchange: str | Exchange | None = None,
+    capacity: int | None = None,
+    receive_factor: float | None = None,
+    fast_slot_factor: float | None = 1.125,
+    alignment: int = 1,
+    num_chunks: int = 1,
+):
+    r""":func:`ep_dispatch`, ``expert_fn``, :func:`ep_combine`: dropless at bounded cost.
+
+    Dropless (``capacity`` and ``receive_factor`` None) slots must hold ``T*K`` rows for the
+    worst case, all copies to one rank: ``ep`` times the balanced share, on the wire and in
+    every buffer. With ``fast_slot_factor=f`` the whole dispatch-experts-combine runs on slots
+    of ``P_fast = ceil(f*T*K/ep)`` rows whenever the fullest (sender, receiver) slot of the ep
+    group fits them, and on worst-case slots otherwise::
+
+        fits = max_{s,d} copies(s -> d) <= P_fast      (from the all-gathered [ep, E] counts)
+        y = lax.cond(fits, path(P_fast), checkpoint(path(T*K)))
+
+    Every rank computes ``fits`` from the same counts, so all ranks take the same branch and
+    enter the same collectives; no host sync. Both branches are exact and drop nothing. The
+    worst-case branch is rematerialized in backward, so its activations are not kept (``lax.cond``
+    keeps the residuals of both branches). With a bound (``capacity`` or ``receive_factor``)
+    there is one path, which drops and counts what overflows.
+
+    Args:
+      x, routing_experts: as for :func:`ep_dispatch`.
+      routing_weights: ``[T, K]`` combine weights, as for :func:`ep_combine`.
+      expert_fn: ``expert_fn(buffer [R, H], group_sizes [E_l], expert_params) -> [R, H']``.
+      expert_params: a pytree passed to ``expert_fn`` (e.g. the local expert weights).
+      fast_slot_factor: ``f`` above (None: always the worst-case slots).
+      num_chunks: split the ``T`` tokens into this many equal chunks, each its own dispatch,
+        experts and combine (slots sized per chunk; the fast path needs every chunk to fit),
+        so that the scheduler may overlap one chunk's exchange with another's matmuls.
+        Needs ``capacity=None``.
+      Others: as for :func:`ep_dispatch`.
+
+    Returns:
+      ``(y [T, H'] float32, tokens_per_expert [E] int32 (this rank's copies), dropped int32)``.
+    """
+    ep = jax.lax.axis_size(axis_name)
+    num_tokens, top_k = routing_experts.shape
+    if not isinstance(num_chunks, int) or num_chunks < 1 or num_tokens % num_chunks:
+        raise ValueError(
+            f"ep_apply_experts: `num_chunks` ({num_chunks!r}) must be a positive int dividing "
+            f"the tokens per rank ({num_tokens})."
+        )
+    if num_chunks > 1 and capacity is not None:
+        raise ValueError(
+            "ep_apply_experts: `num_chunks` > 1 needs capacity=None (a capacity counts the "
+            "copies of all tokens, chunks would count each chunk's)."
+        )
+    chunk_tokens = num_tokens // num_chunks
+    # [chunks, ep, E]: each chunk's counts on every rank (one all-gather for all chunks).
+    all_counts = layout.all_expert_counts(routing_experts, num_experts, axis_name, num_chunks)
+    all_counts = all_counts.reshape(num_chunks, ep, num_experts)
+
+    def path(factor, operands):
+        x, routing_experts, routing_weights, expert_params, all_counts = operands
+        ys, tokens_per_expert, dropped = [], 0, 0
+        # Separate chunks are independent exchanges and matmuls: XLA's latency-hiding scheduler
+        # (--xla_gpu_enable_latency_hiding_scheduler=true) can run one chunk's all-to-all
+        # under another chunk's expert matmuls.
+        for chunk in range(num_chunks):
+            rows = slice(chunk * chunk_tokens, (chunk + 1) * chunk_tokens)
+            with jax.named_scope("ep_dispatch"):
+                buffer, group_sizes, handle = ep_dispatch(
+                    x[rows],
+                    routing_experts[rows],
+                    num_experts=num_experts,
+                    axis_name=axis_name,
+                    exchange=exchange,
+                    capacity=capacity,
+                    receive_factor=factor,
+                    alignment=alignment,
+                    all_counts=all_counts[chunk],
+                )
+            with jax.named_scope("experts"):
+                expert_out = expert_fn(buffer, group_sizes, expert_params)
+            with jax.named_scope("ep_combine"):
+                ys.append(ep_combine(expert_out, routing_weights[rows], handle))
+            tokens_per_expert = tokens_per_expert + handle.tokens_per_expert
+            dropped = dropped + handle.dropped
+        y = ys[0] if num_chunks == 1 else jnp.concatenate(ys, axis=0)
+        return y, tokens_per_expert, dropped
+
+    operands = (x, routing_experts, routing_weights, expert_params, all_counts)
+    fast_rows = None
+    if capacity is None and receive_factor is None and num_experts % ep == 0:
+        fast_rows = layout.fast_slot_rows(
+            chunk_tokens, top_k, ep, num_experts // ep, fast_slot_factor
+        )
+    if fast_rows is None:
+        return path(receive_factor, operands)
+    fits = layout.fullest_slot(all_counts.reshape(num_chunks * ep, num_experts), ep) <= fast_rows
+    return jax.lax.cond(
+        fits,
+        functools.partial(path, fast_slot_factor),
+        jax.checkpoint(functools.partial(path, None)),
+        operands,
+    )

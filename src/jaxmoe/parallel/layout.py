@@ -1,0 +1,173 @@
+r"""Expert-parallel layout maths: slot sizes and the send/receive orders of every copy.
+
+Every rank derives the whole layout from the all-gathered ``[ep, E]`` counts
+(:func:`all_expert_counts`), so all ranks agree on it without another collective. The layout
+itself is described in :mod:`jaxmoe.parallel.dispatch`; this module holds its arithmetic:
+
+* :func:`slot_rows` / :func:`fast_slot_rows`: ``P``, the static rows per (sender, receiver) slot;
+* :func:`slot_layout`: the copies kept in each slot and where they start;
+* :func:`send_plan`: my send buffer ``[ep*P]`` as a :class:`~jaxmoe.permutation.DispatchPlan`;
+* :func:`receive_plan`: the sort of my receive buffer into expert-major blocks.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+
+from jaxmoe import permutation
+
+
+def slot_rows(
+    num_tokens: int,
+    top_k: int,
+    ep: int,
+    num_local_experts: int,
+    *,
+    capacity: int | None = None,
+    receive_factor: float | None = None,
+) -> int:
+    """``P``, the static rows per (sender, receiver) slot (see the module docstring)."""
+    rows = num_tokens * top_k
+    if capacity is not None:
+        rows = min(rows, num_local_experts * min(num_tokens, capacity))
+    if receive_factor is not None:
+        rows = min(rows, math.ceil(math.ceil(receive_factor * num_tokens * top_k) / ep))
+    return max(rows, 1)
+
+
+def fast_slot_rows(
+    num_tokens: int, top_k: int, ep: int, num_local_experts: int, factor: float | None
+) -> int | None:
+    """Slot rows of the dropless fast path (``ceil(factor * T*K / ep)``), or None where that
+    saves nothing (it would hold ``T*K`` rows, the worst case, anyway) or ``factor`` is None."""
+    if factor is None:
+        return None
+    rows = slot_rows(num_tokens, top_k, ep, num_local_experts, receive_factor=factor)
+    return rows if rows < num_tokens * top_k else None
+
+
+def slot_layout(all_counts, num_local_experts: int, capacity: int | None, rows: int):
+    """Kept copies and their positions, for every (sender s, receiver d, local expert e).
+
+    Returns ``(kept, slot_offset)``, both ``[ep, ep, E_l]`` int32: sender ``s``'s copies of
+    expert ``d*E_l + e`` that survive both bounds, and where they start in slot ``(s, d)``.
+    """
+    ep = all_counts.shape[0]
+    if capacity is not None:
+        # Copies of earlier ranks come first (token order of the ep group).
+        before = jnp.cumsum(all_counts, axis=0) - all_counts
+        all_counts = jnp.clip(capacity - before, 0, all_counts)
+    per_slot = all_counts.reshape(ep, ep, num_local_experts)
+    slot_offset = jnp.cumsum(per_slot, axis=-1) - per_slot
+    kept = jnp.clip(rows - slot_offset, 0, per_slot)
+    return kept.astype(jnp.int32), slot_offset.astype(jnp.int32)
+
+
+def send_plan(flat_experts, counts, kept_mine, offset_mine, rows: int, top_k: int):
+    """The :class:`DispatchPlan` of my send buffer ``[ep*P]`` (slot-major, expert, token)."""
+    ep, num_local = kept_mine.shape
+    num_assignments = flat_experts.shape[0]
+    kept_flat, offset_flat = kept_mine.reshape(-1), offset_mine.reshape(-1)
+    order = jnp.argsort(flat_experts, stable=True).astype(jnp.int32)  # sorted slot -> assignment
+    starts = jnp.cumsum(counts) - counts
+    sorted_experts = flat_experts[order]
+    rank = jnp.arange(num_assignments, dtype=jnp.int32) - starts[sorted_experts]
+    sorted_row = jnp.where(
+        rank < kept_flat[sorted_experts],
+        (sorted_experts // num_local) * rows + offset_flat[sorted_experts] + rank,
+        ep * rows,
+    )
+    assignment_row = (
+        jnp.zeros((num_assignments,), jnp.int32).at[order].set(sorted_row, unique_indices=True)
+    )
+    # Send row -> assignment: find the expert block of the slot position, then its copy.
+    send_rows = jnp.arange(ep * rows, dtype=jnp.int32)
+    dest, position = send_rows // rows, send_rows % rows
+    ends = (offset_mine + kept_mine)[dest]  # [ep*P, E_l]
+    local = jnp.minimum(jnp.sum(ends <= position[:, None], axis=1), num_local - 1)
+    expert = dest * num_local + local
+    real = position < jnp.sum(kept_mine, axis=1)[dest]
+    slot = jnp.clip(starts[expert] + position - offset_flat[expert], 0, num_assignments - 1)
+    row_assignment = jnp.where(real, order[slot], num_assignments).astype(jnp.int32)
+    return permutation.DispatchPlan(
+        row_assignment=row_assignment,
+        assignment_row=assignment_row.reshape(-1, top_k),
+        group_sizes=jnp.full((ep,), rows, jnp.int32),
+        tokens_per_expert=counts,
+        dropped=(num_assignments - jnp.sum(kept_mine)).astype(jnp.int32),
+    )
+
+
+def receive_plan(kept_here, offset_here, rows: int, alignment: int, block_rows: int | None):
+    """Sorting of the receive buffer ``[ep*P]`` into expert-major blocks.
+
+    ``kept_here``/``offset_here`` are ``[ep (sender), E_l]``. Returns ``(receive_index [R],
+    receive_inverse [ep*P], group_sizes [E_l])``.
+    """
+    ep, num_local = kept_here.shape
+    block_sizes = jnp.sum(kept_here, axis=0)  # [E_l] copies per local expert
+    if block_rows is not None:
+        group_sizes = jnp.full((num_local,), block_rows, jnp.int32)
+    else:
+        group_sizes = permutation.round_up(block_sizes, alignment).astype(jnp.int32)
+    # The same static bound as on one device, for ep*P received rows (block_rows is aligned).
+    num_rows = permutation.buffer_rows(ep * rows, num_local, alignment, block_rows)
+    block_ends = jnp.cumsum(group_sizes)
+    block_starts = block_ends - group_sizes
+    sender_ends = jnp.cumsum(kept_here, axis=0)  # [ep, E_l]
+    sender_starts = sender_ends - kept_here  # where sender s's copies start inside block e
+
+    # Expert row -> receive row.
+    expert_rows = jnp.arange(num_rows, dtype=jnp.int32)
+    expert = jnp.minimum(
+        jnp.searchsorted(block_ends, expert_rows, side="right"), num_local - 1
+    ).astype(jnp.int32)
+    in_block = expert_rows - block_starts[expert]
+    real = (in_block < block_sizes[expert]) & (expert_rows < block_ends[-1])
+    sender = jnp.minimum(
+        jnp.sum(sender_ends.T[expert] <= in_block[:, None], axis=1), ep - 1
+    ).astype(jnp.int32)
+    source = sender * rows + offset_here[sender, expert] + in_block - sender_starts[sender, expert]
+    receive_index = jnp.where(real, source, ep * rows).astype(jnp.int32)
+
+    # Receive row -> expert row (the inverse permutation).
+    recv_rows = jnp.arange(ep * rows, dtype=jnp.int32)
+    sender, position = recv_rows // rows, recv_rows % rows
+    local = jnp.minimum(
+        jnp.sum((offset_here + kept_here)[sender] <= position[:, None], axis=1), num_local - 1
+    ).astype(jnp.int32)
+    real = position < jnp.sum(kept_here, axis=1)[sender]
+    dest = (
+        block_starts[local] + sender_starts[sender, local] + position - offset_here[sender, local]
+    )
+    receive_inverse = jnp.where(real, dest, num_rows).astype(jnp.int32)
+    return receive_index, receive_inverse, group_sizes
+
+
+def all_expert_counts(
+    routing_experts: jax.Array, num_experts: int, axis_name, num_chunks: int = 1
+) -> jax.Array:
+    """``[ep, E]`` int32: row ``s`` = rank ``s``'s copies per expert (one small all-gather).
+
+    With ``num_chunks > 1`` the rows of ``routing_experts`` are cut into that many equal
+    chunks and the result is ``[num_chunks, ep, E]``, one count matrix per chunk.
+    """
+    per_chunk = routing_experts.reshape(num_chunks, -1).astype(jnp.int32)
+    counts = jnp.sum(
+        per_chunk[:, :, None] == jnp.arange(num_experts, dtype=jnp.int32)[None, None, :],
+        axis=1,
+        dtype=jnp.int32,
+    )  # [chunks, E]
+    gathered = jnp.swapaxes(jax.lax.all_gather(counts, axis_name), 0, 1)  # [chunks, ep, E]
+    return gathered[0] if num_chunks == 1 else gathered
+
+
+def fullest_slot(all_counts: jax.Array, ep: int) -> jax.Array:
+    """The most copies any rank sends any rank (int32; the same value on every rank).
+
+    ``all_counts`` is ``[..., ep, E]`` (leading dims, e.g. chunks, are maxed over too).
+    """
+    return jnp.max(jnp.sum(all_counts.reshape(-1, ep, ep, all_counts.shape[-1] // ep), axis=-1))

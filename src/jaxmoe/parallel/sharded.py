@@ -1,0 +1,140 @@
+"""The sharded layer: :func:`jaxmoe.moe` with a mesh, as :func:`jaxmoe.stages.moe_body` per shard
+inside ``jax.shard_map``, its experts step being :func:`~jaxmoe.parallel.ep_apply_experts`.
+
+Experts are split over ``cfg.ep_axis`` and the batch over ``(*cfg.data_axes, cfg.ep_axis)``;
+expert weights may also be FSDP-sharded over the data axes (all-gathered here, their gradient
+reduce-scattered by the transpose).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import jax
+
+from jaxmoe import compat
+from jaxmoe.config import MoEConfig
+from jaxmoe.experts import routed_experts
+from jaxmoe.ops.grouped_matmul import default_backend_name, resolve_backend
+from jaxmoe.parallel import sharding
+from jaxmoe.parallel.dispatch import ep_apply_experts
+from jaxmoe.parallel.exchange import resolve_exchange
+from jaxmoe.router import Routing
+from jaxmoe.stages import ExpertsResult, MoEStats, moe_body, resolve_alignment
+
+
+def gather_fsdp(expert_params: dict, specs: dict, axes) -> dict:
+    """All-gathers FSDP-sharded expert weights over their data axes (transpose: reduce-scatter)."""
+    out = {}
+    for name, value in expert_params.items():
+        for dim, dim_axes in enumerate(specs[name]):
+            if dim > 0 and dim_axes is not None:
+                value = jax.lax.all_gather(value, dim_axes, axis=dim, tiled=True)
+        out[name] = compat.vary(value, axes)
+    return out
+
+
+def sharded_experts_step(params, cfg: MoEConfig, expert_specs: dict, group_tokens: int):
+    """The experts step of one shard: dispatch -> exchange -> experts -> exchange -> combine."""
+    axes = sharding.batch_axes(cfg)
+
+    def experts_fn(buffer, group_sizes, weights):
+        return routed_experts(
+            buffer, group_sizes, weights, cfg.activation, cfg.grouped_matmul_backend
+        )
+
+    def step(tokens: jax.Array, routing: Routing) -> ExpertsResult:
+        with jax.named_scope("experts"):
+            weights = gather_fsdp(params["experts"], expert_specs, axes)
+        return ExpertsResult(
+            *ep_apply_experts(
+                tokens,
+                routing.experts,
+                routing.weights,
+                experts_fn,
+                weights,
+                num_experts=cfg.num_experts,
+                axis_name=cfg.ep_axis,
+                exchange=cfg.ep_exchange,
+                capacity=cfg.capacity(group_tokens),
+                receive_factor=cfg.ep_receive_factor,
+                fast_slot_factor=cfg.ep_fast_slot_factor,
+                alignment=resolve_alignment(cfg),
+                num_chunks=cfg.ep_chunks,
+            )
+        )
+
+    return step
+
+
+def _moe_shard(params, x, *, cfg: MoEConfig, expert_specs: dict, group_tokens: int):
+    axes = sharding.batch_axes(cfg)
+
+    def psum_stats(terms, tokens_per_expert, dropped):
+        return jax.tree.map(
+            lambda value: jax.lax.psum(value, axes), (terms, tokens_per_expert, dropped)
+        )
+
+    step = sharded_experts_step(params, cfg, expert_specs, group_tokens)
+    return moe_body(params, x, cfg, step, psum_stats)
+
+
+def moe_sharded(params, x: jax.Array, cfg: MoEConfig, mesh) -> tuple[jax.Array, MoEStats]:
+    """:func:`jaxmoe.moe` with experts over ``cfg.ep_axis`` and the batch over
+    ``(*cfg.data_axes, cfg.ep_axis)`` of ``mesh``: the single-device result, sharded.
+
+    Capacity (``cfg.capacity_factor``) counts the tokens of one data shard (the ep group):
+    with ``data_axes`` the result equals :func:`jaxmoe.moe` run on each data shard separately.
+    Losses and ``tokens_per_expert`` are over the global batch; ``dropped_tokens`` sums the
+    capacity and receive-bound drops of every rank. Memory: :mod:`jaxmoe.parallel.dispatch`.
+
+    Raises:
+      ValueError: the mesh lacks ``cfg.ep_axis`` or a data axis, ``num_experts`` is not
+        divisible by the ep size, or the batch not by the product of the sharding axes.
+      NotImplementedError: ``cfg.ep_exchange`` cannot run on this platform.
+    """
+    sharding.check_mesh(cfg, mesh, tuple(x.shape))
+    platform = mesh.devices.flat[0].platform
+    resolve_exchange(cfg.ep_exchange, platform)  # raise before tracing
+    ep = sharding.mesh_axis_size(mesh, cfg.ep_axis)
+    shards = sharding.mesh_axis_size(mesh, sharding.batch_axes(cfg))
+    local_tokens = math.prod(x.shape[:-1]) // shards
+    if cfg.ep_chunks > 1 and local_tokens % cfg.ep_chunks:
+        raise ValueError(
+            f"MoEConfig.ep_chunks ({cfg.ep_chunks}) must divide the tokens per device "
+            f"({local_tokens} = {math.prod(x.shape[:-1])} tokens / {shards} shards). Pick a "
+            "divisor, or 1."
+        )
+    param_specs = sharding.param_partition_specs(cfg)
+    param_specs = {key: param_specs[key] for key in params}
+    x_spec = sharding.batch_partition_spec(cfg, x.ndim)
+    stats_specs = MoEStats(*([jax.sharding.PartitionSpec()] * len(MoEStats._fields)))
+    body = functools.partial(
+        _moe_shard,
+        cfg=cfg,
+        expert_specs=param_specs["experts"],
+        group_tokens=local_tokens * ep,
+    )
+    # Pallas kernels cannot declare how their outputs vary over the mesh, so a layer using one
+    # runs with shard_map's check off.
+    backend = cfg.grouped_matmul_backend
+    if backend is None or backend == "auto":
+        backend = default_backend_name(platform)
+    backend = resolve_backend(backend)
+    if compat.has_explicit_axes(mesh):
+        # An Explicit-axes mesh (jax.make_mesh's default on recent jax) makes shard_map demand
+        # inputs already laid out as in_specs: lay them out (a no-op when they already are).
+        params, x = jax.tree.map(
+            lambda value, spec: jax.device_put(value, jax.sharding.NamedSharding(mesh, spec)),
+            (params, x),
+            (param_specs, x_spec),
+            is_leaf=lambda node: isinstance(node, jax.sharding.PartitionSpec),
+        )
+    return jax.shard_map(
+        body,
+        mesh=mesh,
+        in_specs=(param_specs, x_spec),
+        out_specs=(x_spec, stats_specs),
+        check_vma=backend.supports_check_vma,
+    )(params, x)

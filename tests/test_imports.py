@@ -1,0 +1,120 @@
+"""The package's imports form no cycle: every module under ``src/jaxmoe``, module-level and
+function-level imports alike, read with ``ast`` (nothing is imported to find them)."""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+
+import jaxmoe
+
+PACKAGE_ROOT = pathlib.Path(jaxmoe.__file__).parent
+
+
+def module_files(root: pathlib.Path) -> dict[str, pathlib.Path]:
+    """Dotted module name -> file, for every ``.py`` file under the package ``root``."""
+    modules = {}
+    for path in root.rglob("*.py"):
+        parts = (root.name, *path.relative_to(root).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        modules[".".join(parts)] = path
+    return modules
+
+
+def _imported_names(tree: ast.AST, module: str, is_package: bool):
+    """Dotted names each import statement of ``module`` may load (a module, or a module's
+    attribute, resolved later), relative imports made absolute."""
+    package = module if is_package else module.rpartition(".")[0]
+    for node in ast.walk(tree):  # ast.walk reaches imports inside functions too
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield alias.name
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, *([base] if base else [])])
+            yield base
+            for alias in node.names:
+                yield f"{base}.{alias.name}"
+
+
+def import_graph(root: pathlib.Path) -> dict[str, set[str]]:
+    """Module -> the package's modules that importing it runs first.
+
+    Importing ``a.b.c`` runs ``a/__init__`` and ``a/b/__init__`` too: those parent packages
+    count, except the importer's own ancestors (already running when it is imported).
+    """
+    modules = module_files(root)
+    graph = {}
+    for module, path in modules.items():
+        is_package = path.name == "__init__.py"
+        own_ancestors = {".".join(module.split(".")[:i]) for i in range(1, module.count(".") + 1)}
+        if is_package:
+            own_ancestors.add(module)
+        targets = set()
+        tree = ast.parse(path.read_text(), filename=str(path))
+        for name in _imported_names(tree, module, is_package):
+            if name not in modules:
+                continue  # a name inside a module (its module is yielded too), or not ours
+            parts = name.split(".")
+            for i in range(1, len(parts) + 1):
+                target = ".".join(parts[:i])
+                if target in modules and target not in own_ancestors and target != module:
+                    targets.add(target)
+        graph[module] = targets
+    return graph
+
+
+def find_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components with more than one module (Tarjan's algorithm)."""
+    index, low, stack, on_stack, components = {}, {}, [], set(), []
+
+    def visit(node):
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in sorted(graph.get(node, ())):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                components.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return components
+
+
+def test_package_has_no_import_cycle():
+    graph = import_graph(PACKAGE_ROOT)
+    assert len(graph) > 30, sorted(graph)  # every module was read
+    assert "jaxmoe.parallel.sharded" in graph["jaxmoe.layer"]
+    assert find_cycles(graph) == []
+
+
+def test_cycle_finder_sees_a_function_level_loop(tmp_path):
+    package = tmp_path / "pkg"
+    (package / "sub").mkdir(parents=True)
+    (package / "__init__.py").write_text("from pkg import a\n")
+    (package / "a.py").write_text("from pkg.sub import b\n")
+    (package / "sub" / "__init__.py").write_text("")
+    (package / "sub" / "b.py").write_text("def f():\n    from pkg import a  # a loop\n")
+    (package / "c.py").write_text("from . import a\nfrom .sub.b import f\n")
+    graph = import_graph(package)
+    assert graph["pkg.c"] == {"pkg.a", "pkg.sub", "pkg.sub.b"}
+    assert find_cycles(graph) == [["pkg.a", "pkg.sub.b"]]
+    (package / "sub" / "b.py").write_text("def f():\n    return 1\n")
+    assert find_cycles(import_graph(package)) == []
