@@ -1,171 +1,373 @@
-"""Probe (issue 3): jaxmoe's Mosaic GPU ``gmm`` against its Triton ``gmm`` and torch, on one GPU.
+"""Probe (issue 15): jaxmoe's Mosaic GPU ``gmm`` against its Triton ``gmm`` and torch, on one GPU.
 
-For each benchmark shape (balanced groups) and each Mosaic tile config: the forward
-``x @ w[g]`` and the dgrad ``dy @ w[g]^T`` are checked against the Triton kernel's result (itself
-checked against a dense reference by ``benchmarks/grouped_matmul.py``) and timed, next to the
-Triton kernel and ``torch._grouped_mm``'s forward. One shape is also checked with skewed groups
-that leave 77 rows past the sum (tile-straddling groups, empty groups, the zero tail).
+One device call, three phases, each row written to ``$OUT/mosaic-probe.json`` as it comes:
 
-    python benchmarks/mosaic_probe.py --out-dir $OUT
+1. smoke: every tile variant, fwd and dgrad, on a small skewed problem against a float32
+   reference (stops the call early if no variant compiles; tracebacks in ``mosaic-errors.log``);
+2. exactness: the default tiles on all six shapes, balanced and skewed (Dirichlet 0.3, two groups
+   forced empty, 77 rows past the sum), fwd and dgrad, against a float32 reference computed by
+   XLA (HIGHEST precision, one dot per (group, 128-row tile)), next to the Triton kernel's error.
+   The output buffer is poisoned (NaN) before each call; tail rows must be exactly zero;
+3. timing (balanced): ``torch._grouped_mm``, the Triton ``gmm`` and each Mosaic tile variant,
+   fwd (``x @ w[g]``) and dgrad (``dy @ w[g]^T``), interleaved per shape; torch's forward is timed
+   again at the end of each shape to show the run's spread.
+
+    PYTHONPATH=src python benchmarks/mosaic_probe.py --out-dir $OUT
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import functools
 import json
 import math
 import os
+import subprocess
+import sys
 import time
+import traceback
 
 import numpy as np
+
+SHAPES = "qwen3-up,qwen3-down,dsv3-down,dsv3-up,mixtral-up,mixtral-down"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument(
-        "--shapes", default="qwen3-up,qwen3-down,dsv3-up,dsv3-down,mixtral-up,mixtral-down"
-    )
+    parser.add_argument("--shapes", default=SHAPES)
+    parser.add_argument("--variants", default="all")
+    parser.add_argument("--phases", default="smoke,exact,time")
     parser.add_argument("--out-dir", default=os.environ.get("OUT", "/tmp"))
-    parser.add_argument("--time-budget-s", type=float, default=400)
+    parser.add_argument("--time-budget-s", type=float, default=520)
     args = parser.parse_args()
+    start = time.time()
 
     import jax
     import jax.numpy as jnp
+    from jax import lax
 
     from jaxmoe.bench.gemm import group_sizes_for
     from jaxmoe.bench.presets import GEMM_SHAPES
     from jaxmoe.bench.timing import time_jax, time_torch
     from jaxmoe.ops.grouped_matmul import pallas_mosaic, pallas_triton
 
-    start = time.time()
+    try:
+        import torch
+    except ImportError:  # the probe still checks and times the JAX kernels
+        torch = None
+
+    def smi():
+        try:
+            return subprocess.run(
+                [
+                    "nvidia-smi",
+                    "--query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,power.draw",
+                    "--format=csv,noheader",
+                ],
+                capture_output=True,
+                text=True,
+                timeout=20,
+            ).stdout.strip()
+        except Exception as e:  # noqa: BLE001
+            return repr(e)
+
+    meta = {
+        "device": jax.devices()[0].device_kind,
+        "jax": jax.__version__,
+        "jaxlib": getattr(__import__("jaxlib"), "__version__", None),
+        "torch": getattr(torch, "__version__", None),
+        "python": sys.version.split()[0],
+        "date_utc": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "command": " ".join(sys.argv),
+        "smi_start": smi(),
+    }
+    print(json.dumps(meta), flush=True)
     rows: list[dict] = []
     path = os.path.join(args.out_dir, "mosaic-probe.json")
+    err_path = os.path.join(args.out_dir, "mosaic-errors.log")
 
     def emit(row):
+        row = {k: (round(v, 6) if isinstance(v, float) else v) for k, v in row.items()}
         rows.append(row)
         print(json.dumps(row), flush=True)
         with open(path, "w") as f:
-            json.dump(
-                {"device": jax.devices()[0].device_kind, "jax": jax.__version__, "rows": rows},
-                f,
-                indent=1,
-            )
+            json.dump({"meta": meta, "rows": rows}, f, indent=1)
 
-    def mosaic_fn(transpose, tiles):
-        return jax.jit(functools.partial(pallas_mosaic.gmm, transpose_rhs=transpose, tiles=tiles))
-
-    def triton_fn(transpose):
-        return jax.jit(functools.partial(pallas_triton.gmm, transpose_rhs=transpose))
+    def record_error(where, e):
+        with open(err_path, "a") as f:
+            f.write(f"==== {where}\n{traceback.format_exc()}\n")
+        return repr(e)[:300]
 
     cfg = pallas_mosaic.MosaicTileConfig
     variants = {
         "s3": cfg(128, 256, 64, 3, 8),
         "s4e64": cfg(128, 256, 64, 4, 8, epilogue_rows=64),
         "s4e64chain": cfg(128, 256, 64, 4, 8, pipelined_tiles=True, epilogue_rows=64),
-        "s4e32chain": cfg(128, 256, 64, 4, 8, pipelined_tiles=True, epilogue_rows=32),
         "s2chain": cfg(128, 256, 64, 2, 8, pipelined_tiles=True),
-        "s3chain": cfg(128, 256, 64, 3, 8, pipelined_tiles=True),
+        "n128s4": cfg(128, 128, 64, 4, 8),
+        "n128s4chain": cfg(128, 128, 64, 4, 8, pipelined_tiles=True),
     }
+    if args.variants != "all":
+        variants = {k: variants[k] for k in args.variants.split(",")}
 
-    def rel(a, b):
-        a = jnp.asarray(a, jnp.float32)
-        b = jnp.asarray(b, jnp.float32)
-        return float(jnp.linalg.norm(a - b) / jnp.maximum(jnp.linalg.norm(b), 1e-30))
+    fns = {}
 
-    # Exactness on group boundaries: skewed sizes, some empty, 77 rows past the sum.
-    shape = GEMM_SHAPES["qwen3-down"]
-    sizes = group_sizes_for(shape, "skewed").astype(np.int64)
-    sizes[np.argmax(sizes)] -= 77
-    kx, kw = jax.random.split(jax.random.key(1))
-    x = jax.random.normal(kx, (shape.m, shape.k), jnp.float32).astype(jnp.bfloat16)
-    w = (jax.random.normal(kw, (shape.groups, shape.k, shape.n)) / math.sqrt(shape.k)).astype(
-        jnp.bfloat16
-    )
-    gs = jnp.asarray(sizes, jnp.int32)
-    bounds = np.concatenate([[0], np.cumsum(sizes)])
-    for name, tiles in variants.items():
+    def mosaic_fn(transpose, tiles):
+        key = ("mosaic", transpose, tiles)
+        if key not in fns:
+            fns[key] = jax.jit(
+                functools.partial(pallas_mosaic.gmm, transpose_rhs=transpose, tiles=tiles)
+            )
+        return fns[key]
+
+    def triton_fn(transpose, out_dtype=None):
+        key = ("triton", transpose, out_dtype)
+        if key not in fns:
+            fns[key] = jax.jit(
+                functools.partial(pallas_triton.gmm, transpose_rhs=transpose, out_dtype=out_dtype)
+            )
+        return fns[key]
+
+    @functools.partial(jax.jit, static_argnames=("transpose", "bm"))
+    def reference(lhs, rhs, group_sizes, transpose, bm=128):
+        """float32 HIGHEST: one dot per (group, bm-row tile), rows outside the group masked."""
+        m = lhs.shape[0]
+        n = rhs.shape[1] if transpose else rhs.shape[2]
+        lhs32 = lhs.astype(jnp.float32)
+        ends = jnp.cumsum(group_sizes)
+        starts = ends - group_sizes
+
+        def group_body(g, out):
+            w = rhs[g].astype(jnp.float32)
+            w = w.T if transpose else w
+            s, e = starts[g], ends[g]
+
+            def tile_body(t, out):
+                r0 = t * bm
+                rows = lax.dynamic_slice_in_dim(lhs32, r0, bm)
+                prod = jnp.dot(rows, w, precision=lax.Precision.HIGHEST)
+                idx = r0 + jnp.arange(bm)[:, None]
+                prod = jnp.where((idx >= s) & (idx < e), prod, 0.0)
+                cur = lax.dynamic_slice_in_dim(out, r0, bm)
+                return lax.dynamic_update_slice_in_dim(out, cur + prod, r0, 0)
+
+            lo = s // bm
+            hi = jnp.where(e > s, (e - 1) // bm + 1, lo)
+            return lax.fori_loop(lo, hi, tile_body, out)
+
+        return lax.fori_loop(0, rhs.shape[0], group_body, jnp.zeros((m, n), jnp.float32))
+
+    @jax.jit
+    def errors(got, want):
+        got = got.astype(jnp.float32)
+        diff = got - want
+        row_ref = jnp.linalg.norm(want, axis=1)
+        row_err = jnp.linalg.norm(diff, axis=1) / jnp.maximum(row_ref, 1e-6)
+        return (
+            jnp.linalg.norm(diff) / jnp.maximum(jnp.linalg.norm(want), 1e-30),
+            jnp.max(jnp.where(row_ref > 0, row_err, 0.0)),
+            jnp.sum(~jnp.isfinite(got)),
+        )
+
+    def poison(m, n, dtype=jnp.bfloat16):
+        # Leaves a freed NaN buffer of the output's size for the allocator to hand back.
+        jax.block_until_ready(jnp.full((m, n), jnp.nan, dtype))
+
+    def check(tag, fn, lhs, rhs, gs, transpose, want, bound):
+        m = lhs.shape[0]
+        n = rhs.shape[1] if transpose else rhs.shape[2]
+        poison(m, n)
+        got = jax.block_until_ready(fn(lhs, rhs, gs))
+        rel, row_max, nonfinite = (float(v) for v in errors(got, want))
+        tail = got[bound:].astype(jnp.float32)
+        tail_max = float(jnp.max(jnp.abs(tail))) if bound < m else 0.0
+        tail_nonfinite = int(jnp.sum(~jnp.isfinite(tail))) if bound < m else 0
+        ok = (
+            rel < 1e-2 and row_max < 3e-2 and nonfinite == 0 and tail_max == 0
+        ) and tail_nonfinite == 0
+        return {
+            **tag,
+            "rel_err": rel,
+            "row_max_rel_err": row_max,
+            "nonfinite": int(nonfinite),
+            "tail_rows": m - bound,
+            "tail_max_abs": tail_max,
+            "ok": bool(ok),
+        }
+
+    def inputs(m, k, n, g, seed):
+        kx, kd, kw = jax.random.split(jax.random.key(seed), 3)
+        x = jax.random.normal(kx, (m, k), jnp.float32).astype(jnp.bfloat16)
+        dy = jax.random.normal(kd, (m, n), jnp.float32).astype(jnp.bfloat16)
+        w = (jax.random.normal(kw, (g, k, n)) / math.sqrt(k)).astype(jnp.bfloat16)
+        return x, dy, w
+
+    def skewed_sizes(shape, seed=0):
+        sizes = group_sizes_for(shape, "skewed", seed).astype(np.int64)
+        order = np.argsort(sizes)
+        # Two groups forced empty (rows moved to the largest), then 77 rows past the sum.
+        for g in order[-3:-1] if shape.groups > 3 else order[:1]:
+            sizes[order[-1]] += sizes[g]
+            sizes[g] = 0
+        sizes[order[-1]] -= 77
+        return sizes.astype(np.int32)
+
+    phases = set(args.phases.split(","))
+    # ---------------------------------------------------------------- 1. smoke
+    working = dict(variants)
+    if "smoke" in phases:
+        m, k, n, g = 1024, 512, 512, 6
+        x, dy, w = inputs(m, k, n, g, 7)
+        sizes = np.array([300, 0, 37, 129, 0, 400], np.int32)  # sum 866: 158 tail rows
+        gs = jnp.asarray(sizes)
         for transpose in (False, True):
-            try:
-                rhs = w  # dgrad reads w[g] [K, N] as its transpose: dy[M, N] @ w[g]^T.
-                lhs = (
-                    jax.random.normal(kx, (shape.m, shape.n)).astype(jnp.bfloat16)
-                    if transpose
-                    else x
-                )
-                want = pallas_triton.gmm(lhs, rhs, gs, transpose_rhs=transpose)
-                got = mosaic_fn(transpose, tiles)(lhs, rhs, gs)
-                tail = float(jnp.max(jnp.abs(got[int(bounds[-1]) :].astype(jnp.float32))))
-                emit(
-                    {
-                        "check": "skewed+tail",
-                        "variant": name,
-                        "transpose": transpose,
-                        "rel_err_vs_triton": rel(got, want),
-                        "tail_max_abs": tail,
-                        "nonfinite": int(jnp.sum(~jnp.isfinite(got.astype(jnp.float32)))),
-                    }
-                )
-            except Exception as e:  # noqa: BLE001 - a probe records every failure and goes on
-                emit(
-                    {
-                        "check": "skewed+tail",
-                        "variant": name,
-                        "transpose": transpose,
-                        "error": repr(e)[:400],
-                    }
-                )
+            lhs = dy if transpose else x
+            want = reference(lhs, w, gs, transpose)
+            tag = {"phase": "smoke", "impl": "triton", "op": "dgrad" if transpose else "fwd"}
+            emit(check(tag, triton_fn(transpose), lhs, w, gs, transpose, want, int(sizes.sum())))
+            for name, tiles in variants.items():
+                tag = {"phase": "smoke", "impl": name, "op": "dgrad" if transpose else "fwd"}
+                t0 = time.time()
+                try:
+                    row = check(tag, mosaic_fn(transpose, tiles), lhs, w, gs, transpose, want, 866)
+                    row["first_call_s"] = time.time() - t0
+                    emit(row)
+                    if not row["ok"]:
+                        working.pop(name, None)
+                except Exception as e:  # noqa: BLE001 - the probe records failures and goes on
+                    emit({**tag, "error": record_error(f"smoke {name} {tag['op']}", e)})
+                    working.pop(name, None)
+        if not working:
+            emit({"stop": "no Mosaic variant compiled and passed the smoke check"})
+            return
 
-    import torch
+    # ---------------------------------------------------------------- 2. exactness, default tiles
+    shape_names = args.shapes.split(",")
+    if "exact" in phases:
+        for shape_name in shape_names:
+            shape = GEMM_SHAPES[shape_name]
+            x, dy, w = inputs(shape.m, shape.k, shape.n, shape.groups, 11)
+            for routing in ("balanced", "skewed"):
+                if routing == "balanced":
+                    sizes = group_sizes_for(shape, "balanced")
+                else:
+                    sizes = skewed_sizes(shape)
+                gs = jnp.asarray(sizes)
+                bound = int(sizes.sum())
+                for transpose in (False, True):
+                    op = "dgrad" if transpose else "fwd"
+                    lhs = dy if transpose else x
+                    n_out = shape.k if transpose else shape.n
+                    tiles = pallas_mosaic.default_mosaic_gmm_tiles(shape.m, lhs.shape[1], n_out)
+                    base = {
+                        "phase": "exact",
+                        "shape": shape_name,
+                        "routing": routing,
+                        "op": op,
+                        "empty_groups": int(np.sum(sizes == 0)),
+                    }
+                    try:
+                        want = reference(lhs, w, gs, transpose)
+                        emit(
+                            check(
+                                {**base, "impl": "triton"},
+                                triton_fn(transpose),
+                                lhs,
+                                w,
+                                gs,
+                                transpose,
+                                want,
+                                bound,
+                            )
+                        )
+                        emit(
+                            check(
+                                {**base, "impl": "mosaic-default", "tiles": repr(tiles)},
+                                mosaic_fn(transpose, tiles),
+                                lhs,
+                                w,
+                                gs,
+                                transpose,
+                                want,
+                                bound,
+                            )
+                        )
+                        del want
+                    except Exception as e:  # noqa: BLE001
+                        emit({**base, "error": record_error(f"exact {base}", e)})
+            del x, dy, w
 
-    for shape_name in args.shapes.split(","):
+    # ---------------------------------------------------------------- 3. timing, balanced
+    if "time" not in phases:
+        return
+    for shape_name in shape_names:
         shape = GEMM_SHAPES[shape_name]
         sizes = group_sizes_for(shape, "balanced")
         gs = jnp.asarray(sizes)
-        x = jax.random.normal(kx, (shape.m, shape.k), jnp.float32).astype(jnp.bfloat16)
-        dy = jax.random.normal(kx, (shape.m, shape.n), jnp.float32).astype(jnp.bfloat16)
-        w = (jax.random.normal(kw, (shape.groups, shape.k, shape.n)) / math.sqrt(shape.k)).astype(
-            jnp.bfloat16
-        )
+        x, dy, w = inputs(shape.m, shape.k, shape.n, shape.groups, 3)
         flops = 2 * shape.m * shape.k * shape.n
 
-        def row(impl, op, t, err=None, shape_name=shape_name, flops=flops):
+        def row(impl, op, t, extra=None, shape_name=shape_name, flops=flops):
             emit(
                 {
+                    "phase": "time",
                     "shape": shape_name,
                     "op": op,
                     "impl": impl,
                     "ms": t.median_ms,
+                    "min_ms": t.min_ms,
                     "tflops": flops / t.median_ms / 1e9,
-                    "rel_err_vs_triton": err,
+                    **(extra or {}),
                 }
             )
 
-        # torch forward, w as the transpose of [G, N, K].
-        tx = torch.randn(shape.m, shape.k, device="cuda", dtype=torch.bfloat16)
-        tw = torch.randn(shape.groups, shape.n, shape.k, device="cuda", dtype=torch.bfloat16)
-        offs = torch.as_tensor(np.cumsum(sizes), dtype=torch.int32, device="cuda")
-        torch_fwd = functools.partial(torch._grouped_mm, tx, tw.transpose(-2, -1), offs=offs)
-        row("torch", "fwd", time_torch(torch_fwd))
-        del tx, tw, torch_fwd
-        torch.cuda.empty_cache()
+        tstate = {}
+        if torch is not None:
+            tx = torch.randn(shape.m, shape.k, device="cuda", dtype=torch.bfloat16)
+            tdy = torch.randn(shape.m, shape.n, device="cuda", dtype=torch.bfloat16)
+            tw = torch.randn(shape.groups, shape.n, shape.k, device="cuda", dtype=torch.bfloat16)
+            offs = torch.as_tensor(np.cumsum(sizes), dtype=torch.int32, device="cuda")
+            # fwd: x @ w[g] with w[g] = tw[g]^T ([K, N]); dgrad: dy @ w[g]^T = dy @ tw[g].
+            tstate["fwd"] = functools.partial(
+                torch._grouped_mm, tx, tw.transpose(-2, -1), offs=offs
+            )
+            tstate["dgrad"] = functools.partial(torch._grouped_mm, tdy, tw, offs=offs)
 
         for op in ("fwd", "dgrad"):
             transpose = op == "dgrad"
-            lhs, rhs = (dy, w) if transpose else (x, w)
-            fn = triton_fn(transpose)
-            want = fn(lhs, rhs, gs)
-            row("triton", op, time_jax(fn, lhs, rhs, gs))
-            for name, tiles in variants.items():
+            lhs = dy if transpose else x
+            n_out = shape.k if transpose else shape.n
+            default = pallas_mosaic.default_mosaic_gmm_tiles(shape.m, lhs.shape[1], n_out)
+            if op in tstate:
+                row("torch", op, time_torch(tstate[op]))
+            row("triton", op, time_jax(triton_fn(transpose), lhs, w, gs))
+            for name, tiles in working.items():
                 if time.time() - start > args.time_budget_s:
                     emit({"budget": "stopped", "at": [shape_name, op, name]})
                     return
                 try:
                     fn = mosaic_fn(transpose, tiles)
-                    err = rel(fn(lhs, rhs, gs), want)
-                    row(name, op, time_jax(fn, lhs, rhs, gs), err)
+                    t = time_jax(fn, lhs, w, gs)
+                    row(name, op, t, {"is_default": tiles == default})
                 except Exception as e:  # noqa: BLE001
-                    emit({"shape": shape_name, "op": op, "impl": name, "error": repr(e)[:400]})
+                    emit(
+                        {
+                            "phase": "time",
+                            "shape": shape_name,
+                            "op": op,
+                            "impl": name,
+                            "error": record_error(f"time {shape_name} {op} {name}", e),
+                        }
+                    )
+        if "fwd" in tstate:
+            row("torch-again", "fwd", time_torch(tstate["fwd"]))
+        tstate.clear()
+        if torch is not None:
+            del tx, tdy, tw
+            torch.cuda.empty_cache()
+        del x, dy, w
+    emit({"done": True, "elapsed_s": time.time() - start, "smi_end": smi()})
 
 
 if __name__ == "__main__":

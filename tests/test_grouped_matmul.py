@@ -245,3 +245,21 @@ def test_unknown_backend_name():
     lhs, rhs, _ = random_inputs(8, 4, 4, 2, "float32")
     with pytest.raises(ValueError, match="backend"):
         grouped_matmul(lhs, rhs, jnp.array([4, 4], jnp.int32), backend="cutlass")
+
+
+def test_importing_the_triton_kernels_leaves_warning_filters_alone():
+    # The Triton deprecation message is silenced around the kernel calls only (issue 14).
+    import subprocess
+    import sys
+
+    code = (
+        "import warnings, jax\n"
+        "from jax.experimental import pallas\n"
+        "from jax.experimental.pallas import triton, mosaic_gpu\n"
+        "before = list(warnings.filters)\n"
+        "import jaxmoe.ops.grouped_matmul.pallas_triton\n"
+        "import jaxmoe.ops.grouped_matmul.pallas_mosaic\n"
+        "import jaxmoe\n"
+        "assert warnings.filters == before, set(warnings.filters) ^ set(before)\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)

@@ -17,10 +17,10 @@ from jaxmoe.ops.grouped_matmul.xla import XlaGroupedMatmul
 
 
 # Imported lazily: Pallas pulls in Triton/Mosaic lowering code that a CPU user never needs.
-def _pallas_backend() -> GroupedMatmulBackend:
+def _pallas_backend(triton_fallback: bool = False) -> GroupedMatmulBackend:
     from jaxmoe.ops.grouped_matmul.pallas_mosaic import PallasMosaicGroupedMatmul
 
-    return PallasMosaicGroupedMatmul()
+    return PallasMosaicGroupedMatmul(triton_fallback=triton_fallback)
 
 
 def _pallas_triton_backend() -> GroupedMatmulBackend:
@@ -39,7 +39,11 @@ BACKEND_NAMES = ("auto", *_BACKENDS)
 
 
 def default_backend_name(platform: str | None = None) -> str:
-    """The backend ``"auto"`` means on ``platform`` (default: JAX's default backend)."""
+    """The backend family ``"auto"`` means on ``platform`` (default: JAX's default backend).
+
+    On a GPU that is ``"pallas"``, but ``"auto"`` builds it with ``triton_fallback=True`` (see
+    :func:`resolve_backend`), whereas the name ``"pallas"`` never falls back.
+    """
     platform = platform or jax.default_backend()
     return "pallas" if platform == "gpu" or platform == "cuda" else "xla"
 
@@ -50,6 +54,10 @@ def resolve_backend(backend: str | GroupedMatmulBackend | None) -> GroupedMatmul
         return backend
     if backend is None or backend == "auto":
         backend = default_backend_name()
+        if backend == "pallas":
+            # Measured rule (H100, benchmarks/results/raw/h100-run4): the Mosaic kernel where it
+            # applies (Hopper, bf16/fp16, block-aligned shapes), the Triton kernels elsewhere.
+            return _pallas_backend(triton_fallback=True)
     if backend not in _BACKENDS:
         raise ValueError(
             f"grouped_matmul: unknown `backend` {backend!r}; choose one of {BACKEND_NAMES} or "
@@ -106,10 +114,12 @@ def grouped_matmul(
       lhs: ``[M, K]`` rows sorted by group (e.g. tokens sorted expert-major).
       rhs: ``[G, K, N]`` one matrix per group (e.g. expert weights).
       group_sizes: ``[G]`` integer row counts.
-      backend: ``None``/``"auto"`` (``"pallas"`` on GPU, ``"xla"`` elsewhere), ``"reference"``,
-        ``"xla"`` (``jax.lax.ragged_dot``), ``"pallas"`` (Mosaic GPU kernel for the forward and
-        dgrad where it applies, Triton kernels for the rest), ``"pallas_triton"`` (Triton
-        kernels only), or a configured backend object.
+      backend: ``None``/``"auto"`` (on a GPU: the Mosaic GPU kernel for the forward and dgrad
+        where it applies, i.e. Hopper, bf16/fp16 and block-aligned shapes, the Triton kernels
+        for the rest and the wgrad; ``"xla"`` elsewhere), ``"reference"``, ``"xla"``
+        (``jax.lax.ragged_dot``), ``"pallas"`` (Mosaic GPU forward and dgrad, Triton wgrad;
+        ``NotImplementedError`` where the Mosaic kernel does not apply), ``"pallas_triton"``
+        (Triton kernels only), or a configured backend object.
       preferred_element_type: dtype of the result (default: ``lhs.dtype``).
 
     Returns:

@@ -21,11 +21,15 @@ Layout of the work (``bm, bn, bk`` are the block sizes)::
 Why a second lowering: the Triton kernel (``pallas_triton``) is not persistent and cannot overlap
 its epilogue with the next tile's main loop, which costs most on short-K shapes (benchmarks/).
 
-Limits: bf16/fp16 operands and a 2-byte result (fp32 goes through Triton, exact IEEE), and
-``M % bm == 0``, ``K % bk == 0``, ``N % bn == 0`` (TMA boxes never cross the array edge).
-:class:`PallasMosaicGroupedMatmul` sends anything else, and every ``tgmm``, to the Triton kernels.
+Limits: bf16/fp16 operands and a 2-byte result, ``M % bm == 0``, ``K % bk == 0``, ``N % bn == 0``
+(TMA boxes never cross the array edge), and a Hopper GPU (compute capability 9.x: ``wgmma``).
 On a CPU the kernel runs in Mosaic GPU's interpreter (jax's GPU interpret mode), which the tests
-use.
+use; the interpreter has no transposed ``wgmma`` operand (dgrad).
+
+Measured (H100, jax 0.11.2, ``benchmarks/results/raw/h100-run4``): exact against a float32
+reference on all six benchmark shapes, balanced and skewed with empty groups and tail rows, fwd and
+dgrad (the same relative error as the Triton kernel, 1.66e-3); 1.14-1.24x the Triton kernel's
+TFLOP/s on every (shape, fwd/dgrad) case with the default tiles (probe, same run).
 """
 
 from __future__ import annotations
@@ -76,20 +80,16 @@ class MosaicTileConfig:
 
 
 def default_mosaic_gmm_tiles(m: int, k: int, n: int) -> MosaicTileConfig:
-    """Block sizes of the Mosaic ``gmm``: H100 sweeps, ``benchmarks/NOTES-grouped-matmul.md``.
+    """Block sizes of the Mosaic ``gmm``, from one H100 sweep (run4, 2026-11-23, jax 0.11.2;
+    ``benchmarks/NOTES-grouped-matmul.md``).
 
-    Always ``128 x 256 x 64`` tiles (``128 x 128`` was slower on every MoE shape measured), and:
-
-    - ``K <= 2048`` (DeepSeek down, Qwen3): a 4-deep ring, made to fit in shared memory by a
-      64-row epilogue slab; also ``min(K, N) <= 1024`` (Qwen3): one pipeline across a CTA's tiles.
-    - otherwise (Mixtral, DeepSeek up): a 3-deep ring, plain pipelines.
-
-    Short K leaves few steps per tile to hide the next tile's start, so a deeper ring and
-    chained pipelines pay there (2-5% on Qwen3, 4% on DeepSeek down); on long K they do not.
+    ``128 x 256 x 64`` tiles, a 4-deep ring made to fit in shared memory by a 64-row epilogue
+    slab: the fastest or within 2% of it on all twelve (shape, fwd/dgrad) cases measured; a
+    3-deep ring with a whole-tile slab was 0-22% slower, a 2-deep ring 15-20% and
+    ``128 x 128`` tiles 5-15%. Where ``min(K, N) <= 1024`` (Qwen3), one pipeline across a CTA's
+    tiles as well (1-2% faster on all four Qwen3 cases; 0-6% slower on the larger shapes).
     """
     del m
-    if k > 2048:
-        return MosaicTileConfig()
     return MosaicTileConfig(stages=4, epilogue_rows=64, pipelined_tiles=min(k, n) <= 1024)
 
 
@@ -102,22 +102,55 @@ def supports(
     cfg: MosaicTileConfig,
     interpret: bool = False,
 ) -> bool:
-    """Whether the Mosaic ``gmm`` takes these operands (otherwise the Triton kernel does).
+    """Whether the Mosaic ``gmm`` takes these operands: :func:`unsupported_reason` is ``None``."""
+    return (
+        unsupported_reason(lhs_shape, rhs_shape, dtype, out_dtype, transpose_rhs, cfg, interpret)
+        is None
+    )
+
+
+def unsupported_reason(
+    lhs_shape,
+    rhs_shape,
+    dtype,
+    out_dtype,
+    transpose_rhs,
+    cfg: MosaicTileConfig,
+    interpret: bool = False,
+) -> str | None:
+    """Why the Mosaic ``gmm`` cannot take these operands, or ``None`` if it can.
 
     ``interpret``: whether it would run in Mosaic GPU's interpreter, which has no transposed
-    ``wgmma`` operand (so ``transpose_rhs`` runs on the Triton kernel there).
+    ``wgmma`` operand (so no dgrad there); otherwise the GPU must be a Hopper (9.x).
     """
     m, k = lhs_shape
     n = rhs_shape[1] if transpose_rhs else rhs_shape[2]
-    return (
-        jnp.dtype(dtype) in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
-        and jnp.dtype(out_dtype).itemsize == 2
-        and m > 0
-        and m % cfg.block_m == 0
-        and k % cfg.block_k == 0
-        and n % cfg.block_n == 0
-        and not (interpret and transpose_rhs)
-    )
+    reasons = []
+    if jnp.dtype(dtype) not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
+        reasons.append(f"operands are {jnp.dtype(dtype)}, not bf16/fp16")
+    if jnp.dtype(out_dtype).itemsize != 2:
+        reasons.append(f"the result is {jnp.dtype(out_dtype)}, not a 2-byte type")
+    if m == 0 or m % cfg.block_m:
+        reasons.append(f"M={m} is not a positive multiple of block_m={cfg.block_m}")
+    if k % cfg.block_k:
+        reasons.append(f"K={k} is not a multiple of block_k={cfg.block_k}")
+    if n % cfg.block_n:
+        reasons.append(f"N={n} is not a multiple of block_n={cfg.block_n}")
+    if interpret and transpose_rhs:
+        reasons.append("Mosaic GPU's interpreter has no transposed wgmma operand (dgrad)")
+    if not interpret:
+        cc = _compute_capability()
+        if cc is not None and not cc.startswith("9."):
+            reasons.append(f"the GPU has compute capability {cc}; wgmma needs 9.x (Hopper)")
+    return "; ".join(reasons) or None
+
+
+def _compute_capability() -> str | None:
+    """The first device's CUDA compute capability (``"9.0"``), ``None`` when not a GPU."""
+    device = jax.devices()[0]
+    if device.platform != "gpu":
+        return None  # lowering for a GPU from a CPU host (the tests): nothing to ask
+    return getattr(device, "compute_capability", None)
 
 
 def check_tiles(cfg: MosaicTileConfig) -> None:
@@ -374,14 +407,13 @@ def gmm(
     cfg = tiles or default_mosaic_gmm_tiles(m, k, n)
     check_tiles(cfg)
     interpret_params = _interpret_params(interpret)
-    if not supports(
+    reason = unsupported_reason(
         lhs.shape, rhs.shape, lhs.dtype, out_dtype, transpose_rhs, cfg, interpret_params is not None
-    ):
-        raise ValueError(
-            f"mosaic gmm: operands lhs {lhs.shape} {lhs.dtype}, rhs {rhs.shape}, out {out_dtype} "
-            f"need bf16/fp16 inputs, a 2-byte output and M % {cfg.block_m}, K % {cfg.block_k}, "
-            f"N % {cfg.block_n} == 0 (and transpose_rhs=False in interpret mode); use "
-            "backend='pallas', which falls back to the Triton kernel."
+    )
+    if reason is not None:
+        raise NotImplementedError(
+            f"mosaic gmm: lhs {lhs.shape} {lhs.dtype}, rhs {rhs.shape}, out {out_dtype}: {reason}. "
+            "Use backend='pallas_triton', or 'auto', which picks the Triton kernel for these."
         )
     work_group, work_tile, offsets = gmm_work_items(group_sizes, m, cfg.block_m)
     work_counts = jnp.stack(
@@ -405,12 +437,27 @@ def gmm(
 
 @dataclasses.dataclass(frozen=True)
 class PallasMosaicGroupedMatmul(GroupedMatmulBackend):
-    """``gmm`` by the Mosaic GPU kernel where it applies, the Triton kernels for the rest.
+    """``gmm`` (forward, dgrad) by the Mosaic GPU kernel, ``tgmm`` (wgrad) by the Triton kernel.
+
+    Decision (issue 15) on operands the Mosaic kernel cannot take (fp32, ``M``/``K``/``N`` not
+    multiples of the blocks, a GPU other than a Hopper, dgrad in the CPU interpreter):
+
+    - ``triton_fallback=False`` (``backend="pallas"``, and this class built by hand): raise
+      ``NotImplementedError`` saying why. A backend the user names never switches kernels
+      silently; ``"pallas_triton"`` or ``"auto"`` are the ways to get the Triton kernel.
+    - ``triton_fallback=True`` (what ``backend="auto"`` builds on a GPU): the Triton kernel takes
+      them. This is the measured rule of ``auto``: where the Mosaic kernel applies it was exact and
+      1.14-1.24x the Triton kernel on every shape measured (H100, ``benchmarks/results/raw/
+      h100-run4``), so it is chosen wherever it applies, Triton elsewhere.
+
+    The wgrad has no Mosaic kernel yet: ``tgmm`` always runs the Triton kernel (that is what the
+    backend is, not a fallback).
 
     Attributes:
       gmm_tiles: Mosaic block sizes; ``None``: :func:`default_mosaic_gmm_tiles`.
-      triton: the Triton backend that takes ``tgmm`` and the operands :func:`supports` refuses;
-        ``None``: default tiles and the same ``interpret`` as this backend.
+      triton: the Triton backend that takes ``tgmm`` (and, with ``triton_fallback``, the operands
+        the Mosaic kernel refuses); ``None``: default tiles and the same ``interpret``.
+      triton_fallback: see above.
       interpret: ``None`` runs the interpreters when JAX's default backend is not a GPU.
     """
 
@@ -418,6 +465,7 @@ class PallasMosaicGroupedMatmul(GroupedMatmulBackend):
     name: str = dataclasses.field(default="pallas", init=False)
     gmm_tiles: MosaicTileConfig | None = None
     triton: pallas_triton.PallasTritonGroupedMatmul | None = None
+    triton_fallback: bool = False
     interpret: bool | None = None
 
     def __post_init__(self):
@@ -432,7 +480,10 @@ class PallasMosaicGroupedMatmul(GroupedMatmulBackend):
         n = rhs.shape[1] if transpose_rhs else rhs.shape[2]
         cfg = self.gmm_tiles or default_mosaic_gmm_tiles(m, k, n)
         interpreted = pallas_triton._use_interpret(self.interpret)
-        if supports(lhs.shape, rhs.shape, lhs.dtype, out_dtype, transpose_rhs, cfg, interpreted):
+        reason = unsupported_reason(
+            lhs.shape, rhs.shape, lhs.dtype, out_dtype, transpose_rhs, cfg, interpreted
+        )
+        if reason is None:
             return gmm(
                 lhs,
                 rhs,
@@ -441,6 +492,13 @@ class PallasMosaicGroupedMatmul(GroupedMatmulBackend):
                 out_dtype=out_dtype,
                 tiles=cfg,
                 interpret=self.interpret,
+            )
+        if not self.triton_fallback:
+            raise NotImplementedError(
+                f"grouped_matmul backend 'pallas' (Mosaic GPU): lhs {lhs.shape} {lhs.dtype}, "
+                f"rhs {rhs.shape}, out {jnp.dtype(out_dtype)}: {reason}. Use "
+                "backend='pallas_triton' (Triton kernels), or 'auto', which takes the Triton "
+                "kernel wherever the Mosaic one does not apply."
             )
         return self.triton.gmm(
             lhs, rhs, group_sizes, transpose_rhs=transpose_rhs, out_dtype=out_dtype
