@@ -188,3 +188,16 @@ def test_forward_random_group_sizes(sizes):
     got, want = mosaic_forward(sizes, SMALL, seed=sum(sizes))
     assert np.max(np.abs(got - want)) <= 1.6e-2 * max(np.max(np.abs(want)), 1e-6)
     assert np.all(got[min(sum(sizes), M) :] == 0)
+
+
+def test_a_gpu_other_than_hopper_is_refused(monkeypatch):
+    # wgmma exists on compute capability 9.x only: 'pallas' says so, 'auto' takes Triton.
+    monkeypatch.setattr(pallas_mosaic, "_compute_capability", lambda: "8.0")
+    reason = pallas_mosaic.unsupported_reason(
+        (128, 64), (2, 64, 128), jnp.bfloat16, jnp.bfloat16, False, SMALL, interpret=False
+    )
+    assert "compute capability 8.0" in reason
+    monkeypatch.setattr(pallas_mosaic, "_compute_capability", lambda: "9.0")
+    assert pallas_mosaic.supports(
+        (128, 64), (2, 64, 128), jnp.bfloat16, jnp.bfloat16, False, SMALL, interpret=False
+    )
