@@ -117,8 +117,9 @@ def check_params(params, cfg: MoEConfig) -> None:
             raise ValueError(
                 f"moe: params{path} must be floating point; got dtype {jnp.result_type(leaf)}."
             )
-    if "expert_bias" in given_flat:  # shape and dtype checked above; now its values
-        check_vector("moe: params['expert_bias']", given_flat["['expert_bias']"], cfg.num_experts)
+    bias = given_flat.get("['expert_bias']")
+    if bias is not None:  # shape and dtype checked above; now its values
+        check_vector("moe: params['expert_bias']", bias, cfg.num_experts)
     extra = sorted(set(given_flat) - set(expected_flat))
     if extra:
         raise ValueError(

@@ -6,6 +6,7 @@ All routing math is float32. Ties in top-k go to the lower expert index (``lax.t
 from __future__ import annotations
 
 import math
+import numbers
 from typing import NamedTuple
 
 import jax
@@ -113,9 +114,10 @@ def route(logits: jax.Array, cfg: MoEConfig, expert_bias: jax.Array | None = Non
     ``s / (sum_E s + 1e-20)``. ``expert_bias`` only steers selection: it gets no gradient.
 
     A NaN or inf bias entry would send every token to the same experts, so it is refused:
-    a concrete ``expert_bias`` (eager, or a constant under ``jit``) with one raises ValueError
-    before any routing. A traced one cannot be read before it runs: there a non-finite entry
-    counts as 0 (that expert is chosen by its score alone), so routing never collapses.
+    a concrete ``expert_bias`` (eager; or a list, NumPy array or jax array closed over by a
+    jitted function) with one raises ValueError before any routing. A traced one cannot be read
+    before it runs: there a non-finite entry counts as 0 (that expert is chosen by its score
+    alone), so routing never collapses.
 
     Args:
       logits: ``[T, E]`` router logits (cast to float32).
@@ -181,11 +183,13 @@ def update_expert_bias(bias: jax.Array, tokens_per_expert: jax.Array, rate: floa
     Under-loaded experts (count below the mean) get a higher selection bias, over-loaded ones a
     lower one. Apply after each training step with the step's ``MoEStats.tokens_per_expert``.
 
-    Non-finite values: concrete arguments (eager, or constants under ``jit``) are checked
-    before tracing, and a NaN or inf ``bias`` entry, count or ``rate``, a negative count or
-    rate, raises ValueError. Traced ones cannot be read before they run: there a non-finite
-    bias entry counts as 0, a non-finite step (NaN/inf ``rate`` or counts) is skipped, and the
-    result is always finite, so the router never receives a bias that collapses routing.
+    Non-finite values: concrete arguments (eager; or lists, NumPy arrays and jax arrays closed
+    over by a jitted function) are checked before tracing, and a NaN or inf ``bias`` entry,
+    count or ``rate``, or a negative count or rate, raises ValueError. Traced ones cannot be
+    read before they run: there a non-finite bias entry counts as 0, a negative rate as 0, a
+    non-finite step (NaN/inf ``rate`` or counts) is skipped, and the result is always finite
+    (an entry that overflows ``bias``'s dtype restarts at 0), so the router never receives a
+    bias that collapses routing.
 
     Args:
       bias: ``[E]`` floating current bias (an array or a list).
@@ -219,13 +223,14 @@ def _check_rate(rate) -> jax.Array | float:
                 f"update_expert_bias: `rate` must be a scalar float; got a traced array of "
                 f"shape {np.shape(rate)}, dtype {rate.dtype}. Pass e.g. rate=1e-3."
             )
-        return rate.astype(jnp.float32)
-    value = None
-    if not isinstance(rate, bool | np.bool_) and np.shape(rate) == ():
-        try:
-            value = float(rate)
-        except (TypeError, ValueError):
-            value = None
+        return jnp.maximum(rate.astype(jnp.float32), 0.0)  # NaN stays NaN: its step is skipped
+    number = isinstance(rate, numbers.Real) and not isinstance(rate, bool)
+    scalar_array = (
+        hasattr(rate, "dtype")
+        and np.shape(rate) == ()
+        and (jnp.issubdtype(rate.dtype, jnp.floating) or jnp.issubdtype(rate.dtype, jnp.integer))
+    )
+    value = float(rate) if number or scalar_array else None
     if value is None or not math.isfinite(value) or value < 0:
         shown = repr(rate) if np.shape(rate) == () else f"an array of shape {np.shape(rate)}"
         raise ValueError(
