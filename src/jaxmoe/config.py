@@ -49,11 +49,18 @@ class _Number:
         if (
             isinstance(value, kind)
             and not isinstance(value, bool)
-            and (isinstance(value, numbers.Integral) or math.isfinite(value))  # big ints overflow
+            and (self.kind is int or _fits_a_float(value))
             and (value > self.low if self.low_open else value >= self.low)
         ):
             return value if type(value) in (int, float) else self.kind(value)
         _fail(field, self.rule, value, self.fix.format(field=field))
+
+
+def _fits_a_float(value: Any) -> bool:
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an int too large for a float
+        return False
 
 
 def _positive_int(optional: bool = False) -> _Number:
