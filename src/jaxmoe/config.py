@@ -4,34 +4,289 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any
+import numbers
+from collections.abc import Callable
+from typing import Any, NoReturn
 
 import jax.numpy as jnp
+import numpy as np
 
-SCORES = ("softmax", "sigmoid", "sqrtsoftplus")
-ACTIVATIONS = ("swiglu", "geglu", "gelu", "relu")
-GATED_ACTIVATIONS = ("swiglu", "geglu")
+from jaxmoe.choices import (
+    ACTIVATIONS,
+    EP_EXCHANGES,
+    GATED_ACTIVATIONS,
+    GROUPED_MATMUL_BACKENDS,
+    SCORES,
+)
+
+__all__ = ["ACTIVATIONS", "GATED_ACTIVATIONS", "SCORES", "MoEConfig"]
 
 
-def _fail(field: str, rule: str, value: Any, fix: str) -> None:
+def _fail(field: str, rule: str, value: Any, fix: str) -> NoReturn:
     raise ValueError(f"MoEConfig.{field}: {rule}; got {value!r}. {fix}")
 
 
-def _positive_int(name: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        _fail(name, "must be a positive int", value, f"Pass {name}=<int >= 1>.")
+# ----------------------------------------------------------------------------- one-field rules
+# Each rule is called as ``rule(field, value)``: it returns the value (normalised: numpy scalars
+# to Python numbers, dtypes to ``jnp.dtype``, axes to a tuple) or raises through ``_fail``.
 
 
-def _float_dtype(name: str, value: Any):
+@dataclasses.dataclass(frozen=True)
+class _Number:
+    """A number of one kind (int, or float which takes ints too; never a bool), finite, >= low."""
+
+    kind: type
+    low: float
+    rule: str
+    fix: str
+    low_open: bool = False  # value > low rather than >= low
+    optional: bool = False  # None is allowed
+
+    def __call__(self, field: str, value: Any) -> Any:
+        if value is None and self.optional:
+            return None
+        kind = numbers.Integral if self.kind is int else numbers.Real
+        if (
+            isinstance(value, kind)
+            and not isinstance(value, bool)
+            and (self.kind is int or _fits_a_float(value))
+            and (value > self.low if self.low_open else value >= self.low)
+        ):
+            return value if type(value) in (int, float) else self.kind(value)
+        _fail(field, self.rule, value, self.fix.format(field=field))
+
+
+def _fits_a_float(value: Any) -> bool:
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an int too large for a float
+        return False
+
+
+def _positive_int(optional: bool = False) -> _Number:
+    return _Number(int, 1, "must be a positive int", "Pass {field}=<int >= 1>.", optional=optional)
+
+
+def _factor(fix: str) -> _Number:
+    """A multiplier of a size: None (no bound) or a finite float > 0."""
+    return _Number(float, 0, "must be None (dropless) or a float > 0", fix, True, True)
+
+
+_LOSS_COEF = _Number(float, 0, "must be a finite float >= 0", "Pass {field}=0.0 to disable.")
+
+
+@dataclasses.dataclass(frozen=True)
+class _Name:
+    """One of ``names``; with ``methods``, also an object that has them (a configured one)."""
+
+    names: tuple[str, ...]
+    fix: str
+    optional: bool = False  # None is allowed (the platform's default)
+    methods: tuple[str, ...] = ()
+
+    def __call__(self, field: str, value: Any) -> Any:
+        if (value is None and self.optional) or (isinstance(value, str) and value in self.names):
+            return value
+        if self.methods and not isinstance(value, str) and _implements(value, self.methods):
+            return value
+        rule = f"must be {'None or ' if self.optional else ''}one of {self.names}"
+        if self.methods:
+            rule += f" or a hashable object with methods {self.methods}"
+        _fail(field, rule, value, self.fix)
+
+
+def _implements(value: Any, methods: tuple[str, ...]) -> bool:
+    try:
+        hash(value)  # the config is a static jit argument: every field must hash
+    except TypeError:
+        return False
+    return all(callable(getattr(value, method, None)) for method in methods)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Flag:
+    """A bool (``numpy.bool_`` too); with ``optional``, None as well."""
+
+    fix: str
+    optional: bool = False
+
+    def __call__(self, field: str, value: Any) -> Any:
+        if value is None and self.optional:
+            return None
+        if isinstance(value, bool | np.bool_):
+            return bool(value)
+        _fail(field, f"must be {'None or ' if self.optional else ''}a bool", value, self.fix)
+
+
+def _float_dtype(field: str, value: Any) -> jnp.dtype:
     try:
         dtype = jnp.dtype(value)
-    except TypeError:
-        _fail(name, "must be a dtype", value, "Use e.g. jnp.float32 or jnp.bfloat16.")
+    except (TypeError, ValueError):
+        _fail(field, "must be a dtype", value, "Use e.g. jnp.float32 or jnp.bfloat16.")
     if not jnp.issubdtype(dtype, jnp.floating):
-        _fail(
-            name, "must be a floating dtype", value, "Use jnp.float32, jnp.bfloat16 or jnp.float16."
-        )
+        fix = "Use jnp.float32, jnp.bfloat16 or jnp.float16."
+        _fail(field, "must be a floating dtype", value, fix)
     return dtype
+
+
+def _axis_name(field: str, value: Any) -> str | None:
+    if value is None or isinstance(value, str):
+        return value
+    _fail(field, "must be None or a mesh axis name (a str)", value, "Pass e.g. ep_axis='expert'.")
+
+
+def _axis_names(field: str, value: Any) -> tuple[str, ...]:
+    axes = (value,) if isinstance(value, str) else value
+    try:
+        axes = tuple(axes)
+    except TypeError:
+        axes = None
+    if axes is None or not all(isinstance(axis, str) for axis in axes):
+        _fail(
+            field,
+            "must be a mesh axis name or a tuple of them",
+            value,
+            "Pass e.g. data_axes=('data',), or () for none.",
+        )
+    return axes
+
+
+_FIELD_RULES: dict[str, Callable[[str, Any], Any]] = {
+    "num_experts": _positive_int(),
+    "top_k": _positive_int(),
+    "hidden_size": _positive_int(),
+    "ffn_size": _positive_int(),
+    "activation": _Name(ACTIVATIONS, "Pick a supported activation."),
+    "score": _Name(SCORES, "Pick a supported score."),
+    "pre_softmax": _Flag("Pass pre_softmax=True or False."),
+    "normalize_weights": _Flag("Pass True, False, or None for the score's default.", True),
+    "num_groups": _positive_int(),
+    "group_top_k": _positive_int(optional=True),
+    "routed_scaling": _Number(
+        float, 0, "must be a finite float > 0", "Use 1.0 for no scaling.", low_open=True
+    ),
+    "use_expert_bias": _Flag("Pass use_expert_bias=True or False."),
+    "num_shared_experts": _Number(int, 0, "must be an int >= 0", "Pass 0 for no shared expert."),
+    "shared_ffn_size": _positive_int(optional=True),
+    "aux_loss_coef": _LOSS_COEF,
+    "seq_aux_loss_coef": _LOSS_COEF,
+    "z_loss_coef": _LOSS_COEF,
+    "capacity_factor": _factor("Use e.g. 1.25, or None for dropless."),
+    "dtype": _float_dtype,
+    "param_dtype": _float_dtype,
+    "ep_axis": _axis_name,
+    "data_axes": _axis_names,
+    "grouped_matmul_backend": _Name(
+        GROUPED_MATMUL_BACKENDS,
+        "Pick a listed name, None for the platform's best, or a backend object "
+        "(e.g. jaxmoe.ops.grouped_matmul.XlaGroupedMatmul()).",
+        optional=True,
+        methods=("gmm", "tgmm"),
+    ),
+    "alignment": _positive_int(optional=True),
+    "ep_exchange": _Name(
+        EP_EXCHANGES,
+        "Pick a listed name, None for the platform default, or an exchange object "
+        "(a jaxmoe.parallel.Exchange).",
+        optional=True,
+        methods=("exchange", "check_platform"),
+    ),
+    "ep_receive_factor": _factor("Use e.g. 2.0, or None for the dropless bound."),
+    "ep_fast_slot_factor": _Number(
+        float,
+        1,
+        "must be None or a finite float >= 1 (a multiple of the balanced slot)",
+        "Use e.g. 1.125, or None to always size slots for the worst case.",
+        optional=True,
+    ),
+    "ep_chunks": _positive_int(),
+    "fsdp_expert_weights": _Flag("Pass fsdp_expert_weights=True or False."),
+}
+
+# ----------------------------------------------------------------------------- cross-field rules
+# (field named in the message, broken(cfg), rule(cfg), fix(cfg)): checked in order, after every
+# field passed its own rule.
+
+
+def _experts_per_group(cfg) -> int:
+    return cfg.num_experts // cfg.num_groups
+
+
+def _per_kept_group(cfg) -> int:
+    return cfg.top_k // cfg.group_top_k
+
+
+_CROSS_FIELD_RULES: tuple[tuple[str, Callable, Callable, Callable], ...] = (
+    (
+        "top_k",
+        lambda c: c.top_k > c.num_experts,
+        lambda c: f"must be <= num_experts ({c.num_experts})",
+        lambda c: "Lower top_k or add experts.",
+    ),
+    (
+        "pre_softmax",
+        lambda c: c.pre_softmax and c.score != "softmax",
+        lambda c: "only applies to score='softmax'",
+        lambda c: f"Set pre_softmax=False for score={c.score!r}.",
+    ),
+    (
+        "use_expert_bias",
+        lambda c: c.use_expert_bias and c.score == "softmax",
+        lambda c: "needs score='sigmoid' or 'sqrtsoftplus'",
+        lambda c: "Set score='sigmoid' or use_expert_bias=False.",
+    ),
+    (
+        "num_groups",
+        lambda c: c.num_experts % c.num_groups,
+        lambda c: f"must divide num_experts ({c.num_experts})",
+        lambda c: "Choose num_groups among the divisors of num_experts.",
+    ),
+    (
+        "group_top_k",
+        lambda c: c.group_top_k is not None and c.group_top_k > c.num_groups,
+        lambda c: f"must be <= num_groups ({c.num_groups})",
+        lambda c: "Lower group_top_k.",
+    ),
+    (
+        "group_top_k",
+        lambda c: c.group_top_k is not None and c.top_k % c.group_top_k,
+        lambda c: f"must divide top_k ({c.top_k})",
+        lambda c: "Each kept group contributes top_k / group_top_k experts to its score.",
+    ),
+    (
+        "group_top_k",
+        lambda c: c.group_top_k is not None and _per_kept_group(c) > _experts_per_group(c),
+        lambda c: (
+            f"top_k / group_top_k ({_per_kept_group(c)}) exceeds the experts per "
+            f"group ({_experts_per_group(c)})"
+        ),
+        lambda c: "Keep more groups or use fewer groups.",
+    ),
+    (
+        "shared_ffn_size",
+        lambda c: c.shared_ffn_size is not None and c.num_shared_experts == 0,
+        lambda c: "is set but num_shared_experts is 0",
+        lambda c: "Set num_shared_experts >= 1 or shared_ffn_size=None.",
+    ),
+    (
+        "ep_chunks",
+        lambda c: c.ep_chunks > 1 and c.capacity_factor is not None,
+        lambda c: "must be 1 with a capacity_factor (capacity counts all of a device's tokens)",
+        lambda c: "Set ep_chunks=1, or capacity_factor=None (dropless).",
+    ),
+    (
+        "data_axes",
+        lambda c: c.ep_axis is not None and c.ep_axis in c.data_axes,
+        lambda c: f"must not repeat ep_axis {c.ep_axis!r}",
+        lambda c: "The batch is sharded over (*data_axes, ep_axis); list ep_axis once.",
+    ),
+    (
+        "data_axes",
+        lambda c: len(set(c.data_axes)) != len(c.data_axes),
+        lambda c: "must not repeat an axis",
+        lambda c: "List each axis once.",
+    ),
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,158 +375,15 @@ class MoEConfig:
     fsdp_expert_weights: bool = False
 
     def __post_init__(self):
-        for name in ("num_experts", "top_k", "hidden_size", "ffn_size", "num_groups"):
-            _positive_int(name, getattr(self, name))
-        if self.top_k > self.num_experts:
-            _fail(
-                "top_k",
-                f"must be <= num_experts ({self.num_experts})",
-                self.top_k,
-                "Lower top_k or add experts.",
-            )
-        if self.activation not in ACTIVATIONS:
-            _fail(
-                "activation",
-                f"must be one of {ACTIVATIONS}",
-                self.activation,
-                "Pick a supported activation.",
-            )
-        if self.score not in SCORES:
-            _fail("score", f"must be one of {SCORES}", self.score, "Pick a supported score.")
-        if self.pre_softmax and self.score != "softmax":
-            _fail(
-                "pre_softmax",
-                "only applies to score='softmax'",
-                self.pre_softmax,
-                f"Set pre_softmax=False for score={self.score!r}.",
-            )
-        if self.use_expert_bias and self.score == "softmax":
-            _fail(
-                "use_expert_bias",
-                "needs score='sigmoid' or 'sqrtsoftplus'",
-                self.use_expert_bias,
-                "Set score='sigmoid' or use_expert_bias=False.",
-            )
-        if self.num_experts % self.num_groups:
-            _fail(
-                "num_groups",
-                f"must divide num_experts ({self.num_experts})",
-                self.num_groups,
-                "Choose num_groups among the divisors of num_experts.",
-            )
-        if self.group_top_k is not None:
-            _positive_int("group_top_k", self.group_top_k)
-            if self.group_top_k > self.num_groups:
-                _fail(
-                    "group_top_k",
-                    f"must be <= num_groups ({self.num_groups})",
-                    self.group_top_k,
-                    "Lower group_top_k.",
-                )
-            if self.top_k % self.group_top_k:
-                _fail(
-                    "group_top_k",
-                    f"must divide top_k ({self.top_k})",
-                    self.group_top_k,
-                    "Each kept group contributes top_k / group_top_k experts to its score.",
-                )
-            per_group = self.top_k // self.group_top_k
-            if per_group > self.num_experts // self.num_groups:
-                _fail(
-                    "group_top_k",
-                    f"top_k / group_top_k ({per_group}) exceeds the experts per "
-                    f"group ({self.num_experts // self.num_groups})",
-                    self.group_top_k,
-                    "Keep more groups or use fewer groups.",
-                )
-        if not isinstance(self.num_shared_experts, int) or self.num_shared_experts < 0:
-            _fail(
-                "num_shared_experts",
-                "must be an int >= 0",
-                self.num_shared_experts,
-                "Pass 0 for no shared expert.",
-            )
-        if self.shared_ffn_size is not None:
-            _positive_int("shared_ffn_size", self.shared_ffn_size)
-            if self.num_shared_experts == 0:
-                _fail(
-                    "shared_ffn_size",
-                    "is set but num_shared_experts is 0",
-                    self.shared_ffn_size,
-                    "Set num_shared_experts >= 1 or shared_ffn_size=None.",
-                )
-        for name in ("aux_loss_coef", "seq_aux_loss_coef", "z_loss_coef"):
-            value = getattr(self, name)
-            if not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
-                _fail(name, "must be a finite float >= 0", value, f"Pass {name}=0.0 to disable.")
-        if (
-            not isinstance(self.routed_scaling, int | float)
-            or not math.isfinite(self.routed_scaling)
-            or self.routed_scaling <= 0
-        ):
-            _fail(
-                "routed_scaling",
-                "must be a finite float > 0",
-                self.routed_scaling,
-                "Use 1.0 for no scaling.",
-            )
-        if self.capacity_factor is not None and (
-            not isinstance(self.capacity_factor, int | float)
-            or not math.isfinite(self.capacity_factor)
-            or self.capacity_factor <= 0
-        ):
-            _fail(
-                "capacity_factor",
-                "must be None (dropless) or a float > 0",
-                self.capacity_factor,
-                "Use e.g. 1.25, or None for dropless.",
-            )
-        if self.ep_receive_factor is not None and (
-            not isinstance(self.ep_receive_factor, int | float) or self.ep_receive_factor <= 0
-        ):
-            _fail(
-                "ep_receive_factor",
-                "must be None (dropless) or a float > 0",
-                self.ep_receive_factor,
-                "Use e.g. 2.0, or None for the dropless bound.",
-            )
-        if self.ep_fast_slot_factor is not None and (
-            not isinstance(self.ep_fast_slot_factor, int | float)
-            or isinstance(self.ep_fast_slot_factor, bool)
-            or not math.isfinite(self.ep_fast_slot_factor)
-            or self.ep_fast_slot_factor < 1
-        ):
-            _fail(
-                "ep_fast_slot_factor",
-                "must be None or a finite float >= 1 (a multiple of the balanced slot)",
-                self.ep_fast_slot_factor,
-                "Use e.g. 1.125, or None to always size slots for the worst case.",
-            )
-        _positive_int("ep_chunks", self.ep_chunks)
-        if self.ep_chunks > 1 and self.capacity_factor is not None:
-            _fail(
-                "ep_chunks",
-                "must be 1 with a capacity_factor (capacity counts all of a device's tokens)",
-                self.ep_chunks,
-                "Set ep_chunks=1, or capacity_factor=None (dropless).",
-            )
-        if self.alignment is not None:
-            _positive_int("alignment", self.alignment)
-        object.__setattr__(self, "dtype", _float_dtype("dtype", self.dtype))
-        object.__setattr__(self, "param_dtype", _float_dtype("param_dtype", self.param_dtype))
-        if isinstance(self.data_axes, str):
-            object.__setattr__(self, "data_axes", (self.data_axes,))
-        else:
-            object.__setattr__(self, "data_axes", tuple(self.data_axes))
-        if self.ep_axis is not None and self.ep_axis in self.data_axes:
-            _fail(
-                "data_axes",
-                f"must not repeat ep_axis {self.ep_axis!r}",
-                self.data_axes,
-                "The batch is sharded over (*data_axes, ep_axis); list ep_axis once.",
-            )
-        if len(set(self.data_axes)) != len(self.data_axes):
-            _fail("data_axes", "must not repeat an axis", self.data_axes, "List each axis once.")
+        # One rule per field (_FIELD_RULES), then the rules between fields (_CROSS_FIELD_RULES).
+        for field, check in _FIELD_RULES.items():
+            value = getattr(self, field)
+            checked = check(field, value)
+            if checked is not value:
+                object.__setattr__(self, field, checked)
+        for field, broken, rule, fix in _CROSS_FIELD_RULES:
+            if broken(self):
+                _fail(field, rule(self), getattr(self, field), fix(self))
 
     # Derived values, computed from the fields (never stored).
 
@@ -296,7 +408,13 @@ class MoEConfig:
         return self.shared_ffn_size or self.ffn_size * self.num_shared_experts
 
     def capacity(self, num_tokens: int) -> int | None:
-        """Per-expert capacity C for ``num_tokens`` tokens (None when dropless)."""
+        """Per-expert capacity ``C = min(T, ceil(capacity_factor * T * K / E))`` (None: dropless).
+
+        ``T = num_tokens``. An expert receives at most T copies (a token picks an expert at most
+        once), so a larger C would only add empty buffer rows: C is capped at T, which keeps a
+        large ``capacity_factor`` (e.g. 1e6) from sizing a buffer for rows that cannot exist.
+        """
         if self.capacity_factor is None:
             return None
-        return math.ceil(self.capacity_factor * num_tokens * self.top_k / self.num_experts)
+        exact = self.capacity_factor * num_tokens * self.top_k / self.num_experts
+        return num_tokens if exact >= num_tokens else math.ceil(exact)

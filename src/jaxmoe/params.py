@@ -117,9 +117,65 @@ def check_params(params, cfg: MoEConfig) -> None:
             raise ValueError(
                 f"moe: params{path} must be floating point; got dtype {jnp.result_type(leaf)}."
             )
+    bias = given_flat.get("['expert_bias']")
+    if bias is not None:  # shape and dtype checked above; now its values
+        check_vector("moe: params['expert_bias']", bias, cfg.num_experts)
     extra = sorted(set(given_flat) - set(expected_flat))
     if extra:
         raise ValueError(
             f"moe: params{extra[0]} is not used by this config (unexpected leaves {extra}); "
             "check use_expert_bias / num_shared_experts / activation."
         )
+
+
+def _describe(value) -> str:
+    """A short description of an argument (never its contents: a long list is unreadable)."""
+    try:
+        array = value if hasattr(value, "dtype") else np.asarray(value)
+        return f"{type(value).__name__} of shape {tuple(np.shape(array))}, dtype {array.dtype}"
+    except (TypeError, ValueError):
+        return f"{type(value).__name__} that is not a rectangular array of numbers"
+
+
+def check_vector(
+    where: str, value, length: int | None, *, integer_ok: bool = False, nonnegative: bool = False
+) -> jax.Array:
+    """``value`` (an array, or a list or tuple of numbers) as a ``[length]`` jax array, checked.
+
+    ``length=None`` takes any non-empty 1-D value.
+
+    Checked before tracing: the shape, and the dtype (floating; also integer with
+    ``integer_ok``; never bool). A concrete value (eager, or a constant under ``jit``) must also
+    be finite (and ``>= 0`` with ``nonnegative``); a traced one cannot be read until it runs, so
+    its callers document what they do with non-finite entries.
+
+    Raises:
+      ValueError: naming ``where``, the rule, what was received (described, not dumped) and
+        the fix.
+    """
+    kinds = "an integer or floating" if integer_ok else "a floating"
+    rule = f"must be a {'1-D' if length is None else [length]} array of {kinds} dtype"
+    fix = f"Pass {length} numbers: a jax or numpy array, or a list."
+    if not isinstance(value, jax.core.Tracer) and not hasattr(value, "dtype"):
+        try:
+            value = np.asarray(value)
+        except (TypeError, ValueError):
+            raise ValueError(f"{where}: {rule}; got {_describe(value)}. {fix}") from None
+    dtype = getattr(value, "dtype", None)
+    numeric = dtype is not None and (
+        jnp.issubdtype(dtype, jnp.floating) or (integer_ok and jnp.issubdtype(dtype, jnp.integer))
+    )
+    shape = tuple(np.shape(value))
+    if not numeric or len(shape) != 1 or shape[0] != (length or shape[0] or 1):
+        raise ValueError(f"{where}: {rule}; got {_describe(value)}. {fix}")
+    if not isinstance(value, jax.core.Tracer):
+        host = np.asarray(value, np.float64)
+        bad = ~np.isfinite(host) | ((host < 0) if nonnegative else False)
+        if bad.any():
+            need = "finite and >= 0" if nonnegative else "finite"
+            raise ValueError(
+                f"{where}: every entry must be {need}; got {host[bad][:8].tolist()} at indices "
+                f"{np.flatnonzero(bad)[:8].tolist()}. Check what produced them; to drop NaN and "
+                "inf entries: jnp.where(jnp.isfinite(v), v, 0)."
+            )
+    return jnp.asarray(value)

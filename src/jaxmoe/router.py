@@ -5,12 +5,16 @@ All routing math is float32. Ties in top-k go to the lower expert index (``lax.t
 
 from __future__ import annotations
 
+import math
+import numbers
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jaxmoe.config import MoEConfig
+from jaxmoe.params import check_vector
 
 # Guards the normalisations against all-zero scores (sigmoid underflow); far below any real sum.
 _EPS = 1e-20
@@ -109,10 +113,17 @@ def route(logits: jax.Array, cfg: MoEConfig, expert_bias: jax.Array | None = Non
     :func:`group_limited_top_k`). ``scores`` (for the losses) is ``softmax(logits)`` or
     ``s / (sum_E s + 1e-20)``. ``expert_bias`` only steers selection: it gets no gradient.
 
+    A NaN or inf bias entry would send every token to the same experts, so it is refused:
+    a concrete ``expert_bias`` (eager; or a list, NumPy array or jax array closed over by a
+    jitted function) with one raises ValueError before any routing. A traced one cannot be read
+    before it runs: there a non-finite entry counts as 0 (that expert is chosen by its score
+    alone), so routing never collapses.
+
     Args:
       logits: ``[T, E]`` router logits (cast to float32).
       cfg: the layer config.
-      expert_bias: ``[E]`` selection bias; required iff ``cfg.use_expert_bias``.
+      expert_bias: ``[E]`` selection bias (an array or a list of numbers); required iff
+        ``cfg.use_expert_bias``.
 
     Returns:
       A :class:`Routing`.
@@ -120,6 +131,10 @@ def route(logits: jax.Array, cfg: MoEConfig, expert_bias: jax.Array | None = Non
     References: Shazeer et al. 2017 (top-k gating); Fedus et al. 2021 (Switch); DeepSeek-AI 2024,
     DeepSeek-V3 (sigmoid scores, group-limited routing, bias-based balancing).
     """
+    if expert_bias is not None:
+        expert_bias = check_vector(
+            "route: `expert_bias`", expert_bias, cfg.num_experts, integer_ok=True
+        )
     logits = logits.astype(jnp.float32)
     if logits.ndim != 2 or logits.shape[-1] != cfg.num_experts:
         raise ValueError(
@@ -141,7 +156,8 @@ def route(logits: jax.Array, cfg: MoEConfig, expert_bias: jax.Array | None = Non
         selection = s
         scores = normalize(s)
     if expert_bias is not None:
-        selection = selection + jax.lax.stop_gradient(expert_bias.astype(jnp.float32))[None, :]
+        bias = _finite_or_zero(jax.lax.stop_gradient(expert_bias.astype(jnp.float32)))
+        selection = selection + bias[None, :]
     experts = group_limited_top_k(
         jax.lax.stop_gradient(selection), cfg.top_k, cfg.num_groups, cfg.effective_group_top_k
     )
@@ -156,13 +172,69 @@ def route(logits: jax.Array, cfg: MoEConfig, expert_bias: jax.Array | None = Non
     return Routing(weights=weights, experts=experts, scores=scores)
 
 
+def _finite_or_zero(values: jax.Array) -> jax.Array:
+    """``values`` with every NaN and inf entry replaced by 0 (the traced-value rule above)."""
+    return jnp.where(jnp.isfinite(values), values, jnp.zeros((), values.dtype))
+
+
 def update_expert_bias(bias: jax.Array, tokens_per_expert: jax.Array, rate: float) -> jax.Array:
     r"""Aux-loss-free balancing step: ``bias + rate * sign(mean(c) - c)``.
 
     Under-loaded experts (count below the mean) get a higher selection bias, over-loaded ones a
     lower one. Apply after each training step with the step's ``MoEStats.tokens_per_expert``.
 
+    Non-finite values: concrete arguments (eager; or lists, NumPy arrays and jax arrays closed
+    over by a jitted function) are checked before tracing, and a NaN or inf ``bias`` entry,
+    count or ``rate``, or a negative count or rate, raises ValueError. Traced ones cannot be
+    read before they run: there a non-finite bias entry counts as 0, a negative rate as 0, a
+    non-finite step (NaN/inf ``rate`` or counts) is skipped, and the result is always finite
+    (an entry that overflows ``bias``'s dtype restarts at 0), so the router never receives a
+    bias that collapses routing.
+
+    Args:
+      bias: ``[E]`` floating current bias (an array or a list).
+      tokens_per_expert: ``[E]`` integer or floating counts (an array or a list).
+      rate: the step size, a finite float ``>= 0`` (or a scalar array).
+
+    Returns:
+      The new ``[E]`` bias, in ``bias``'s dtype.
+
     References: Wang et al. 2024, Auxiliary-Loss-Free Load Balancing; DeepSeek-V3.
     """
-    counts = tokens_per_expert.astype(jnp.float32)
-    return (bias + rate * jnp.sign(jnp.mean(counts) - counts)).astype(bias.dtype)
+    bias = check_vector("update_expert_bias: `bias`", bias, None)
+    counts = check_vector(
+        "update_expert_bias: `tokens_per_expert`",
+        tokens_per_expert,
+        bias.shape[0],
+        integer_ok=True,
+        nonnegative=True,
+    )
+    rate = _check_rate(rate)
+    step = _finite_or_zero(rate * jnp.sign(jnp.mean(counts.astype(jnp.float32)) - counts))
+    new = _finite_or_zero(bias.astype(jnp.float32)) + step
+    return _finite_or_zero(new.astype(bias.dtype))
+
+
+def _check_rate(rate) -> jax.Array | float:
+    """``rate`` of ``update_expert_bias``: a finite number >= 0, checked when it is concrete."""
+    if isinstance(rate, jax.core.Tracer):
+        if np.shape(rate) != () or not jnp.issubdtype(rate.dtype, jnp.floating):
+            raise ValueError(
+                f"update_expert_bias: `rate` must be a scalar float; got a traced array of "
+                f"shape {np.shape(rate)}, dtype {rate.dtype}. Pass e.g. rate=1e-3."
+            )
+        return jnp.maximum(rate.astype(jnp.float32), 0.0)  # NaN stays NaN: its step is skipped
+    number = isinstance(rate, numbers.Real) and not isinstance(rate, bool)
+    scalar_array = (
+        hasattr(rate, "dtype")
+        and np.shape(rate) == ()
+        and (jnp.issubdtype(rate.dtype, jnp.floating) or jnp.issubdtype(rate.dtype, jnp.integer))
+    )
+    value = float(rate) if number or scalar_array else None
+    if value is None or not math.isfinite(value) or value < 0:
+        shown = repr(rate) if np.shape(rate) == () else f"an array of shape {np.shape(rate)}"
+        raise ValueError(
+            f"update_expert_bias: `rate` must be a finite number >= 0 (not a bool); got "
+            f"{shown}. Pass e.g. rate=1e-3 (0 leaves the bias unchanged)."
+        )
+    return value

@@ -7,6 +7,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from jaxmoe.choices import GROUPED_MATMUL_BACKENDS, check_registry
 from jaxmoe.ops.grouped_matmul.base import (
     GroupedMatmulBackend,
     check_grouped_matmul_args,
@@ -36,6 +37,7 @@ _BACKENDS = {
     "pallas_triton": _pallas_triton_backend,
 }
 BACKEND_NAMES = ("auto", *_BACKENDS)
+check_registry("GROUPED_MATMUL_BACKENDS", GROUPED_MATMUL_BACKENDS, BACKEND_NAMES)
 
 
 def default_backend_name(platform: str | None = None) -> str:

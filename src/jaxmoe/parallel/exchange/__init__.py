@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import jax
 
+from jaxmoe.choices import EP_EXCHANGES, check_registry
 from jaxmoe.parallel.exchange.all_gather import AllGatherExchange
 from jaxmoe.parallel.exchange.all_to_all import AllToAllExchange
 from jaxmoe.parallel.exchange.all_to_all_chunked import ChunkedAllToAllExchange
@@ -24,6 +25,7 @@ EXCHANGES = {
     )
 }
 EXCHANGE_NAMES = tuple(EXCHANGES)
+check_registry("EP_EXCHANGES", EP_EXCHANGES, EXCHANGE_NAMES)
 
 
 def default_exchange_name(platform: str | None = None) -> str:

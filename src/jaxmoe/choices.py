@@ -1,0 +1,29 @@
+"""The names each name option of :class:`~jaxmoe.MoEConfig` accepts.
+
+One home below ``config.py``, ``ops`` and ``parallel``: the config checks names against these
+tuples on construction without importing the registries (``jaxmoe.parallel`` imports the config,
+so the config importing it back would be a loop), and each registry checks on import that it
+implements exactly the names listed here (:func:`check_registry`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+SCORES = ("softmax", "sigmoid", "sqrtsoftplus")
+ACTIVATIONS = ("swiglu", "geglu", "gelu", "relu")
+GATED_ACTIVATIONS = ("swiglu", "geglu")
+# ``jaxmoe.ops.grouped_matmul.api``: "auto" (the platform's best) and one name per backend.
+GROUPED_MATMUL_BACKENDS = ("auto", "reference", "xla", "pallas", "pallas_triton")
+# ``jaxmoe.parallel.exchange``: one name per exchange implementation.
+EP_EXCHANGES = ("all_to_all", "all_to_all_chunked", "all_gather", "ragged_all_to_all")
+
+
+def check_registry(listed_as: str, listed: tuple[str, ...], implemented: Iterable[str]) -> None:
+    """Raises RuntimeError on import when a registry and the names listed here drift apart."""
+    implemented = tuple(implemented)
+    if implemented != listed:
+        raise RuntimeError(
+            f"jaxmoe.choices.{listed_as} is {listed} but the registry implements {implemented}; "
+            "MoEConfig validates names against jaxmoe.choices, so update both together."
+        )
