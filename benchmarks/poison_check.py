@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import datetime
 import json
 import os
 import pathlib
@@ -27,6 +26,7 @@ import numpy as np
 
 import jaxmoe
 from jaxmoe import debug
+from jaxmoe.bench.harness import relative_error, results_header
 
 TOLERANCE = {"float32": 1e-5, "bfloat16": 2e-2}
 
@@ -87,11 +87,8 @@ def _bitwise_equal(a, b):
 
 
 def _relative_error(a, b):
-    worst = 0.0
-    for u, v in zip(a, b, strict=True):
-        scale = max(float(np.linalg.norm(v)), 1e-30)
-        worst = max(worst, float(np.linalg.norm(u - v)) / scale)
-    return worst
+    """The largest relative error over the leaves."""
+    return max(relative_error(u, v) for u, v in zip(a, b, strict=True))
 
 
 def check(small: bool, ep: int | None, names=None, on_row=None):
@@ -159,15 +156,7 @@ def main(argv=None):
 
 
 def _write(rows, args):
-    device = jax.devices()[0]
-    header = {
-        "device": getattr(device, "device_kind", str(device)),
-        "num_devices": jax.device_count(),
-        "jax": jax.__version__,
-        "date": datetime.date.today().isoformat(),
-        "command": "python " + " ".join(sys.argv),
-        "poison_env": debug.POISON_ENV,
-    }
+    header = results_header("python " + " ".join(sys.argv), poison_env=debug.POISON_ENV)
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     suffix = f"-ep{args.ep}" if args.ep else ""

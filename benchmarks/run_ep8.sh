@@ -12,11 +12,11 @@ OUT=${OUT:-/tmp/jaxmoe-ep8}
 mkdir -p "$OUT"
 python3 -c 'import json, jax.numpy as jnp; from jaxmoe.bench.layer import measure_dense_peak; print(json.dumps(measure_dense_peak(jnp.bfloat16)))' >"$OUT/dense-peak.json" 2>>"$OUT/log"
 cases=megatron-mixtral,megatron-dsv3
-timeout 240 python3 benchmarks/ep.py --ep 8 --parts layer --cases $cases --receive-factor none \
-  --out "$OUT" --stem ep8-h200-layer-dropless >>"$OUT/log" 2>&1
-timeout 180 python3 benchmarks/ep.py --ep 8 --parts layer --cases $cases --receive-factor 1.25 \
-  --out "$OUT" --stem ep8-h200-layer-rf125 >>"$OUT/log" 2>&1
-timeout 120 python3 benchmarks/ep.py --ep 8 --parts exchange --exchange-ep 8 \
-  --exchanges all_to_all,all_to_all_chunked --out "$OUT" --stem ep8-h200-exchange >>"$OUT/log" 2>&1
+timeout 240 python3 -m jaxmoe bench ep --ep 8 --parts layer --preset $cases --receive-factor none \
+  --out "$OUT/ep8-h200-layer-dropless.json" >>"$OUT/log" 2>&1
+timeout 180 python3 -m jaxmoe bench ep --ep 8 --parts layer --preset $cases --receive-factor 1.25 \
+  --out "$OUT/ep8-h200-layer-rf125.json" >>"$OUT/log" 2>&1
+timeout 120 python3 -m jaxmoe bench ep --ep 8 --parts exchange --exchange-ep 8 \
+  --exchanges all_to_all,all_to_all_chunked --out "$OUT/ep8-h200-exchange.json" >>"$OUT/log" 2>&1
 rm -f "$OUT"/*.md  # at most 8 files come back
 cat "$OUT/dense-peak.json"; grep -a -h "tflops_per_gpu\|gbps" "$OUT"/*.json | head -40

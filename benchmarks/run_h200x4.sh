@@ -11,13 +11,13 @@ OUT=${OUT:-/tmp/jaxmoe-h200x4}
 mkdir -p "$OUT"
 log="$OUT/run.log"
 { date -u; nvidia-smi --query-gpu=name --format=csv,noheader; } >>"$log" 2>&1
-timeout "${EXCH_S:-170}" python3 benchmarks/ep.py --ep 4 --parts correctness,exchange \
-  --exchange-ep 4 --out "$OUT" --stem ep-h200x4-exchange --budget-s 150 >>"$log" 2>&1
-timeout "${LAYER_S:-210}" python3 benchmarks/ep.py --ep 1,2,4 --parts layer --cases dsv3,mixtral \
-  --receive-factor none --out "$OUT" --stem ep-h200x4-layer --budget-s 190 >>"$log" 2>&1
+timeout "${EXCH_S:-170}" python3 -m jaxmoe bench ep --ep 4 --parts correctness,exchange \
+  --exchange-ep 4 --out "$OUT/ep-h200x4-exchange.json" --budget-s 150 >>"$log" 2>&1
+timeout "${LAYER_S:-210}" python3 -m jaxmoe bench ep --ep 1,2,4 --parts layer --preset dsv3,mixtral \
+  --receive-factor none --out "$OUT/ep-h200x4-layer.json" --budget-s 190 >>"$log" 2>&1
 export XLA_FLAGS=--xla_gpu_enable_latency_hiding_scheduler=true
-timeout "${LHS_S:-150}" python3 benchmarks/ep.py --ep 1,4 --parts layer --cases dsv3,mixtral \
-  --receive-factor none --chunks 2 --out "$OUT" --stem ep-h200x4-layer-chunks2-lhs \
+timeout "${LHS_S:-150}" python3 -m jaxmoe bench ep --ep 1,4 --parts layer --preset dsv3,mixtral \
+  --receive-factor none --chunks 2 --out "$OUT/ep-h200x4-layer-chunks2-lhs.json" \
   --budget-s 130 >>"$log" 2>&1
 rm -f "$OUT"/*.md  # at most 8 files come back; tables are rebuilt from the JSON
 python3 - "$OUT" <<'PY'

@@ -4,6 +4,7 @@ They run the commands in-process (``main([...])``), which shares the test sessio
 and keep each run tiny (a few steps, the ``tiny`` preset, few timing samples).
 """
 
+import argparse
 import json
 import math
 import subprocess
@@ -135,3 +136,155 @@ def test_bench_gemm_tiny(tmp_path):
 def test_bench_rejects_unknown_preset():
     with pytest.raises(SystemExit, match="unknown --preset"):
         main(["bench", "layer", "--preset", "gpt5"])
+
+
+# --------------------------------------------------------------------------------------------------
+# The command-line rules (issue 18): a bad flag is one line and exit status 2, before any work.
+# --------------------------------------------------------------------------------------------------
+
+
+def _exit_code(argv) -> int:
+    """``main(argv)``'s exit status, whether returned or raised (argparse raises SystemExit)."""
+    try:
+        return main(argv)
+    except SystemExit as exit_:
+        return exit_.code
+
+
+def _one_error_line(capsys) -> str:
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1, captured.err
+    assert lines[0].startswith("jaxmoe: error: "), lines[0]
+    assert captured.out == ""
+    return lines[0]
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["demo", "--seed", "-1"], "--seed"),
+        (["demo", "--aux-loss", "nan"], "--aux-loss"),
+        (["demo", "--expert-bias-rate", "inf"], "--expert-bias-rate"),
+        (["demo", "--steps", "0"], "--steps"),
+        (["demo", "--top-k", "two"], "--top-k"),
+        (["demo", "--experts", "1.5"], "--experts"),
+        (["demo", "--devices", "0"], "--devices"),
+        (["bench", "gemm", "--tokens", "-1"], "--tokens"),
+        (["bench", "gemm", "--compare", "foo"], "'foo'"),
+        (["bench", "gemm", "--pass", "bwd"], "'bwd'"),
+        (["bench", "gemm", "--routings", "uniform"], "'uniform'"),
+        (["bench", "gemm", "--shapes", "huge"], "'huge'"),
+        (["bench", "layer", "--repeats", "0"], "--repeats"),
+        (["bench", "layer", "--compare", "jaxmoe-foo"], "jaxmoe-foo"),
+        (["bench", "layer", "--dtype", "fp8"], "--dtype"),
+        (["bench", "gemm", "--budget-s", "-5"], "--budget-s"),
+        (["bench", "ep", "--repeats", "3"], "--repeats"),
+        (["bench", "ep", "--ep", "0"], "--ep"),
+        (["bench", "ep", "--ep", "1,x"], "--ep"),
+        (["bench", "ep", "--receive-factor", "inf"], "--receive-factor"),
+        (["bench", "ep", "--chunks", "0"], "--chunks"),
+        (["bench", "ep", "--parts", "all"], "'all'"),
+        (["bench", "ep", "--preset", "qwen3"], "--preset"),
+        (["bench", "ep", "--preset", "tiny,dsv3"], "--preset"),
+        (["bench", "ep", "--ep", "64"], "--ep"),
+        (["bench", "nope"], "invalid choice"),
+        (["demo", "--no-such-flag"], "--no-such-flag"),
+    ],
+)
+def test_bad_flag_is_one_line_and_status_2(argv, says, capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # the demo's default --out folder lands here
+    assert _exit_code(argv) == 2
+    assert says in _one_error_line(capsys)
+
+
+def test_demo_cross_flag_error_is_one_line(tmp_path, capsys):
+    argv = ["demo", "--expert-bias-rate", "0.01", "--out", str(tmp_path)]
+    assert _exit_code(argv) == 2
+    assert "--score sigmoid" in _one_error_line(capsys)
+
+
+@pytest.mark.parametrize("kind", ["gemm", "layer", "ep"])
+def test_unwritable_out_fails_before_the_benchmark(kind, monkeypatch, capsys):
+    from jaxmoe.bench import expert_parallel, gemm, layer
+
+    def must_not_run(*args, **kwargs):
+        raise AssertionError("the benchmark ran although --out cannot be written")
+
+    monkeypatch.setattr(gemm, "run_gemm_benchmark", must_not_run)
+    monkeypatch.setattr(layer, "run_layer_benchmark", must_not_run)
+    monkeypatch.setattr(expert_parallel, "run_ep_benchmark", must_not_run)
+    assert _exit_code(["bench", kind, "--out", "/proc/jaxmoe/x.json"]) == 2
+    line = _one_error_line(capsys)
+    assert "--out" in line and "/proc/jaxmoe/x.json" in line
+
+
+def test_out_that_is_a_folder_is_refused(tmp_path, capsys):
+    assert _exit_code(["bench", "layer", "--out", str(tmp_path)]) == 2
+    assert "folder" in _one_error_line(capsys)
+
+
+def _all_parsers(parser):
+    yield parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                yield from _all_parsers(sub)
+
+
+def test_every_help_shows_every_default():
+    from jaxmoe.cli.main import build_parser
+
+    parsers = list(_all_parsers(build_parser()))
+    assert len(parsers) == 6  # jaxmoe, demo, bench, gemm, layer, ep
+    for parser in parsers:
+        text = " ".join(parser.format_help().split())
+        for action in parser._actions:
+            if action.option_strings and action.default is not argparse.SUPPRESS:
+                assert f"(default: {action.default})" in text, (parser.prog, action.dest)
+
+
+def test_gemm_help_lists_every_peer():
+    from jaxmoe.bench import gemm
+    from jaxmoe.cli.main import build_parser
+
+    gemm_parser = next(p for p in _all_parsers(build_parser()) if p.prog.endswith("gemm"))
+    text = " ".join(gemm_parser.format_help().split())
+    assert all(impl in text for impl in gemm.IMPLS)
+
+
+def _table_head(out: str, first_column: str) -> list[str]:
+    """The table's heading and rule lines: every bench prints the same kind of table."""
+    lines = out.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(first_column + " "))
+    heading, rule = lines[start], lines[start + 1]
+    assert heading.split()[-1] == "note" and set(rule.replace(" ", "")) == {"-"}
+    return heading.split()
+
+
+def test_gemm_skips_peers_the_platform_lacks(tmp_path, capsys):
+    """On CPU: jax's Mosaic GPU peer (and torch without CUDA) are skipped rows with a reason."""
+    out = tmp_path / "gemm.json"
+    argv = ["bench", "gemm", "--preset", "tiny", "--pass", "fwd", "--routings", "balanced"]
+    assert main([*argv, "--repeats", "1", "--out", str(out)]) == 0
+    rows = _bench_rows(out)
+    by_impl = {r["impl"]: r for r in rows}
+    assert set(by_impl) == {"torch", "jaxmoe", "jaxmoe_triton", "xla_ragged_dot", "jax_mosaic"}
+    assert not any(r.get("error") for r in rows)
+    assert "NVIDIA GPU" in by_impl["jax_mosaic"]["skipped"]
+    assert by_impl["jax_mosaic"]["ms"] is None
+    stdout = capsys.readouterr().out
+    assert "ERROR" not in stdout
+    assert _table_head(stdout, "shape")[:3] == ["shape", "m", "k"]
+
+
+def test_layer_and_ep_print_the_same_kind_of_table(tmp_path, capsys):
+    argv = ["bench", "layer", "--compare", "jaxmoe-xla", "--pass", "fwd", "--repeats", "1"]
+    assert main(argv) == 0
+    assert _table_head(capsys.readouterr().out, "preset")[:2] == ["preset", "tokens"]
+    out = tmp_path / "ep.json"
+    argv = ["bench", "ep", "--preset", "tiny", "--ep", "1", "--parts", "layer"]
+    assert main([*argv, "--out", str(out)]) == 0
+    assert _table_head(capsys.readouterr().out, "case")[:3] == ["case", "ep", "impl"]
+    rows = _bench_rows(out)
+    assert {r["case"] for r in rows} == {"layer_fwd_bwd:dsv3-tiny", "layer_fwd_bwd:mixtral-tiny"}

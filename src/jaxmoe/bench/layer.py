@@ -22,16 +22,14 @@ forward+backward three times that. MFU divides it by the dense peak measured in 
 from __future__ import annotations
 
 import dataclasses
-import datetime
-import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 import jaxmoe
+from jaxmoe.bench.harness import fill_ratios, relative_error, release_torch_memory
 from jaxmoe.bench.presets import LAYER_PRESETS, LayerPreset
 from jaxmoe.bench.timing import _time_with_sync, time_jax, time_torch
 
@@ -49,6 +47,22 @@ REL_TOL = {jnp.dtype(jnp.bfloat16): 3e-2, jnp.dtype(jnp.float32): 5e-3}
 # The dense layer is skipped when its estimated live bytes exceed this share of device memory.
 DENSE_MEMORY_SHARE = 0.3
 CPU_MEMORY_BYTES = 4 << 30
+# What the results header says about the numbers.
+HEADER_FACTS = {
+    "flops": "expert matmuls only: fwd 3*2*T*K*H*F, fwd+bwd 3x that",
+    "timing": "median ms per call after warm-up, device-synchronised (jaxmoe.bench.timing)",
+}
+# The table ``jaxmoe bench layer`` prints (see jaxmoe.bench.harness.format_table).
+COLUMNS = (
+    ("preset", "preset", ""),
+    ("tokens", "tokens", ""),
+    ("pass", "pass", ""),
+    ("impl", "impl", ""),
+    ("ms", "ms", "{:.3f}"),
+    ("tflops", "TFLOP/s", "{:.3f}"),
+    ("mfu", "MFU", "{:.1%}"),
+    ("ratio", "ratio", "{:.2f}x"),
+)
 
 
 def layer_config(preset: LayerPreset, dtype) -> jaxmoe.MoEConfig:
@@ -159,6 +173,7 @@ def _jax_case(layer_fn: Callable, params, x, dy, pass_: str):
 
 
 def _torch_case(params, x, dy, top_k: int, dtype, pass_: str):
+    # Optional and slow to import: only when torch is benchmarked (torch_layer needs torch).
     import torch
 
     from jaxmoe.bench.torch_layer import TorchMoELayer, grouped_mm_available, to_torch_input
@@ -211,14 +226,6 @@ class _Skip(Exception):
     """An implementation that cannot run here (the reason goes into the row)."""
 
 
-def _rel_err(got, want) -> float:
-    got = np.asarray(jax.device_get(got), np.float64)
-    want = np.asarray(jax.device_get(want), np.float64)
-    if not np.all(np.isfinite(got)):
-        return float("inf")
-    return float(np.linalg.norm(got - want) / max(np.linalg.norm(want), 1e-30))
-
-
 def measure_dense_peak(dtype, size: int | None = None) -> dict[str, float]:
     """TFLOP/s of one square ``jnp.dot`` (8192 on accelerators, 1024 on CPU) in ``dtype``."""
     if size is None:
@@ -230,12 +237,19 @@ def measure_dense_peak(dtype, size: int | None = None) -> dict[str, float]:
     return {"size": size, "ms": timing.median_ms, "tflops": 2 * size**3 / timing.median_ms / 1e9}
 
 
-def _release_torch_memory() -> None:
-    if "torch" in sys.modules:
-        try:
-            sys.modules["torch"].cuda.empty_cache()
-        except Exception:  # noqa: BLE001 - no CUDA: nothing to release
-            pass
+def check_impls(impls: Sequence[str]) -> None:
+    """Raises ValueError on a name that is not ``torch``, ``dense``, ``jaxmoe`` or
+    ``jaxmoe-<backend>`` with a known grouped-matmul backend."""
+    backends = jaxmoe.ops.grouped_matmul.BACKEND_NAMES
+    for impl in impls:
+        known = impl in ("torch", "dense", "jaxmoe") or (
+            impl.startswith("jaxmoe-") and impl.removeprefix("jaxmoe-") in backends
+        )
+        if not known:
+            raise ValueError(
+                f"unknown layer impl {impl!r}; use torch, dense, jaxmoe or jaxmoe-<backend> "
+                f"(backends: {', '.join(backends)})."
+            )
 
 
 def run_layer_benchmark(
@@ -271,12 +285,7 @@ def run_layer_benchmark(
     if dtype not in DTYPES:
         raise ValueError(f"`dtype` must be one of {sorted(DTYPES)}; got {dtype!r}.")
     jdtype = jnp.dtype(DTYPES[dtype])
-    for impl in impls:
-        if impl not in ("torch", "dense", "jaxmoe") and not impl.startswith("jaxmoe-"):
-            raise ValueError(
-                f"unknown layer impl {impl!r}; use torch, dense, jaxmoe or jaxmoe-<backend> "
-                f"(backends: {jaxmoe.ops.grouped_matmul.BACKEND_NAMES})."
-            )
+    check_impls(impls)
     for pass_ in passes:
         if pass_ not in PASSES:
             raise ValueError(f"unknown pass {pass_!r}; choose from {PASSES}.")
@@ -314,8 +323,8 @@ def run_layer_benchmark(
                 if progress:
                     progress(f"{preset.name} {impl} {pass_}")
             if impl == "torch":
-                _release_torch_memory()
-    _fill_ratios(rows, impls)
+                release_torch_memory()
+    fill_ratios(rows, ("preset", "pass"), impls)
     return {"dense_peak": peak, "dtype": jdtype.name}, rows
 
 
@@ -356,7 +365,7 @@ def _run_case(impl, pass_, preset, cfg, params, x, dy, want, repeats) -> dict[st
                 jaxmoe.ops.grouped_matmul.resolve_backend(backend)  # unknown names fail here
             layer_fn = lambda p, x: jaxmoe.moe(p, x, layer_cfg)[0]  # noqa: E731
             fn, args, timer, outputs = _jax_case(layer_fn, params, x, dy, pass_)
-        errors = {name: _rel_err(value, want[name]) for name, value in outputs().items()}
+        errors = {name: relative_error(value, want[name]) for name, value in outputs().items()}
         row["rel_err"] = max(errors.values())
         if not row["rel_err"] <= REL_TOL[cfg.dtype]:
             raise AssertionError(f"wrong result, relative errors {errors} > {REL_TOL[cfg.dtype]}")
@@ -370,19 +379,6 @@ def _run_case(impl, pass_, preset, cfg, params, x, dy, want, repeats) -> dict[st
     return row
 
 
-def _fill_ratios(rows: list[dict[str, Any]], impls: Sequence[str]) -> None:
-    """``ratio``: the first impl (in ``impls`` order) with a time, over this row's ms."""
-    for preset, pass_ in {(r["preset"], r["pass"]) for r in rows}:
-        group = {r["impl"]: r for r in rows if (r["preset"], r["pass"]) == (preset, pass_)}
-        timed = [i for i in impls if group.get(i, {}).get("ms")]
-        base = group[timed[0]] if timed else None
-        torch_ms = group.get("torch", {}).get("ms")
-        for row in group.values():
-            row["baseline"] = base["impl"] if base else None
-            row["ratio"] = base["ms"] / row["ms"] if base and row["ms"] else None
-            row["ratio_vs_torch"] = torch_ms / row["ms"] if torch_ms and row["ms"] else None
-
-
 def row_line(row: dict[str, Any]) -> str:
     what = f"{row['preset']:>8} {row['pass']:>8} {row['impl']:>14}"
     if row.get("skipped"):
@@ -392,45 +388,11 @@ def row_line(row: dict[str, Any]) -> str:
     return f"{what} {row['ms']:10.3f} ms  err {row['rel_err']:.1e}"
 
 
-def benchmark_header(command: str) -> dict[str, Any]:
-    """Where and how: device, versions, date, the command."""
-    header = {
-        "device": f"{jax.devices()[0].device_kind} ({jax.default_backend()})",
-        "jax": jax.__version__,
-        "torch": None,
-        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
-        "command": command,
-        "flops": "expert matmuls only: fwd 3*2*T*K*H*F, fwd+bwd 3x that",
-        "timing": "median ms per call after warm-up, device-synchronised (jaxmoe.bench.timing)",
-    }
-    if "torch" in sys.modules or _torch_importable():
-        import torch
-
-        header["torch"] = torch.__version__
-    return header
-
-
-def _torch_importable() -> bool:
-    try:
-        import torch  # noqa: F401
-    except Exception:  # noqa: BLE001
-        return False
-    return True
-
-
-def summary_lines(rows: list[dict[str, Any]]) -> list[str]:
-    """Rows that did not run, with why (for the end of the CLI's table)."""
-    return [
-        f"{r['preset']} {r['pass']} {r['impl']}: {r.get('skipped') or r.get('error')}"
-        for r in rows
-        if r["ms"] is None
-    ]
-
-
 __all__ = [
     "DEFAULT_IMPLS",
     "PASSES",
-    "benchmark_header",
+    "COLUMNS",
+    "check_impls",
     "dense_layer",
     "expert_flops",
     "measure_dense_peak",

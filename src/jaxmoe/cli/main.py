@@ -1,34 +1,61 @@
 """The ``jaxmoe`` command (also ``python -m jaxmoe``): ``demo`` and ``bench gemm|layer|ep``.
 
-Arguments are parsed before JAX starts, because simulated CPU devices (``--devices N``) must be
-requested through ``XLA_FLAGS`` before the first device is created.
+This module parses and prints; the work is in :mod:`jaxmoe.cli.demo` and :mod:`jaxmoe.bench`.
+Every flag is checked while parsing (:mod:`jaxmoe.cli.flags`): a bad one prints one line,
+``jaxmoe: error: ...``, and exits with status 2 before any work starts. Arguments are parsed
+before JAX creates a device, because simulated CPU devices (``demo --devices N``, ``bench ep
+--ep N``) must be requested through ``XLA_FLAGS`` before the first device is created.
+
+The three benches print the same kind of table (:func:`jaxmoe.bench.harness.format_table`) and
+write ``{"header", "rows"}`` JSON to ``--out``, after every row (a run cut short keeps what it
+measured). The exit status is 0 when something ran and nothing failed, 1 otherwise.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shlex
 import sys
-from pathlib import Path
+
+import jax
+from tqdm.auto import tqdm
+
+from jaxmoe.bench import expert_parallel, gemm, gemm_tile_sweep, harness, layer
+from jaxmoe.bench.layer_scaling import LAYER_CASES
+from jaxmoe.bench.presets import GEMM_SHAPES, LAYER_PRESETS
+from jaxmoe.cli import flags
+from jaxmoe.parallel.exchange import EXCHANGES
 
 SCORES = ("softmax", "sigmoid", "sqrtsoftplus")
-LAYER_PRESET_NAMES = ("mixtral", "dsv3", "qwen3", "tiny")
-
-
-def _parallel_available() -> bool:
-    # Checked on disk, not by import: importing jaxmoe would start JAX too early.
-    return (Path(__file__).resolve().parents[1] / "parallel" / "__init__.py").exists()
+BIG_PRESETS = ("mixtral", "dsv3", "qwen3")
+DTYPES = {"bf16": "bfloat16", "fp32": "float32"}
+Formatter = argparse.ArgumentDefaultsHelpFormatter
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = flags.Parser(
         prog="jaxmoe",
         description="Mixture-of-Experts layers for JAX: a training demo and benchmarks.",
+        formatter_class=Formatter,
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="{demo,bench}")
+    _add_demo(commands)
+    bench = commands.add_parser(
+        "bench",
+        help="benchmark the grouped matmul, the layer, or expert parallelism",
+        description="Check then time implementations side by side; prints a table and writes "
+        "JSON ({'header', 'rows'}) to --out.",
+        formatter_class=Formatter,
+    )
+    kinds = bench.add_subparsers(dest="kind", required=True, metavar="{gemm,layer,ep}")
+    _add_gemm(kinds)
+    _add_layer(kinds)
+    _add_ep(kinds)
+    return parser
 
+
+def _add_demo(commands) -> None:
     demo = commands.add_parser(
         "demo",
         help="train a small MoE character-level language model on Shakespeare (CPU, ~2 min)",
@@ -36,107 +63,212 @@ def build_parser() -> argparse.ArgumentParser:
         "layers are jaxmoe.nn.MoE, on the bundled tiny-Shakespeare corpus. Prints progress, a "
         "summary (loss, expert balance, dropped tokens) and sampled text; writes metrics.json "
         "and demo.png to --out.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=Formatter,
     )
-    demo.add_argument("--steps", type=int, default=300, help="training steps")
-    demo.add_argument("--experts", type=int, default=8, help="routed experts per layer (E)")
-    demo.add_argument("--top-k", type=int, default=2, help="experts per token (K)")
+    demo.add_argument("--steps", type=flags.integer(1), default=300, help="training steps")
+    demo.add_argument(
+        "--experts", type=flags.integer(1), default=8, help="routed experts per layer (E)"
+    )
+    demo.add_argument("--top-k", type=flags.integer(1), default=2, help="experts per token (K)")
     demo.add_argument("--score", choices=SCORES, default="softmax", help="router score function")
     demo.add_argument(
-        "--aux-loss", type=float, default=1e-2, help="load-balancing loss coefficient (0 = off)"
+        "--aux-loss",
+        type=flags.number(0),
+        default=1e-2,
+        help="load-balancing loss coefficient (0 = off)",
     )
     demo.add_argument(
         "--expert-bias-rate",
-        type=float,
+        type=flags.number(0),
         default=0.0,
         help="aux-loss-free balancing: update a selection bias by this much after each step "
         "(needs --score sigmoid or sqrtsoftplus; 0 = off)",
     )
     demo.add_argument(
         "--devices",
-        type=int,
+        type=flags.integer(1),
         default=1,
         help="expert parallelism over N simulated CPU devices (experts sharded over a mesh axis)",
     )
-    demo.add_argument("--seed", type=int, default=0, help="parameter and data seed")
-    demo.add_argument("--out", default="jaxmoe-demo", help="output folder")
-
-    bench = commands.add_parser(
-        "bench",
-        help="benchmark the grouped matmul, the layer, or the expert-parallel exchange",
-        description="Check then time implementations side by side; prints a table and writes JSON.",
+    demo.add_argument(
+        "--seed", type=flags.integer(0, 2**32), default=0, help="parameter and data seed"
     )
-    kinds = bench.add_subparsers(dest="kind", required=True, metavar="{gemm,layer,ep}")
-    for kind, text in (
-        ("gemm", "grouped matmul x[M,K] @ w[G,K,N]: jaxmoe kernel, lax.ragged_dot, torch"),
-        ("layer", "the whole MoE layer: jaxmoe (default / named backend), dense JAX, torch"),
-        ("ep", "the expert-parallel exchange"),
-    ):
-        sub = kinds.add_parser(kind, help=text, description=text)
-        sub.add_argument(
-            "--preset",
-            default="tiny",
-            help=f"comma list of {', '.join(LAYER_PRESET_NAMES)} (or 'all' for the three big ones)",
-        )
-        sub.add_argument("--tokens", type=int, default=None, help="override the preset's tokens")
-        sub.add_argument("--dtype", choices=("bf16", "fp32"), default="bf16")
-        sub.add_argument(
-            "--compare",
-            default=None,
-            help="comma list of implementations; ratios are against the first that runs "
-            "(layer: torch,jaxmoe,jaxmoe-xla,dense; gemm: torch,jaxmoe,xla_ragged_dot)",
-        )
-        sub.add_argument(
-            "--pass",
-            dest="passes",
-            default="fwd,fwd+bwd",
-            help="comma list of fwd, fwd+bwd",
-        )
-        sub.add_argument("--repeats", type=int, default=10, help="timed samples per row")
-        if kind == "ep":
-            sub.add_argument(
-                "--ep",
-                default="1,2",
-                help="comma list of expert-parallel sizes (CPU: that many simulated devices)",
-            )
-        sub.add_argument("--out", default=None, help="JSON file to write (default: none)")
-    return parser
+    demo.add_argument("--out", type=flags.writable_folder, default="jaxmoe-demo", help="folder")
 
 
-def _split(text: str | None) -> list[str]:
-    return [part.strip() for part in (text or "").split(",") if part.strip()]
+def _add_common(sub, presets, all_presets, default_preset="tiny") -> None:
+    """Flags every bench takes."""
+    sub.add_argument(
+        "--preset",
+        type=flags.preset_names(presets, all_presets),
+        default=default_preset,
+        help=f"comma list of {', '.join(presets)}, or 'all' for {','.join(all_presets)}",
+    )
+    sub.add_argument(
+        "--out",
+        type=flags.writable_file,
+        default=None,
+        help="JSON file for the results, rewritten after every row (None: not written)",
+    )
 
 
-def _presets(text: str) -> list[str]:
-    names = ["mixtral", "dsv3", "qwen3"] if text == "all" else _split(text)
-    for name in names:
-        if name not in LAYER_PRESET_NAMES:
-            raise SystemExit(
-                f"jaxmoe bench: unknown --preset {name!r}; choose from "
-                f"{', '.join(LAYER_PRESET_NAMES)} (comma-separated) or 'all'."
-            )
-    return names
+def _add_budget(sub) -> None:
+    sub.add_argument(
+        "--budget-s",
+        "--time-budget-s",
+        type=flags.number(0, above=True),
+        default=None,
+        help="start no new measurement after this many seconds (None: no limit)",
+    )
+
+
+def _add_sizes(sub, impls_help: str, impls_type) -> None:
+    """Flags of the gemm and layer benches: tokens, dtype, peers, passes, repeats."""
+    sub.add_argument(
+        "--tokens",
+        type=flags.integer(1),
+        default=None,
+        help="tokens instead of the preset's (None: the preset's)",
+    )
+    sub.add_argument("--dtype", choices=tuple(DTYPES), default="bf16", help="operand dtype")
+    sub.add_argument(
+        "--compare",
+        "--impls",
+        dest="compare",
+        type=impls_type,
+        default=None,
+        help=f"comma list of implementations; ratios are against the first that runs "
+        f"({impls_help})",
+    )
+    sub.add_argument(
+        "--pass",
+        "--passes",
+        dest="passes",
+        type=flags.names(gemm.PASSES),
+        default="fwd,fwd+bwd",
+        help="comma list of fwd, fwd+bwd",
+    )
+    sub.add_argument(
+        "--repeats", type=flags.integer(1), default=10, help="timed samples per measurement"
+    )
+
+
+def _add_gemm(kinds) -> None:
+    text = "grouped matmul x[M,K] @ w[G,K,N]: jaxmoe kernels, lax.ragged_dot, jax Mosaic, torch"
+    sub = kinds.add_parser("gemm", help=text, description=text, formatter_class=Formatter)
+    _add_common(sub, tuple(LAYER_PRESETS), BIG_PRESETS)
+    _add_sizes(
+        sub,
+        f"choose from {', '.join(gemm.IMPLS)}; None: all; those the platform cannot run "
+        "are skipped",
+        flags.names(gemm.IMPLS),
+    )
+    _add_budget(sub)
+    sub.add_argument(
+        "--shapes",
+        type=flags.names(tuple(GEMM_SHAPES)),
+        default=None,
+        help=f"comma list of shapes instead of --preset's ({', '.join(GEMM_SHAPES)}; None: "
+        "the preset's)",
+    )
+    sub.add_argument(
+        "--routings",
+        type=flags.names(gemm.ROUTINGS),
+        default=",".join(gemm.ROUTINGS),
+        help="comma list of balanced (equal groups), skewed (Dirichlet(0.3) group sizes)",
+    )
+    sub.add_argument(
+        "--tune",
+        choices=gemm_tile_sweep.TUNE_ROUNDS,
+        default=None,
+        help="sweep the Pallas Triton tile configs of this round instead (GPU)",
+    )
+
+
+def _add_layer(kinds) -> None:
+    text = "the whole MoE layer: jaxmoe (default / named backend), dense JAX, torch"
+    sub = kinds.add_parser("layer", help=text, description=text, formatter_class=Formatter)
+    _add_common(sub, tuple(LAYER_PRESETS), BIG_PRESETS)
+    _add_sizes(
+        sub,
+        "torch, jaxmoe, jaxmoe-<backend>, dense; None: " + ",".join(layer.DEFAULT_IMPLS),
+        _layer_impls,
+    )
+
+
+def _layer_impls(text: str) -> list[str]:
+    impls = [part.strip() for part in text.split(",")]
+    try:
+        layer.check_impls(impls)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+    return impls
+
+
+def _add_ep(kinds) -> None:
+    text = "expert parallelism: correctness of every exchange, exchange bandwidth, layer scaling"
+    sub = kinds.add_parser("ep", help=text, description=text, formatter_class=Formatter)
+    _add_common(sub, ("tiny", *LAYER_CASES), ("dsv3", "mixtral"))
+    _add_budget(sub)
+    sub.add_argument(
+        "--ep",
+        type=flags.integers(1),
+        default="1,2",
+        help="comma list of expert-parallel sizes (CPU: that many simulated devices)",
+    )
+    sub.add_argument(
+        "--parts",
+        type=flags.names(expert_parallel.PARTS),
+        default=",".join(expert_parallel.PARTS),
+        help="comma list of the parts to run (the exchange part is skipped on CPU)",
+    )
+    sub.add_argument(
+        "--compare",
+        "--exchanges",
+        dest="compare",
+        type=flags.names(tuple(EXCHANGES)),
+        default=None,
+        help="exchange part: only these exchanges (None: all that run here)",
+    )
+    sub.add_argument(
+        "--exchange-ep",
+        type=flags.integers(2),
+        default=None,
+        help="expert-parallel sizes of the exchange part (None: those of --ep)",
+    )
+    sub.add_argument(
+        "--layer-exchange",
+        choices=tuple(EXCHANGES),
+        default=None,
+        help="layer part's ep_exchange (None: the library's default)",
+    )
+    sub.add_argument(
+        "--receive-factor",
+        type=flags.number(0, above=True, none=True),
+        default="1.25",
+        help="layer part's ep_receive_factor ('none' = dropless)",
+    )
+    sub.add_argument(
+        "--fast-slot-factor",
+        type=flags.number(0, above=True, none=True),
+        default="1.125",
+        help="ep_fast_slot_factor of the layer part and of the default exchange row",
+    )
+    sub.add_argument("--chunks", type=flags.integer(1), default=1, help="layer part's ep_chunks")
 
 
 def _request_cpu_devices(count: int) -> None:
-    flags = os.environ.get("XLA_FLAGS", "")
-    if "xla_force_host_platform_device_count" not in flags:
-        flags = f"{flags} --xla_force_host_platform_device_count={count}".strip()
-        os.environ["XLA_FLAGS"] = flags
+    flags_text = os.environ.get("XLA_FLAGS", "")
+    if "xla_force_host_platform_device_count" not in flags_text:
+        flags_text = f"{flags_text} --xla_force_host_platform_device_count={count}".strip()
+        os.environ["XLA_FLAGS"] = flags_text
 
 
 def run_demo_command(args) -> int:
     if args.devices > 1:
-        if not _parallel_available():
-            print(
-                "jaxmoe demo: --devices needs expert parallelism (jaxmoe.parallel), which is not "
-                "in this install yet. Run without --devices.",
-                file=sys.stderr,
-            )
-            return 2
         _request_cpu_devices(args.devices)
         os.environ.setdefault("JAX_PLATFORMS", "cpu")
-
+    # Imported here: flax, optax and the demo's model are needed by the demo only (slow imports).
     from jaxmoe.cli.demo import DemoConfig, check_demo_config, run_demo
 
     cfg = DemoConfig(
@@ -153,184 +285,154 @@ def run_demo_command(args) -> int:
     try:
         check_demo_config(cfg)
     except ValueError as error:
-        print(f"jaxmoe demo: {error}", file=sys.stderr)
+        flags.usage_error(str(error))
         return 2
     run_demo(cfg)
     return 0
 
 
-def format_table(rows: list[dict], keys: list[str]) -> str:
-    """A plain-text table: the ``keys`` columns, then ms, TFLOP/s, MFU (when known), ratio."""
-    has_mfu = any(r.get("mfu") is not None for r in rows)
-    ratio_key = "ratio" if any("ratio" in r for r in rows) else "ratio_vs_torch"
-    header = [*keys, "ms", "TFLOP/s", *(["MFU"] if has_mfu else []), "ratio", "note"]
-    lines = []
-    for r in rows:
-        cells = [str(r.get(k, "")) for k in keys]
-        if r.get("ms") is None:
-            why = r.get("skipped") or r.get("error") or "not run"
-            cells += ["-", "-", *(["-"] if has_mfu else []), "-", why[:70]]
-        else:
-            ratio = r.get(ratio_key)
-            cells += [
-                f"{r['ms']:.3f}",
-                f"{r['tflops']:.3f}" if r.get("tflops") is not None else "-",
-                *(
-                    [f"{100 * r['mfu']:.1f}%" if r.get("mfu") is not None else "-"]
-                    if has_mfu
-                    else []
-                ),
-                f"{ratio:.2f}x" if ratio else "-",
-                f"vs {r['baseline']}" if r.get("baseline") and ratio else "",
-            ]
-        lines.append(cells)
-    widths = [max(len(h), *(len(c[i]) for c in lines)) for i, h in enumerate(header)]
-    out = ["  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True))]
-    out.append("  ".join("-" * w for w in widths))
-    out += ["  ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)) for cells in lines]
-    return "\n".join(out)
+def _progress(desc: str, total: int | None = None):
+    """A progress bar on stderr, and a ``log`` that writes above it."""
+    return tqdm(total=total, desc=desc, unit="row", dynamic_ncols=True), tqdm.write
 
 
-def _write_json(path: str | None, header: dict, rows: list[dict]) -> None:
-    if not path:
-        return
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    Path(path).write_text(json.dumps({"header": header, "rows": rows}, indent=1, default=str))
-    print(f"wrote {path}")
+class _Results:
+    """The results of one bench: its header, its table, and ``--out`` rewritten on every
+    :meth:`save` (so that a run cut short keeps what it measured)."""
+
+    def __init__(self, args, command: str, columns, header_facts: dict):
+        self.out, self.columns = args.out, columns
+        self.header = harness.results_header(command, **header_facts)
+        self.render = harness.markdown_report(f"jaxmoe bench {args.kind}", columns)
+
+    def save(self, rows) -> list:
+        return harness.write_results(self.out, self.header, rows, self.render) if self.out else []
+
+    def finish(self, rows, facts_line: str) -> int:
+        """Prints the header, the facts, the table; writes ``--out``; returns the exit status."""
+        h = self.header
+        print(
+            f"\n{h['device']} x{h['num_devices']} ({h['platform']}); "
+            f"jax {h['jax']}; torch {h['torch']}"
+        )
+        print(f"{facts_line}; {harness.RATIO_RULE}\n")
+        print(harness.format_table(rows, self.columns))
+        for path in self.save(rows):
+            print(f"wrote {path}")
+        failed = any(r.get("error") or r.get("ok") is False for r in rows)
+        ran = any(r.get("ms") is not None or r.get("ok") for r in rows)
+        return 0 if ran and not failed else 1
 
 
 def run_bench_command(args) -> int:
     command = "jaxmoe " + " ".join(shlex.quote(a) for a in sys.argv[1:])
-    presets = _presets(args.preset)
-    passes = _split(args.passes)
     if args.kind == "ep":
-        return run_bench_ep(args, presets, command)
+        return run_bench_ep(args, command)
     # Let torch and JAX share one GPU: JAX otherwise reserves 75% of its memory up front.
     os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
-    from tqdm.auto import tqdm
-
     if args.kind == "layer":
-        from jaxmoe.bench import layer
-
-        impls = _split(args.compare) or list(layer.DEFAULT_IMPLS)
-        total = len(presets) * len(impls) * len(passes)
-        with tqdm(total=total, desc="bench layer", unit="case", dynamic_ncols=True) as bar:
-
-            def progress(what: str) -> None:
-                bar.set_postfix_str(what)
-                bar.update()
-
-            try:
-                extra, rows = layer.run_layer_benchmark(
-                    presets,
-                    impls,
-                    passes,
-                    dtype=args.dtype,
-                    tokens=args.tokens,
-                    repeats=args.repeats,
-                    progress=progress,
-                    log=tqdm.write,
-                )
-            except ValueError as error:
-                print(f"jaxmoe bench layer: {error}", file=sys.stderr)
-                return 2
-        header = {**layer.benchmark_header(command), **extra}
-        print(f"\n{header['device']}; jax {header['jax']}; torch {header['torch']}")
-        print(
-            f"dense peak {extra['dense_peak']['tflops']:.2f} TFLOP/s ({extra['dtype']}); "
-            "TFLOP/s = expert matmuls only (fwd 3*2*T*K*H*F, fwd+bwd 3x); "
-            "ratio = baseline ms / ms (> 1 is faster)\n"
-        )
-        print(format_table(rows, ["preset", "tokens", "pass", "impl"]))
-        _write_json(args.out, header, rows)
-        return 0 if any(r["ms"] is not None for r in rows) else 1
-
-    # gemm
-    from jaxmoe.bench import gemm
-    from jaxmoe.bench.presets import GEMM_SHAPES, LAYER_PRESETS
-
-    shapes = []
-    for name in presets:
-        for shape_name in (f"{name}-up", f"{name}-down", name):
-            if shape_name in GEMM_SHAPES:
-                shape = GEMM_SHAPES[shape_name]
-                if args.tokens is not None:  # rows = tokens * top_k of the layer preset
-                    m = args.tokens * LAYER_PRESETS[name].top_k
-                    shape = type(shape)(shape.name, m, shape.k, shape.n, shape.groups)
-                shapes.append(shape)
-    impls = _split(args.compare) or list(gemm.IMPLS)
-    total = len(shapes) * len(impls) * len(passes) * len(gemm.ROUTINGS)
-    with tqdm(total=total, desc="bench gemm", unit="case", dynamic_ncols=True) as bar:
-
-        def log(line: str) -> None:
-            tqdm.write(line)
-            if not line.startswith("torch with CUDA"):
-                bar.update()
-
-        try:
-            rows = gemm.run_gemm_benchmark(
-                shapes,
-                impls=impls,
-                passes=passes,
+        impls = args.compare or list(layer.DEFAULT_IMPLS)
+        results = _Results(args, command, layer.COLUMNS, layer.HEADER_FACTS)
+        bar, log = _progress("bench layer", len(args.preset) * len(impls) * len(args.passes))
+        with bar:
+            extra, rows = layer.run_layer_benchmark(
+                args.preset,
+                impls,
+                args.passes,
+                dtype=args.dtype,
+                tokens=args.tokens,
                 repeats=args.repeats,
-                dtype={"bf16": "bfloat16", "fp32": "float32"}[args.dtype],
+                progress=lambda what: (bar.set_postfix_str(what), bar.update()),
                 log=log,
             )
-        except ValueError as error:
-            print(f"jaxmoe bench gemm: {error}", file=sys.stderr)
-            return 2
-    # ratio against the first --compare entry that ran (gemm itself reports ratio_vs_torch).
-    for key in {(r["shape"], r["pass"], r["routing"]) for r in rows}:
-        group = {r["impl"]: r for r in rows if (r["shape"], r["pass"], r["routing"]) == key}
-        timed = [i for i in impls if group.get(i, {}).get("ms")]
-        for row in group.values():
-            row["baseline"] = timed[0] if timed else None
-            base_ms = group[timed[0]]["ms"] if timed else None
-            row["ratio"] = base_ms / row["ms"] if base_ms and row.get("ms") else None
-    header = gemm.benchmark_header(command)
-    print(f"\n{header['device']}; jax {header['jax']}; torch {header['torch']}")
-    print(
-        "TFLOP/s = useful 2*M*K*N (fwd), 3x for fwd+bwd; ratio = baseline ms / ms (> 1 is faster)\n"
-    )
-    print(format_table(rows, ["shape", "m", "k", "n", "groups", "routing", "pass", "impl"]))
-    _write_json(args.out, header, rows)
-    return 0 if any(r["ms"] is not None for r in rows) else 1
+        results.header.update(extra)
+        return results.finish(
+            rows,
+            f"dense peak {extra['dense_peak']['tflops']:.2f} TFLOP/s ({extra['dtype']}); "
+            "TFLOP/s = expert matmuls only (fwd 3*2*T*K*H*F, fwd+bwd 3x)",
+        )
+
+    dtype = DTYPES[args.dtype]
+    budget = args.budget_s if args.budget_s is not None else float("inf")
+    shapes = args.shapes or gemm.shapes_for_presets(args.preset, args.tokens)
+    if args.tune:
+        candidates = gemm_tile_sweep.tune_candidates(args.tune)
+        results = _Results(args, command, gemm_tile_sweep.COLUMNS, {})
+        bar, log = _progress("tile sweep", len(shapes) * sum(map(len, candidates.values())))
+        with bar:
+            rows = gemm_tile_sweep.sweep_pallas_tiles(
+                shapes,
+                candidates,
+                dtype=dtype,
+                repeats=args.repeats,
+                time_budget_s=budget,
+                log=log,
+                on_row=lambda rows: (bar.update(), results.save(rows)),
+            )
+        return results.finish(rows, "balanced groups; TFLOP/s = useful 2*M*K*N")
+
+    impls = args.compare or list(gemm.IMPLS)
+    results = _Results(args, command, gemm.COLUMNS, gemm.HEADER_FACTS)
+    total = len(shapes) * len(impls) * len(args.passes) * len(args.routings)
+    bar, log = _progress("bench gemm", total)
+    with bar:
+        rows = gemm.run_gemm_benchmark(
+            shapes,
+            impls=impls,
+            routings=args.routings,
+            passes=args.passes,
+            repeats=args.repeats,
+            dtype=dtype,
+            budget_s=budget,
+            log=log,
+            on_row=lambda rows: (bar.update(), results.save(rows)),
+        )
+    return results.finish(rows, "TFLOP/s = useful 2*M*K*N (fwd), 3x for fwd+bwd")
 
 
-def run_bench_ep(args, presets: list[str], command: str) -> int:
-    ep_sizes = [int(v) for v in _split(args.ep)]
-    # Simulated CPU devices must be asked for before JAX starts (harmless on a GPU host).
-    _request_cpu_devices(max(ep_sizes, default=1))
+def run_bench_ep(args, command: str) -> int:
     try:
-        from jaxmoe.bench import ep
-    except ImportError:
-        print(
-            "jaxmoe bench ep: the expert-parallel benchmark lands with expert parallelism "
-            "(jaxmoe.parallel, jaxmoe.bench.ep), which is not in this install yet.",
-            file=sys.stderr,
+        cases, tiny = expert_parallel.cases_for_presets(args.preset)
+    except ValueError as error:
+        flags.usage_error(f"argument --preset: {error}")
+        return 2
+    # Simulated CPU devices must be asked for before JAX starts (harmless on a GPU host).
+    _request_cpu_devices(max(args.ep))
+    if max(args.ep) > jax.device_count():  # the first device query starts JAX's backends
+        flags.usage_error(
+            f"argument --ep: {max(args.ep)} devices asked for; {jax.device_count()} available"
         )
         return 2
-    tiny = presets == ["tiny"]
-    cases = ["dsv3", "mixtral"] if tiny else [p for p in presets if p in ("dsv3", "mixtral")]
-    if not cases:
-        print("jaxmoe bench ep: --preset must be dsv3, mixtral or tiny.", file=sys.stderr)
-        return 2
-    import jax
-    from tqdm.auto import tqdm
+    results = _Results(args, command, expert_parallel.COLUMNS, expert_parallel.HEADER_FACTS)
+    rows: list[dict] = []
+    bar, _ = _progress("bench ep")
 
-    parts = ["correctness", "exchange", "layer"]
-    if jax.default_backend() == "cpu":
-        # Timed loops of CPU collectives can deadlock XLA's in-process rendezvous.
-        parts.remove("exchange")
-        print("jaxmoe bench ep: on CPU the exchange bandwidth part is skipped.", file=sys.stderr)
-    rows = ep.run_ep_benchmark(ep_sizes, parts=parts, cases=cases, tiny=tiny, log=tqdm.write)
-    header = ep.benchmark_header(command)
-    print(ep.markdown(rows, header))
-    _write_json(args.out, header, rows)
-    return 0 if rows and not all(r.get("error") for r in rows) else 1
+    def on_row(row) -> None:
+        rows.append(row)
+        bar.update()
+        results.save(rows)
+
+    with bar:
+        expert_parallel.run_ep_benchmark(
+            args.ep,
+            parts=args.parts,
+            cases=cases,
+            tiny=tiny,
+            receive_factor=args.receive_factor,
+            fast_slot_factor=args.fast_slot_factor,
+            chunks=args.chunks,
+            budget_s=args.budget_s if args.budget_s is not None else float("inf"),
+            exchange_ep=args.exchange_ep,
+            exchanges=args.compare,
+            layer_exchange=args.layer_exchange,
+            log=lambda _: None,
+            on_row=on_row,
+        )
+    return results.finish(rows, "GB/s/rank = " + expert_parallel.HEADER_FACTS["bandwidth"])
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Runs ``jaxmoe ARGS``; returns the exit status (a bad flag raises SystemExit(2))."""
     args = build_parser().parse_args(argv)
     if args.command == "demo":
         return run_demo_command(args)

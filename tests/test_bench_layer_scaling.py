@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import jaxmoe
-from jaxmoe.bench.ep import TINY_LAYER_CASES, balanced_inputs
+from jaxmoe.bench.layer_scaling import TINY_LAYER_CASES, balanced_inputs
 
 
 @pytest.mark.parametrize("name", ["megatron-mixtral", "megatron-dsv3"])

@@ -1,0 +1,205 @@
+"""Exchange bandwidth: ``ep_dispatch`` + ``ep_combine`` (forward, and forward+backward) of every
+exchange against a bare ``jax.lax.all_to_all`` of the same payload in equal chunks and a bare
+``jax.lax.ragged_all_to_all``.
+
+Bandwidth = bytes each rank sends to other ranks per second (real rows only: padding a dense
+exchange sends is overhead, not payload), so an exchange that sends padding or permutes locally
+shows a lower number than the bare all-to-all.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from jaxmoe.bench.harness import first_devices_mesh
+from jaxmoe.bench.timing import time_jax
+from jaxmoe.parallel import ep_apply_experts
+
+EXCHANGE_SHAPE = {"tokens": 4096, "hidden": 7168, "top_k": 8, "experts_per_gpu": 8}
+TINY_EXCHANGE_SHAPE = {"tokens": 64, "hidden": 32, "top_k": 4, "experts_per_gpu": 2}
+
+
+def _random_routing(key, num_tokens: int, num_experts: int, top_k: int):
+
+    scores = jax.random.uniform(key, (num_tokens, num_experts))
+    return jnp.argsort(scores, axis=1)[:, :top_k].astype(jnp.int32)
+
+
+def _off_rank_rows(experts: np.ndarray, ep: int, experts_per_rank: int) -> float:
+    """Mean over ranks of the copies each sends to another rank (the real payload)."""
+    tokens = experts.shape[0] // ep
+    dest = experts // experts_per_rank
+    owner = np.arange(experts.shape[0])[:, None] // tokens
+    return float(np.sum(dest != owner)) / ep
+
+
+def bench_exchange(
+    ep: int,
+    *,
+    impls: Sequence[tuple],
+    tiny: bool = False,
+    seed: int = 0,
+    log: Callable[[str], None] = print,
+) -> list[dict[str, Any]]:
+    """Times dispatch + combine (:func:`jaxmoe.parallel.ep_apply_experts` with identity experts)
+    per ``(exchange, receive_factor[, fast_slot_factor[, chunks]])`` (fast_slot_factor defaults
+    to the library default, 1.125, and acts only when dropless; chunks to 1), and the bare
+    baselines."""
+
+    shape = TINY_EXCHANGE_SHAPE if tiny else EXCHANGE_SHAPE
+    tokens, hidden, top_k = shape["tokens"], shape["hidden"], shape["top_k"]
+    num_local = shape["experts_per_gpu"]
+    num_experts = num_local * ep
+    mesh = first_devices_mesh(ep)
+    dtype = jnp.bfloat16
+    k1, k2, k3, k4 = jax.random.split(jax.random.key(seed), 4)
+    batch = NamedSharding(mesh, P("ep"))
+    x = jax.device_put(jax.random.normal(k1, (ep * tokens, hidden), dtype), batch)
+    experts = jax.device_put(_random_routing(k2, ep * tokens, num_experts, top_k), batch)
+    weights = jax.device_put(jax.random.uniform(k3, (ep * tokens, top_k), jnp.float32), batch)
+    cotangent = jax.device_put(jax.random.normal(k4, (ep * tokens, hidden), dtype), batch)
+    payload_rows = _off_rank_rows(np.asarray(experts), ep, num_local)
+    row_bytes = hidden * jnp.dtype(dtype).itemsize
+    rows_out = []
+
+    def emit(row):
+        rows_out.append(row)
+        log(json.dumps(row))
+
+    # Bare dense all-to-all of the same payload (T*K rows) in equal chunks.
+    chunk = tokens * top_k // ep
+    slab = jax.device_put(
+        jax.random.normal(k1, (ep * ep, chunk, hidden), dtype), NamedSharding(mesh, P("ep"))
+    )
+    dense = jax.jit(
+        jax.shard_map(
+            lambda b: jax.lax.all_to_all(b, "ep", 0, 0, tiled=True),
+            mesh=mesh,
+            in_specs=P("ep"),
+            out_specs=P("ep"),
+        )
+    )
+    dense_bytes = (ep - 1) * chunk * row_bytes
+    timing = time_jax(dense, slab)
+    dense_gbps = dense_bytes / timing.median_ms / 1e6
+    emit(
+        {
+            "case": "exchange_bare",
+            "ep": ep,
+            "impl": "jax.lax.all_to_all (equal chunks)",
+            "ms": timing.median_ms,
+            "gbps_per_rank": dense_gbps,
+            "ratio_vs_dense_a2a": 1.0,
+        }
+    )
+
+    if jax.default_backend() != "cpu":
+
+        def ragged(b):
+            me = jax.lax.axis_index("ep").astype(jnp.int32)
+            flat = b.reshape(ep * chunk, hidden)
+            sizes = jnp.full((ep,), chunk, jnp.int32)
+            return jax.lax.ragged_all_to_all(
+                flat,
+                jnp.zeros_like(flat),
+                jnp.arange(ep, dtype=jnp.int32) * chunk,
+                sizes,
+                jnp.full((ep,), me * chunk, jnp.int32),
+                sizes,
+                axis_name="ep",
+            ).reshape(b.shape)
+
+        try:
+            fn = jax.jit(jax.shard_map(ragged, mesh=mesh, in_specs=P("ep"), out_specs=P("ep")))
+            timing = time_jax(fn, slab, repeats=5)
+            gbps = dense_bytes / timing.median_ms / 1e6
+            emit(
+                {
+                    "case": "exchange_bare",
+                    "ep": ep,
+                    "impl": "jax.lax.ragged_all_to_all (equal chunks)",
+                    "ms": timing.median_ms,
+                    "gbps_per_rank": gbps,
+                    "ratio_vs_dense_a2a": gbps / dense_gbps,
+                }
+            )
+        except Exception as error:  # noqa: BLE001 - record and go on
+            emit(
+                {
+                    "case": "exchange_bare",
+                    "ep": ep,
+                    "impl": "ragged_all_to_all",
+                    "error": str(error)[:300],
+                }
+            )
+
+    for spec in impls:
+        impl, factor = spec[0], spec[1]
+        fast = spec[2] if len(spec) > 2 else 1.125
+        chunks = spec[3] if len(spec) > 3 else 1
+
+        def roundtrip(x, experts, weights, impl=impl, factor=factor, fast=fast, chunks=chunks):
+            y, _, dropped = ep_apply_experts(
+                x,
+                experts,
+                weights,
+                lambda buffer, sizes, params: buffer,
+                None,
+                num_experts=num_experts,
+                axis_name="ep",
+                exchange=impl,
+                receive_factor=factor,
+                fast_slot_factor=fast,
+                num_chunks=chunks,
+            )
+            return y.astype(x.dtype), dropped[None]
+
+        fwd = jax.jit(
+            jax.shard_map(
+                roundtrip, mesh=mesh, in_specs=(P("ep"),) * 3, out_specs=(P("ep"), P("ep"))
+            )
+        )
+
+        def loss(x, weights, experts, cotangent, fwd=fwd):
+            y, _ = fwd(x, experts, weights)
+            return jnp.sum(y.astype(jnp.float32) * cotangent.astype(jnp.float32))
+
+        fwd_bwd = jax.jit(jax.grad(loss, argnums=(0, 1)))
+        if factor is not None:
+            label = f"{impl} (receive_factor={factor})"
+        elif fast is not None:
+            label = f"{impl} (dropless, fast slots {fast}x)"
+        else:
+            label = f"{impl} (dropless, worst-case slots)"
+        if chunks > 1:
+            label = label[:-1] + f", {chunks} chunks)"
+        try:
+            dropped = int(np.sum(np.asarray(fwd(x, experts, weights)[1])))
+            for case, fn, args, exchanges in (
+                ("exchange_fwd", fwd, (x, experts, weights), 2),
+                ("exchange_fwd_bwd", fwd_bwd, (x, weights, experts, cotangent), 4),
+            ):
+                timing = time_jax(fn, *args, repeats=5 if impl == "ragged_all_to_all" else 10)
+                gbps = exchanges * payload_rows * row_bytes / timing.median_ms / 1e6
+                emit(
+                    {
+                        "case": case,
+                        "ep": ep,
+                        "impl": label,
+                        "ms": timing.median_ms,
+                        "gbps_per_rank": gbps,
+                        "ratio_vs_dense_a2a": gbps / dense_gbps,
+                        "dropped": dropped,
+                    }
+                )
+        except Exception as error:  # noqa: BLE001 - record and go on
+            emit({"case": "exchange", "ep": ep, "impl": label, "error": str(error)[:300]})
+    return rows_out

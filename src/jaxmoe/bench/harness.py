@@ -1,0 +1,183 @@
+"""What every benchmark shares: the results header, the error metric, the ratio rule, the table,
+the result writer and torch memory release.
+
+A benchmark returns rows (flat dicts, one per measured case); a row that did not run has
+``"ms": None`` and says why under ``"skipped"`` (the platform cannot run it) or ``"error"`` (it
+failed). Results are ``{"header": results_header(...), "rows": [...]}`` as JSON, the same for
+``jaxmoe bench gemm``, ``layer`` and ``ep``::
+
+    header = results_header("jaxmoe bench layer", flops="...")
+    write_results("out/layer.json", header, rows)
+    print(format_table(rows, [("impl", "impl", ""), ("ms", "ms", "{:.3f}")]))
+"""
+
+from __future__ import annotations
+
+import datetime
+import importlib.metadata
+import json
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+
+# (row key, column heading, format such as "{:.3f}"; "" = str(value)). None shows as "-".
+Column = tuple[str, str, str]
+RATIO_RULE = "ratio = baseline ms / ms (> 1 is faster), baseline = the first peer that ran"
+
+
+def torch_version() -> str | None:
+    """torch's version if it is installed (read from its metadata: importing torch is slow)."""
+    try:
+        return importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def results_header(command: str, **extra: Any) -> dict[str, Any]:
+    """Where and how the numbers were taken: device, platform, versions, date, the command."""
+    return {
+        "device": jax.devices()[0].device_kind,
+        "platform": jax.default_backend(),
+        "num_devices": jax.device_count(),
+        "jax": jax.__version__,
+        "torch": torch_version(),
+        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "command": command,
+        **extra,
+    }
+
+
+def relative_error(got, want) -> float:
+    """``||got - want|| / ||want||`` in float64 (any arrays); ``inf`` if ``got`` is not finite."""
+    got = np.asarray(jax.device_get(got), np.float64)
+    want = np.asarray(jax.device_get(want), np.float64)
+    if not np.all(np.isfinite(got)):
+        return float("inf")
+    return float(np.linalg.norm(got - want) / max(np.linalg.norm(want), 1e-30))
+
+
+def fill_ratios(rows: list[dict[str, Any]], group_by: Sequence[str], order: Sequence[str]) -> None:
+    """The ratio rule, in place: per case (rows equal on ``group_by``), ``baseline`` is the first
+    impl in ``order`` that has a time, ``ratio`` its ms over the row's ms (> 1: faster than the
+    baseline) and ``ratio_vs_torch`` torch's ms over the row's ms (None where either is missing).
+    """
+    cases: dict[tuple, dict[str, dict[str, Any]]] = {}
+    for row in rows:
+        cases.setdefault(tuple(row[k] for k in group_by), {})[row["impl"]] = row
+    for case in cases.values():
+        timed = [impl for impl in order if (case.get(impl) or {}).get("ms")]
+        base_ms = case[timed[0]]["ms"] if timed else None
+        torch_ms = (case.get("torch") or {}).get("ms")
+        for row in case.values():
+            ms = row.get("ms")
+            row["baseline"] = timed[0] if timed else None
+            row["ratio"] = base_ms / ms if base_ms and ms else None
+            row["ratio_vs_torch"] = torch_ms / ms if torch_ms and ms else None
+
+
+def release_torch_memory() -> None:
+    """Frees torch's CUDA cache (if torch was imported) so that JAX can use the memory."""
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def row_note(row: dict[str, Any]) -> str:
+    """Why a row has no time (skipped, unsupported, error), or what its ratio is against."""
+    for key in ("skipped", "unsupported", "error", "reason"):
+        if row.get(key):
+            return f"{key}: {row[key]}" if key != "skipped" else str(row[key])
+    return f"vs {row['baseline']}" if row.get("baseline") and row.get("ratio") else ""
+
+
+def format_table(
+    rows: Sequence[dict[str, Any]], columns: Sequence[Column], *, markdown: bool = False
+) -> str:
+    """The rows as a table: one line per row, the ``columns`` then a note (see :func:`row_note`).
+
+    Plain text with aligned columns, or a markdown table with ``markdown=True``.
+    """
+    header = [label for _, label, _ in columns] + ["note"]
+    body = [
+        [
+            "-" if row.get(key) is None else spec.format(row[key]) if spec else str(row[key])
+            for key, _, spec in columns
+        ]
+        + [row_note(row)[:100]]
+        for row in rows
+    ]
+    if markdown:
+        lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+        return "\n".join(lines + ["| " + " | ".join(cells) + " |" for cells in body])
+    widths = [max(len(h), *(len(cells[i]) for cells in body)) for i, h in enumerate(header)]
+
+    def line(cells):
+        return "  ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)).rstrip()
+
+    return "\n".join([line(header), line(["-" * w for w in widths]), *map(line, body)])
+
+
+def check_writable(path: str | Path) -> None:
+    """Raises ValueError unless ``path`` can be written (creating its folder), without leaving a
+    file behind: results are checked for a home before any benchmark runs."""
+    path = Path(path)
+    if path.is_dir():
+        raise ValueError(f"{str(path)!r} is a folder; give a file name, e.g. {path / 'out.json'}")
+    existed = path.exists()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "a"):
+            pass
+    except OSError as error:
+        raise ValueError(f"cannot write {str(path)!r}: {error.strerror or error}") from None
+    if not existed:
+        path.unlink()
+
+
+def write_results(
+    path: str | Path,
+    header: dict[str, Any],
+    rows: Sequence[dict[str, Any]],
+    render: Callable[[dict[str, Any], Sequence[dict[str, Any]]], str] | None = None,
+) -> list[Path]:
+    """Writes ``{"header", "rows"}`` as JSON to ``path`` and, given ``render``, its text
+    ``render(header, rows)`` beside it as ``.md``. Returns the paths written.
+
+    Call it after every row so that a run cut short keeps what it measured.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"header": header, "rows": list(rows)}, indent=1, default=str))
+    written = [path]
+    if render is not None:
+        written.append(path.with_suffix(".md"))
+        written[-1].write_text(render(header, rows) + "\n")
+    return written
+
+
+def markdown_report(title: str, columns: Sequence[Column]):
+    """A ``render`` for :func:`write_results`: a title, the header's facts, the markdown table."""
+
+    def render(header: dict[str, Any], rows: Sequence[dict[str, Any]]) -> str:
+        facts = [
+            f"# {title} ({header['device']} x{header['num_devices']})",
+            "",
+            f"jax {header['jax']}; torch {header['torch']}; {header['date']}; "
+            f"`{header['command']}`.",
+            "",
+        ]
+        return "\n".join(facts) + format_table(rows, columns, markdown=True)
+
+    return render
+
+
+def first_devices_mesh(count: int, axis_name: str = "ep") -> jax.sharding.Mesh:
+    """A 1-D mesh over the first ``count`` devices."""
+    devices = jax.devices()
+    if count > len(devices):
+        raise ValueError(f"EP={count} needs {count} devices; {len(devices)} available.")
+    return jax.sharding.Mesh(np.array(devices[:count]), (axis_name,))

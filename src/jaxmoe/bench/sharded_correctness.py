@@ -1,0 +1,59 @@
+"""Correctness of the sharded layer: every exchange against the one-device layer, in float32
+(output, every gradient and the stats)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+import jaxmoe
+from jaxmoe.bench.harness import first_devices_mesh, relative_error
+
+# Largest relative error that counts as a match (float32, highest matmul precision).
+TOLERANCE = 1e-4
+
+
+def check_correctness(ep: int, impl: str, *, tiny: bool = False, seed: int = 0) -> dict[str, Any]:
+    """Relative errors of the sharded layer against one device (float32, highest precision)."""
+
+    hidden, ffn, tokens = (32, 64, 32) if tiny else (256, 512, 256)
+    base = jaxmoe.MoEConfig(
+        num_experts=2 * ep,
+        top_k=2,
+        hidden_size=hidden,
+        ffn_size=ffn,
+        aux_loss_coef=0.01,
+        z_loss_coef=0.001,
+        seq_aux_loss_coef=0.01,
+    )
+    cfg = dataclasses.replace(base, ep_axis="ep", ep_exchange=impl)
+    mesh = first_devices_mesh(ep)
+    k1, k2, k3 = jax.random.split(jax.random.key(seed), 3)
+    params = jaxmoe.init_params(k1, base)
+    x = jax.random.normal(k2, (ep * 2, tokens // 2, hidden), jnp.float32)
+    cotangent = jax.random.normal(k3, x.shape, jnp.float32)
+
+    def loss(params, x, sharded):
+        y, stats = jaxmoe.moe(params, x, cfg if sharded else base, mesh=mesh if sharded else None)
+        return jnp.sum(y * cotangent) + stats.aux_loss, (y, stats)
+
+    grad = jax.jit(jax.grad(loss, argnums=(0, 1), has_aux=True), static_argnums=2)
+    with jax.default_matmul_precision("highest"):
+        (g_ref, (y_ref, s_ref)) = grad(params, x, False)
+        (g_ep, (y_ep, s_ep)) = grad(params, x, True)
+    grad_errs = jax.tree.leaves(jax.tree.map(relative_error, g_ep, g_ref))
+    stat_errs = [relative_error(a, b) for a, b in zip(s_ep, s_ref, strict=True)]
+    row = {
+        "case": "correctness",
+        "ep": ep,
+        "impl": impl,
+        "rel_err_y": relative_error(y_ep, y_ref),
+        "max_rel_err_grad": max(grad_errs),
+        "max_rel_err_stats": max(stat_errs),
+    }
+    row["max_rel_err"] = max(row["rel_err_y"], row["max_rel_err_grad"], row["max_rel_err_stats"])
+    row["ok"] = row["max_rel_err"] < TOLERANCE
+    return row
