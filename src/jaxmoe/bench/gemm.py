@@ -26,7 +26,7 @@ from jaxmoe.bench.timing import Timing
 
 IMPLS = ("torch", "jaxmoe", "jaxmoe_triton", "xla_ragged_dot", "jax_mosaic")
 IMPL_LABELS = {
-    "jaxmoe": "jaxmoe backend='pallas' (Mosaic GPU fwd/dgrad, Triton wgrad)",
+    "jaxmoe": "jaxmoe default backend ('auto': Mosaic GPU fwd/dgrad where it applies, Triton)",
     "jaxmoe_triton": "jaxmoe backend='pallas_triton' (Triton kernels only)",
     "xla_ragged_dot": "jax.lax.ragged_dot (jaxmoe backend='xla')",
     "jax_mosaic": "jax's own Mosaic GPU ragged_dot kernels (peer, GPU only)",

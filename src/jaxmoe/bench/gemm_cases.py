@@ -97,7 +97,7 @@ def jax_fn(backend, pass_: str):
 def jax_case(impl: str, backend, shape: GemmShape, sizes: np.ndarray, pass_: str, dtype, seed):
     """The case of a JAX impl (``backend`` overrides the one ``jaxmoe`` uses)."""
     if impl == "jaxmoe":
-        backend = backend or "pallas"
+        backend = backend or "auto"
     elif impl == "jaxmoe_triton":
         backend = "pallas_triton"
     elif impl == "xla_ragged_dot":
