@@ -1,9 +1,11 @@
 """The activation-memory formulas of docs/memory.md against XLA's memory analysis."""
 
+import dataclasses
 import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 import jaxmoe
@@ -43,3 +45,29 @@ def test_forward_and_training_peak_match_formula(case):
     saved = rows * (2 * hidden + 3 * ffn) * itemsize
     ratio = training.memory_analysis().temp_size_in_bytes / saved
     assert TRAINING_BAND[0] <= ratio <= TRAINING_BAND[1], (case, ratio)
+
+
+def test_dropless_ep_memory_is_close_to_fast_slots_alone():
+    """At EP=8 (K=8 of E=32), dropless EP (fast slots + the overflow loop) keeps temporaries
+    close to the fast slots alone (a bounded path that would drop the overflow) and far below
+    worst-case slots (``ep * T*K`` rows per rank), forward and training."""
+    mesh = jax.sharding.Mesh(np.array(jax.devices()), ("ep",))
+    tokens_per_rank, hidden, ffn, num_experts, top_k = 64, 64, 64, 32, 8
+    cfg = jaxmoe.MoEConfig(num_experts, top_k, hidden, ffn, ep_axis="ep", alignment=1)
+    params = jaxmoe.init_params(jax.random.key(0), cfg)
+    x = jnp.ones((mesh.size * tokens_per_rank, hidden), jnp.float32)
+
+    def temporaries(cfg, training):
+        f = lambda p, x: jnp.sum(jaxmoe.moe(p, x, cfg, mesh=mesh)[0])
+        f = jax.grad(f, argnums=(0, 1)) if training else f
+        analysis = jax.jit(f).lower(params, x).compile().memory_analysis()
+        if analysis is None:
+            pytest.skip("this jaxlib gives no memory analysis")
+        return analysis.temp_size_in_bytes
+
+    fast_alone = dataclasses.replace(cfg, ep_receive_factor=cfg.ep_fast_slot_factor)
+    worst_case = dataclasses.replace(cfg, ep_fast_slot_factor=None)
+    for training, bound in ((False, 1.4), (True, 1.3)):
+        dropless = temporaries(cfg, training)
+        assert dropless <= bound * temporaries(fast_alone, training), training
+        assert 4 * dropless <= temporaries(worst_case, training), training

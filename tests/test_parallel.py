@@ -132,41 +132,77 @@ def test_layer_matches_single_device(mesh_name, routing, exchange):
         assert counts[3] == x.shape[0] * x.shape[1]
 
 
-def fullest_slot_numpy(experts: np.ndarray, ep: int) -> int:
-    """Most copies one rank sends another (ranks own contiguous token and expert ranges)."""
-    per_rank = experts.reshape(ep, -1)
+def overflow_numpy(experts: np.ndarray, ep: int, groups: int, rows: int) -> int:
+    """Copies past the first ``rows`` of their (sender, receiver) slot, over every ep group
+    (ranks own contiguous token and expert ranges; data shards are ep groups)."""
     local = NUM_EXPERTS // ep
-    return max(int(np.sum(per_rank[s] // local == d)) for s in range(ep) for d in range(ep))
+    per_rank = experts.reshape(groups, ep, -1)
+    return sum(
+        max(0, int(np.sum(per_rank[g, s] // local == d)) - rows)
+        for g in range(groups)
+        for s in range(ep)
+        for d in range(ep)
+    )
 
 
-@pytest.mark.parametrize("routing,fits", [("uniform", True), ("one_expert", False)])
-def test_dropless_fast_path_and_worst_case_path_are_exact(routing, fits):
-    """Dropless EP picks, on the device, slots of ``ceil(f*T*K/ep)`` rows when every slot fits
-    and the worst-case slots otherwise: both branches give the one-device result."""
-    mesh, _ = MESHES["ep4"]
-    ep, factor = 4, 2.0
+OVERFLOW_CASES = [
+    # (mesh, routing, fast slot factor): uniform routing fits slots of twice the balanced
+    # share; the others overflow into later windows.
+    ("ep2", "one_expert", 1.5),
+    ("ep4", "uniform", 2.0),
+    ("ep4", "one_expert", 1.5),
+    ("ep8", "empty_ranks", 1.5),
+    ("data2_ep4", "skewed", 1.5),
+    ("data2_ep4", "empty_ranks", 1.5),
+]
+
+
+@pytest.mark.parametrize("mesh_name,routing,factor", OVERFLOW_CASES)
+def test_dropless_overflow_windows_are_exact(mesh_name, routing, factor):
+    """Dropless EP always sends slots of ``P = ceil(f*T*K/ep)`` rows; copies past them travel
+    in later windows of ``P`` in a while loop. The one-device result, nothing dropped, and the
+    overflow counted exactly."""
+    mesh, data_axes = MESHES[mesh_name]
+    ep, groups = mesh.shape["ep"], mesh.size // mesh.shape["ep"]
     cfg, params, x, cotangent = make_case()
     params = with_bias(params, routing, ep)
-    sharded = dataclasses.replace(cfg, ep_axis="ep", ep_fast_slot_factor=factor)
+    sharded = dataclasses.replace(
+        cfg, ep_axis="ep", data_axes=data_axes, ep_fast_slot_factor=factor
+    )
     tokens = x.reshape(-1, HIDDEN)
     logits = tokens @ params["router"]["kernel"]
     experts = np.asarray(jaxmoe.route(logits, cfg, params["expert_bias"]).experts)
-    fast_rows = slot_rows(
-        tokens.shape[0] // ep, TOP_K, ep, NUM_EXPERTS // ep, receive_factor=factor
-    )
-    assert fast_rows < tokens.shape[0] // ep * TOP_K  # the fast path exists here
-    assert (fullest_slot_numpy(experts, ep) <= fast_rows) == fits
+    tokens_per_rank = tokens.shape[0] // mesh.size
+    fast_rows = slot_rows(tokens_per_rank, TOP_K, ep, NUM_EXPERTS // ep, receive_factor=factor)
+    assert fast_rows < tokens_per_rank * TOP_K  # the fast slots are smaller than the worst case
+    expected_overflow = overflow_numpy(experts, ep, groups, fast_rows)
+    assert (expected_overflow == 0) == (routing == "uniform")
     reference = value_and_grads(cfg, params, x, cotangent)
-    assert_same_layer(value_and_grads(sharded, params, x, cotangent, mesh), reference)
-    assert int(reference[1][1].dropped_tokens) == 0
+    result = value_and_grads(sharded, params, x, cotangent, mesh)
+    assert_same_layer(result, reference)
+    assert int(result[1][1].dropped_tokens) == 0
+    assert int(result[1][1].overflow_tokens) == expected_overflow
+    assert int(reference[1][1].overflow_tokens) == 0
+
+
+def test_overflow_windows_are_bitwise_deterministic():
+    mesh, _ = MESHES["data2_ep4"]
+    cfg, params, x, cotangent = make_case()
+    params = with_bias(params, "one_expert", 4)
+    sharded = dataclasses.replace(cfg, ep_axis="ep", data_axes=("data",))
+    first = value_and_grads(sharded, params, x, cotangent, mesh)
+    assert int(first[1][1].overflow_tokens) > 0
+    second = value_and_grads(sharded, params, x, cotangent, mesh)
+    for a, b in zip(jax.tree.leaves(first), jax.tree.leaves(second), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
 @pytest.mark.parametrize(
     "routing,factor", [("uniform", 2.0), ("one_expert", 2.0), ("skewed", None)]
 )
 def test_chunked_layer_matches_single_device(routing, factor):
-    """ep_chunks=2: two exchanges and two expert passes per device, the same result (through
-    the fast path, the worst-case path after a failed fast check, and worst-case only)."""
+    """ep_chunks=2: two exchanges and two expert passes per device, the same result (fast
+    slots only, fast slots and overflow windows, and worst-case slots only)."""
     mesh, _ = MESHES["ep4"]
     cfg, params, x, cotangent = make_case()
     params = with_bias(params, routing, 4)

@@ -198,22 +198,23 @@ def collectives(hlo: str):
 def assert_only_exchange_collectives(
     hlo: str, cfg, ep: int, tokens: int, *, fsdp_weight_elements=()
 ):
-    """Only the exchanges (dispatch + combine; twice with the dropless fast path: one pair per
-    branch of its ``lax.cond``, slots of ``P_fast`` and of ``T*K`` rows) and small collectives.
-    ``tokens`` is T, per rank."""
+    """Only the exchanges and small collectives. The exchanges are one dispatch + combine pair
+    of ``P``-row slots; with the dropless fast path (``P = P_fast``) a second pair of the same
+    slots sits in the overflow ``while`` loop, and no conditional anywhere. ``tokens`` is T,
+    per rank."""
     small = cfg.num_experts * ep  # the [ep, E] counts; stats are [E] or scalars
     ops = collectives(hlo)
     # CPU splits an all-to-all into per-peer pieces: its largest result is one [P, H] slot.
-    worst = slot_rows(
-        tokens, cfg.top_k, ep, cfg.num_experts // ep, receive_factor=cfg.ep_receive_factor
+    fast_path = cfg.ep_fast_slot_factor is not None and cfg.ep_receive_factor is None
+    rows = slot_rows(
+        tokens,
+        cfg.top_k,
+        ep,
+        cfg.num_experts // ep,
+        receive_factor=cfg.ep_fast_slot_factor if fast_path else cfg.ep_receive_factor,
     )
-    worst *= cfg.hidden_size
-    slots = [worst, worst]
-    if cfg.ep_fast_slot_factor is not None and cfg.ep_receive_factor is None:
-        fast = slot_rows(
-            tokens, cfg.top_k, ep, cfg.num_experts // ep, receive_factor=cfg.ep_fast_slot_factor
-        )
-        slots += [fast * cfg.hidden_size] * 2
+    slots = [rows * cfg.hidden_size] * (4 if fast_path else 2)
+    assert " conditional(" not in hlo
     assert sorted(n for op, _, n in ops if op == "all-to-all") == sorted(slots), ops
     for op, dtype, elements in ops:
         if op == "all-to-all":

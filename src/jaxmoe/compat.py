@@ -7,6 +7,7 @@ Everything else in jaxmoe uses one spelling of the JAX API; the floor (``jax>=0.
 from __future__ import annotations
 
 import jax
+import jax.numpy as jnp
 
 
 def varying_axes(value) -> frozenset | None:
@@ -35,6 +36,13 @@ def vary(value, axes):
     if not missing:
         return value
     return jax.lax.pcast(value, missing, to="varying")
+
+
+def zeros_like_typed(value):
+    """Zeros of ``value``'s shape and dtype that vary over the same mesh axes as ``value``
+    (a ``while_loop`` carry inside ``shard_map`` must keep one type)."""
+    zeros = jnp.zeros(jnp.shape(value), jnp.result_type(value))
+    return vary(zeros, tuple(varying_axes(value) or ()))
 
 
 def has_explicit_axes(mesh) -> bool:

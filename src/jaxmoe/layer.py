@@ -59,7 +59,7 @@ def local_experts_step(params, cfg: MoEConfig):
             )
         with jax.named_scope("combine"):
             out = permutation.combine(expert_out, routing.weights, plan)
-        return ExpertsResult(out, plan.tokens_per_expert, plan.dropped)
+        return ExpertsResult(out, plan.tokens_per_expert, plan.dropped, jnp.zeros((), jnp.int32))
 
     return step
 

@@ -40,6 +40,10 @@ class MoEStats(NamedTuple):
       tokens_per_expert: ``[E]`` int32 assignments routed to each expert over the whole batch,
         before any drop (feed it to ``update_expert_bias``).
       dropped_tokens: int32, assignments dropped by a capacity or a receive-buffer bound.
+      overflow_tokens: int32, assignments that did not fit the expert-parallel fast slots and
+        travelled in the dropless overflow windows (0 on one device; see
+        ``jaxmoe.parallel.ep_apply_experts``). A count that stays high says routing is far from
+        balance: raise ``MoEConfig.ep_fast_slot_factor``.
     """
 
     aux_loss: jax.Array
@@ -48,6 +52,7 @@ class MoEStats(NamedTuple):
     z_loss: jax.Array
     tokens_per_expert: jax.Array
     dropped_tokens: jax.Array
+    overflow_tokens: jax.Array
 
 
 class ExpertsResult(NamedTuple):
@@ -56,12 +61,13 @@ class ExpertsResult(NamedTuple):
     out: jax.Array  # [T, H] float32: sum_j w[t, j] * FFN_{e[t, j]}(x_t)
     tokens_per_expert: jax.Array  # [E] int32 copies routed to each expert, before any drop
     dropped: jax.Array  # int32 copies dropped by a capacity or buffer bound
+    overflow: jax.Array  # int32 copies sent past the fast slots (expert parallelism)
 
 
 #: ``experts_step(tokens [T, H] in cfg.dtype, routing) -> ExpertsResult``.
 ExpertsStep = Callable[[jax.Array, Routing], ExpertsResult]
-#: ``reduce_stats(terms, tokens_per_expert, dropped) -> the same, summed over the mesh``.
-StatsReduction = Callable[[losses.LossTerms, jax.Array, jax.Array], tuple]
+#: ``reduce_stats(tree) -> tree``: sums a pytree of loss terms and counts over the mesh.
+StatsReduction = Callable[[tuple], tuple]
 
 
 def num_sequences(shape: tuple[int, ...]) -> int:
@@ -84,7 +90,9 @@ def route_tokens(params, tokens: jax.Array, cfg: MoEConfig, sequences: int):
     return routing, terms
 
 
-def finish_stats(terms: losses.LossTerms, tokens_per_expert, dropped, cfg: MoEConfig) -> MoEStats:
+def finish_stats(
+    cfg: MoEConfig, terms: losses.LossTerms, tokens_per_expert, dropped, overflow
+) -> MoEStats:
     """Turns (globally summed) loss terms and counts into :class:`MoEStats`."""
     load_balancing, seq_aux, z_loss = losses.finish_losses(terms, cfg.num_experts, cfg.top_k)
     aux = (
@@ -99,6 +107,7 @@ def finish_stats(terms: losses.LossTerms, tokens_per_expert, dropped, cfg: MoECo
         z_loss=z_loss.astype(jnp.float32),
         tokens_per_expert=tokens_per_expert.astype(jnp.int32),
         dropped_tokens=jnp.asarray(dropped, jnp.int32),
+        overflow_tokens=jnp.asarray(overflow, jnp.int32),
     )
 
 
@@ -128,13 +137,13 @@ def moe_body(
         with jax.named_scope("router"):
             routing, terms = route_tokens(params, tokens, cfg, num_sequences(x.shape))
         compute = tokens.astype(cfg.dtype)
-        out, tokens_per_expert, dropped = experts_step(compute, routing)
+        out, *counts = experts_step(compute, routing)
         if cfg.num_shared_experts:
             with jax.named_scope("shared_expert"):
                 out = out + shared_expert(compute, params["shared"], cfg.activation)
         with jax.named_scope("stats"):
             if reduce_stats is not None:
-                terms, tokens_per_expert, dropped = reduce_stats(terms, tokens_per_expert, dropped)
+                terms, counts = reduce_stats((terms, counts))
                 if x.ndim < 3:
                     # A 2-D x is one sequence spread over the devices: its sequence loss is
                     # the global balancing loss, not the sum of the shards' own.
@@ -142,5 +151,5 @@ def moe_body(
                     terms = terms._replace(
                         seq_loss_sum=load_balancing, num_sequences=jnp.ones((), jnp.float32)
                     )
-            stats = finish_stats(terms, tokens_per_expert, dropped, cfg)
+            stats = finish_stats(cfg, terms, *counts)
     return out.astype(x.dtype).reshape(x.shape), stats

@@ -147,7 +147,7 @@ def bench_exchange(
         chunks = spec[3] if len(spec) > 3 else 1
 
         def roundtrip(x, experts, weights, impl=impl, factor=factor, fast=fast, chunks=chunks):
-            y, _, dropped = ep_apply_experts(
+            y, _, dropped, _ = ep_apply_experts(
                 x,
                 experts,
                 weights,

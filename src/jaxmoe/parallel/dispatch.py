@@ -45,11 +45,12 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 
-from jaxmoe import debug, permutation
+from jaxmoe import compat, debug, permutation
 from jaxmoe.parallel import layout
 from jaxmoe.parallel.exchange import Exchange, exchange_rows, resolve_exchange
 from jaxmoe.parallel.exchange.all_to_all_chunked import (
@@ -110,6 +111,7 @@ def ep_dispatch(
     receive_factor: float | None = None,
     alignment: int = 1,
     all_counts: jax.Array | None = None,
+    window=0,
 ) -> tuple[jax.Array, jax.Array, EPHandle]:
     r"""Sends each token copy to the rank owning its expert; returns my experts' rows.
 
@@ -137,6 +139,9 @@ def ep_dispatch(
       alignment: pad each expert block to a multiple of this many rows.
       all_counts: ``[ep, E]`` int32, every rank's copies per expert, if the caller already
         gathered them with :func:`all_expert_counts` (saves that small collective).
+      window: which ``P`` positions of each slot travel: ``[window*P, (window+1)*P)`` of the
+        slot's copies (ordered by expert, then token). 0 (default) is the bounded path; the
+        dropless overflow of :func:`ep_apply_experts` sends the later windows. May be traced.
 
     Returns:
       ``(buffer [R, H], group_sizes [E_l] int32, handle)``: ``buffer`` is ready for
@@ -175,7 +180,7 @@ def ep_dispatch(
     if all_counts is None:
         all_counts = layout.all_expert_counts(routing_experts, num_experts, axis_name)
     counts = jax.lax.dynamic_index_in_dim(all_counts, me, axis=0, keepdims=False)
-    kept, offset = layout.slot_layout(all_counts, num_local, capacity, rows)
+    kept, offset, skip = layout.slot_layout(all_counts, num_local, capacity, rows, window)
     kept_mine = jax.lax.dynamic_index_in_dim(kept, me, axis=0, keepdims=False)  # [ep (d), E_l]
     offset_mine = jax.lax.dynamic_index_in_dim(offset, me, axis=0, keepdims=False)
     kept_here = jax.lax.dynamic_index_in_dim(kept, me, axis=1, keepdims=False)  # [ep (s), E_l]
@@ -183,7 +188,10 @@ def ep_dispatch(
     send_sizes = jnp.sum(kept_mine, axis=1)
     recv_sizes = jnp.sum(kept_here, axis=1)
 
-    send_plan = layout.send_plan(flat_experts, counts, kept_mine, offset_mine, rows, top_k)
+    skip_mine = jax.lax.dynamic_index_in_dim(skip, me, axis=0, keepdims=False)
+    send_plan = layout.send_plan(
+        flat_experts, counts, kept_mine, offset_mine, skip_mine, rows, top_k
+    )
     send = permutation.dispatch(x, send_plan).reshape(ep, rows, x.shape[1])
     recv = exchange_rows(impl, send, send_sizes, recv_sizes, axis_name)
     recv = debug.poison_rows(recv, recv_sizes)
@@ -240,6 +248,15 @@ def ep_combine(
     return permutation.combine(back.reshape(ep * rows, -1), weights, handle.send_plan)
 
 
+class EPExpertsResult(NamedTuple):
+    """What :func:`ep_apply_experts` returns (this rank's view)."""
+
+    out: jax.Array  # [T, H'] float32: each token's weighted expert outputs
+    tokens_per_expert: jax.Array  # [E] int32 this rank's copies per (global) expert
+    dropped: jax.Array  # int32 this rank's copies dropped by a capacity or a receive bound
+    overflow: jax.Array  # int32 this rank's copies past the fast slots (sent in later windows)
+
+
 def ep_apply_experts(
     x: jax.Array,
     routing_experts: jax.Array,
@@ -255,23 +272,28 @@ def ep_apply_experts(
     fast_slot_factor: float | None = 1.125,
     alignment: int = 1,
     num_chunks: int = 1,
-):
-    r""":func:`ep_dispatch`, ``expert_fn``, :func:`ep_combine`: dropless at bounded cost.
+) -> EPExpertsResult:
+    r""":func:`ep_dispatch`, ``expert_fn``, :func:`ep_combine`: dropless at the cost of balance.
 
-    Dropless (``capacity`` and ``receive_factor`` None) slots must hold ``T*K`` rows for the
-    worst case, all copies to one rank: ``ep`` times the balanced share, on the wire and in
-    every buffer. With ``fast_slot_factor=f`` the whole dispatch-experts-combine runs on slots
-    of ``P_fast = ceil(f*T*K/ep)`` rows whenever the fullest (sender, receiver) slot of the ep
-    group fits them, and on worst-case slots otherwise::
+    Dropless (``capacity`` and ``receive_factor`` None) slots would have to hold ``T*K`` rows
+    for the worst case, all copies to one rank: ``ep`` times the balanced share, on the wire
+    and in every buffer. With ``fast_slot_factor=f`` every slot has ``P = ceil(f*T*K/ep)``
+    rows and the copies of a slot travel in windows of ``P`` (ordered by expert, then token)::
 
-        fits = max_{s,d} copies(s -> d) <= P_fast      (from the all-gathered [ep, E] counts)
-        y = lax.cond(fits, path(P_fast), checkpoint(path(T*K)))
+        y = path(window 0)                                   # always: the fast path
+          + sum_{w = 1}^{W-1} path(window w),  W = ceil(max_{s,d} copies(s -> d) / P)
 
-    Every rank computes ``fits`` from the same counts, so all ranks take the same branch and
-    enter the same collectives; no host sync. Both branches are exact and drop nothing. The
-    worst-case branch is rematerialized in backward, so its activations are not kept (``lax.cond``
-    keeps the residuals of both branches). With a bound (``capacity`` or ``receive_factor``)
-    there is one path, which drops and counts what overflows.
+    Window 0 carries everything when routing is within ``f`` of balance; the later windows
+    (the overflow) run in a ``lax.while_loop`` whose trip count ``W - 1`` every rank computes
+    from the same all-gathered counts, so all ranks enter the same collectives. The common
+    step has no conditional on its data path, and the overflow loop holds one window's
+    buffers at a time. Its VJP is a second loop that recomputes each window's path and pulls
+    the cotangent back through it (a custom VJP: nothing of the overflow is kept for backward).
+    Both are exact and drop nothing; each copy travels in exactly one window, so the result
+    equals one device up to the float32 order of adding a token's windows.
+
+    With a bound (``capacity`` or ``receive_factor``), or ``fast_slot_factor=None``
+    (worst-case slots, ``P = T*K``), there is one window, which drops and counts what overflows.
 
     Args:
       x, routing_experts: as for :func:`ep_dispatch`.
@@ -280,13 +302,12 @@ def ep_apply_experts(
       expert_params: a pytree passed to ``expert_fn`` (e.g. the local expert weights).
       fast_slot_factor: ``f`` above (None: always the worst-case slots).
       num_chunks: split the ``T`` tokens into this many equal chunks, each its own dispatch,
-        experts and combine (slots sized per chunk; the fast path needs every chunk to fit),
-        so that the scheduler may overlap one chunk's exchange with another's matmuls.
-        Needs ``capacity=None``.
+        experts and combine (slots sized per chunk), so that the scheduler may overlap one
+        chunk's exchange with another's matmuls. Needs ``capacity=None``.
       Others: as for :func:`ep_dispatch`.
 
     Returns:
-      ``(y [T, H'] float32, tokens_per_expert [E] int32 (this rank's copies), dropped int32)``.
+      An :class:`EPExpertsResult` ``(out, tokens_per_expert, dropped, overflow)``.
     """
     ep = jax.lax.axis_size(axis_name)
     num_tokens, top_k = routing_experts.shape
@@ -304,48 +325,101 @@ def ep_apply_experts(
     # [chunks, ep, E]: each chunk's counts on every rank (one all-gather for all chunks).
     all_counts = layout.all_expert_counts(routing_experts, num_experts, axis_name, num_chunks)
     all_counts = all_counts.reshape(num_chunks, ep, num_experts)
-
-    def path(factor, operands):
-        x, routing_experts, routing_weights, expert_params, all_counts = operands
-        ys, tokens_per_expert, dropped = [], 0, 0
-        # Separate chunks are independent exchanges and matmuls: XLA's latency-hiding scheduler
-        # (--xla_gpu_enable_latency_hiding_scheduler=true) can run one chunk's all-to-all
-        # under another chunk's expert matmuls.
-        for chunk in range(num_chunks):
-            rows = slice(chunk * chunk_tokens, (chunk + 1) * chunk_tokens)
-            with jax.named_scope("ep_dispatch"):
-                buffer, group_sizes, handle = ep_dispatch(
-                    x[rows],
-                    routing_experts[rows],
-                    num_experts=num_experts,
-                    axis_name=axis_name,
-                    exchange=exchange,
-                    capacity=capacity,
-                    receive_factor=factor,
-                    alignment=alignment,
-                    all_counts=all_counts[chunk],
-                )
-            with jax.named_scope("experts"):
-                expert_out = expert_fn(buffer, group_sizes, expert_params)
-            with jax.named_scope("ep_combine"):
-                ys.append(ep_combine(expert_out, routing_weights[rows], handle))
-            tokens_per_expert = tokens_per_expert + handle.tokens_per_expert
-            dropped = dropped + handle.dropped
-        y = ys[0] if num_chunks == 1 else jnp.concatenate(ys, axis=0)
-        return y, tokens_per_expert, dropped
-
-    operands = (x, routing_experts, routing_weights, expert_params, all_counts)
     fast_rows = None
     if capacity is None and receive_factor is None and num_experts % ep == 0:
         fast_rows = layout.fast_slot_rows(
             chunk_tokens, top_k, ep, num_experts // ep, fast_slot_factor
         )
-    if fast_rows is None:
-        return path(receive_factor, operands)
-    fits = layout.fullest_slot(all_counts.reshape(num_chunks * ep, num_experts), ep) <= fast_rows
-    return jax.lax.cond(
-        fits,
-        functools.partial(path, fast_slot_factor),
-        jax.checkpoint(functools.partial(path, None)),
-        operands,
+    factor = receive_factor if fast_rows is None else fast_slot_factor
+
+    def window_path(window, x, weights, params, experts, counts):
+        with jax.named_scope("ep_dispatch"):
+            buffer, group_sizes, handle = ep_dispatch(
+                x,
+                experts,
+                num_experts=num_experts,
+                axis_name=axis_name,
+                exchange=exchange,
+                capacity=capacity,
+                receive_factor=factor,
+                alignment=alignment,
+                all_counts=counts,
+                window=window,
+            )
+        with jax.named_scope("experts"):
+            expert_out = expert_fn(buffer, group_sizes, params)
+        with jax.named_scope("ep_combine"):
+            return ep_combine(expert_out, weights, handle), handle
+
+    ys, tokens_per_expert, dropped, overflow = [], 0, 0, 0
+    # Separate chunks are independent exchanges and matmuls: XLA's latency-hiding scheduler
+    # (--xla_gpu_enable_latency_hiding_scheduler=true) can run one chunk's all-to-all under
+    # another chunk's expert matmuls.
+    for chunk in range(num_chunks):
+        rows = slice(chunk * chunk_tokens, (chunk + 1) * chunk_tokens)
+        operands = (
+            x[rows],
+            routing_weights[rows],
+            expert_params,
+            routing_experts[rows],
+            all_counts[chunk],
+        )
+        y, handle = window_path(0, *operands)
+        if fast_rows is None:
+            dropped = dropped + handle.dropped
+        else:
+            # The fast window leaves out exactly this rank's overflow copies.
+            overflow = overflow + handle.dropped
+            windows = layout.num_windows(chunk_tokens, top_k, fast_rows)
+            if windows > 1:
+                path = lambda *args: window_path(*args)[0]  # noqa: E731
+                y = y + _overflow_windows(path, fast_rows, y, *operands)
+        ys.append(y)
+        tokens_per_expert = tokens_per_expert + handle.tokens_per_expert
+    return EPExpertsResult(
+        out=ys[0] if num_chunks == 1 else jnp.concatenate(ys, axis=0),
+        tokens_per_expert=tokens_per_expert,
+        dropped=jnp.asarray(dropped, jnp.int32),
+        overflow=jnp.asarray(overflow, jnp.int32),
     )
+
+
+def _overflow_windows(path, rows: int, like, x, weights, params, experts, counts):
+    """``sum_{w=1}^{W-1} path(w, ...)`` in a while loop, ``W = windows_needed(counts, rows)``;
+    its custom VJP loops again, recomputing each window (see :func:`ep_apply_experts`).
+    ``like`` is the fast window's output: the sum's shape, dtype and mesh-variance type."""
+
+    def windows_loop(step, init, counts):
+        needed = layout.windows_needed(counts, rows)
+        return jax.lax.while_loop(
+            lambda carry: carry[0] < needed,
+            lambda carry: (carry[0] + 1, step(carry[0], carry[1])),
+            (jnp.ones((), jnp.int32), init),
+        )[1]
+
+    @jax.custom_vjp
+    def overflow(like, x, weights, params, experts, counts):
+        return windows_loop(
+            lambda window, y: y + path(window, x, weights, params, experts, counts),
+            compat.zeros_like_typed(like),
+            counts,
+        )
+
+    def overflow_fwd(like, x, weights, params, experts, counts):
+        out = overflow(like, x, weights, params, experts, counts)
+        return out, (x, weights, params, experts, counts)
+
+    def overflow_bwd(residuals, grad_y):
+        x, weights, params, experts, counts = residuals
+
+        def step(window, grads):
+            _, pullback = jax.vjp(
+                lambda x, w, p: path(window, x, w, p, experts, counts), x, weights, params
+            )
+            return jax.tree.map(jnp.add, grads, pullback(grad_y))
+
+        init = jax.tree.map(compat.zeros_like_typed, (x, weights, params))
+        return (None, *windows_loop(step, init, counts), None, None)
+
+    overflow.defvjp(overflow_fwd, overflow_bwd)
+    return overflow(like, x, weights, params, experts, counts)

@@ -49,11 +49,16 @@ def fast_slot_rows(
     return rows if rows < num_tokens * top_k else None
 
 
-def slot_layout(all_counts, num_local_experts: int, capacity: int | None, rows: int):
-    """Kept copies and their positions, for every (sender s, receiver d, local expert e).
+def slot_layout(all_counts, num_local_experts: int, capacity: int | None, rows: int, window=0):
+    """Copies sent in one window of each slot, for every (sender s, receiver d, local expert e).
 
-    Returns ``(kept, slot_offset)``, both ``[ep, ep, E_l]`` int32: sender ``s``'s copies of
-    expert ``d*E_l + e`` that survive both bounds, and where they start in slot ``(s, d)``.
+    Within slot ``(s, d)`` sender ``s``'s copies for rank ``d`` are ordered by local expert,
+    then token; their positions ``[window * P, (window + 1) * P)`` travel in this exchange
+    (window 0: the first ``P``, all a bounded path sends). ``window`` may be traced.
+
+    Returns ``(kept, offset, skip)``, each ``[ep, ep, E_l]`` int32: sender ``s``'s copies of
+    expert ``d*E_l + e`` in the window (after the capacity, if any), where they start in the
+    window, and how many of that expert's copies earlier windows hold.
     """
     ep = all_counts.shape[0]
     if capacity is not None:
@@ -62,21 +67,48 @@ def slot_layout(all_counts, num_local_experts: int, capacity: int | None, rows: 
         all_counts = jnp.clip(capacity - before, 0, all_counts)
     per_slot = all_counts.reshape(ep, ep, num_local_experts)
     slot_offset = jnp.cumsum(per_slot, axis=-1) - per_slot
-    kept = jnp.clip(rows - slot_offset, 0, per_slot)
-    return kept.astype(jnp.int32), slot_offset.astype(jnp.int32)
+    window_start = window * rows
+    start = jnp.clip(slot_offset, window_start, window_start + rows)
+    end = jnp.clip(slot_offset + per_slot, window_start, window_start + rows)
+    return (
+        (end - start).astype(jnp.int32),
+        (start - window_start).astype(jnp.int32),
+        (start - slot_offset).astype(jnp.int32),
+    )
 
 
-def send_plan(flat_experts, counts, kept_mine, offset_mine, rows: int, top_k: int):
-    """The :class:`DispatchPlan` of my send buffer ``[ep*P]`` (slot-major, expert, token)."""
+def num_windows(num_tokens: int, top_k: int, rows: int) -> int:
+    """Windows of ``rows`` that cover the fullest possible slot (all ``T*K`` copies)."""
+    return -(-num_tokens * top_k // rows)
+
+
+def windows_needed(all_counts: jax.Array, rows: int) -> jax.Array:
+    """How many windows of ``rows`` the fullest slot of ``all_counts`` fills (int32, >= 1)."""
+    ep = all_counts.shape[-2]
+    return jnp.maximum((fullest_slot(all_counts, ep) + rows - 1) // rows, 1).astype(jnp.int32)
+
+
+def send_plan(flat_experts, counts, kept_mine, offset_mine, skip_mine, rows: int, top_k: int):
+    """The :class:`DispatchPlan` of my send buffer ``[ep*P]`` (slot-major, expert, token).
+
+    ``kept_mine``, ``offset_mine``, ``skip_mine`` (``[ep (d), E_l]``) are my rows of
+    :func:`slot_layout`: copy ``i`` of expert ``e`` (in token order) is sent when
+    ``skip <= i < skip + kept``, to position ``offset + i - skip`` of its slot.
+    """
     ep, num_local = kept_mine.shape
     num_assignments = flat_experts.shape[0]
     kept_flat, offset_flat = kept_mine.reshape(-1), offset_mine.reshape(-1)
+    skip_flat = skip_mine.reshape(-1)
     order = jnp.argsort(flat_experts, stable=True).astype(jnp.int32)  # sorted slot -> assignment
     starts = jnp.cumsum(counts) - counts
     sorted_experts = flat_experts[order]
-    rank = jnp.arange(num_assignments, dtype=jnp.int32) - starts[sorted_experts]
+    rank = (
+        jnp.arange(num_assignments, dtype=jnp.int32)
+        - starts[sorted_experts]
+        - skip_flat[sorted_experts]
+    )
     sorted_row = jnp.where(
-        rank < kept_flat[sorted_experts],
+        (rank >= 0) & (rank < kept_flat[sorted_experts]),
         (sorted_experts // num_local) * rows + offset_flat[sorted_experts] + rank,
         ep * rows,
     )
@@ -90,7 +122,11 @@ def send_plan(flat_experts, counts, kept_mine, offset_mine, rows: int, top_k: in
     local = jnp.minimum(jnp.sum(ends <= position[:, None], axis=1), num_local - 1)
     expert = dest * num_local + local
     real = position < jnp.sum(kept_mine, axis=1)[dest]
-    slot = jnp.clip(starts[expert] + position - offset_flat[expert], 0, num_assignments - 1)
+    slot = jnp.clip(
+        starts[expert] + skip_flat[expert] + position - offset_flat[expert],
+        0,
+        num_assignments - 1,
+    )
     row_assignment = jnp.where(real, order[slot], num_assignments).astype(jnp.int32)
     return permutation.DispatchPlan(
         row_assignment=row_assignment,

@@ -71,10 +71,8 @@ def sharded_experts_step(params, cfg: MoEConfig, expert_specs: dict, group_token
 def _moe_shard(params, x, *, cfg: MoEConfig, expert_specs: dict, group_tokens: int):
     axes = sharding.batch_axes(cfg)
 
-    def psum_stats(terms, tokens_per_expert, dropped):
-        return jax.tree.map(
-            lambda value: jax.lax.psum(value, axes), (terms, tokens_per_expert, dropped)
-        )
+    def psum_stats(tree):
+        return jax.tree.map(lambda value: jax.lax.psum(value, axes), tree)
 
     step = sharded_experts_step(params, cfg, expert_specs, group_tokens)
     return moe_body(params, x, cfg, step, psum_stats)

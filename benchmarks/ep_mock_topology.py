@@ -1,0 +1,132 @@
+"""Compile the expert-parallel layer for several GPUs on one GPU (``jax_mock_gpu_topology``) and
+read what XLA scheduled: memory per device and whether anything overlaps the exchanges.
+
+For each variant, the DeepSeek-like layer (T=4096 tokens per GPU, H=7168, F=2048, E=32, K=8,
+bf16, dropless) is lowered and compiled forward+backward for a mock ``1 x ep x 1`` topology
+(ep hosts of one GPU each: jax refuses a mock whose devices per host differ from the local GPU
+count), and the scheduled HLO of the entry computation is scanned: for every async all-to-all,
+how many fusions, custom calls (the grouped matmul kernels) and GEMMs XLA placed between its
+start and its done. Nothing is executed.
+
+Status (H100, jax 0.11.2, 2026-11-23): with ``1x1x4`` jax refuses the topology; with ``1x4x1``
+the first variant printed nothing within 420 s (no result: compile or mock-NCCL init did not
+finish). Next: try a smaller layer first to tell the two apart.
+
+    PYTHONPATH=src python benchmarks/ep_mock_topology.py --ep 4 --out-dir $OUT
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import re
+import sys
+import time
+
+
+def overlap_report(hlo: str) -> dict:
+    """Per async all-to-all in the scheduled entry computation: compute ops between start/done."""
+    entry = hlo[hlo.index("ENTRY") :]
+    lines = entry.splitlines()
+    open_starts, report = {}, []
+    compute = re.compile(r"\s(fusion|custom-call|cublas|dot|convolution)\(")
+    for index, line in enumerate(lines):
+        start = re.search(r"%(\S+) = .*all-to-all-start\(", line)
+        if start:
+            open_starts[start.group(1)] = index
+            continue
+        done = re.search(r"all-to-all-done\(.*%(\S+?)\)", line)
+        if done and done.group(1) in open_starts:
+            begin = open_starts.pop(done.group(1))
+            between = lines[begin + 1 : index]
+            report.append(
+                {
+                    "start_line": begin,
+                    "ops_between": len(between),
+                    "compute_between": sum(bool(compute.search(op)) for op in between),
+                    "custom_calls_between": sum("custom-call(" in op for op in between),
+                }
+            )
+    return {
+        "async_all_to_all": len(report),
+        "sync_all_to_all": len(re.findall(r"\sall-to-all\(", entry)),
+        "while_loops": len(re.findall(r"\swhile\(", entry)),
+        "conditionals": len(re.findall(r"\sconditional\(", entry)),
+        "exchanges": report,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--ep", type=int, default=4)
+    parser.add_argument("--tokens", type=int, default=4096, help="tokens per GPU")
+    parser.add_argument("--out-dir", default=os.environ.get("OUT", "/tmp"))
+    args = parser.parse_args()
+
+    import jax
+
+    jax.config.update("jax_mock_gpu_topology", f"1x{args.ep}x1")  # one GPU per mock host
+    import jax.numpy as jnp
+    import numpy as np
+
+    import jaxmoe
+
+    devices = jax.devices()
+    mesh = jax.sharding.Mesh(np.array(devices[: args.ep]), ("ep",))
+    base = jaxmoe.MoEConfig(
+        num_experts=32,
+        top_k=8,
+        hidden_size=7168,
+        ffn_size=2048,
+        score="sigmoid",
+        use_expert_bias=True,
+        dtype=jnp.bfloat16,
+        param_dtype=jnp.bfloat16,
+        ep_axis="ep",
+    )
+    variants = {
+        "default": base,
+        "chunks2": dataclasses.replace(base, ep_chunks=2),
+        "worst_case_slots": dataclasses.replace(base, ep_fast_slot_factor=None),
+        "fast_slots_alone": dataclasses.replace(base, ep_receive_factor=1.125),
+    }
+    params = jax.eval_shape(lambda: jaxmoe.init_params(jax.random.key(0), base))
+    x = jax.ShapeDtypeStruct((args.ep * args.tokens, base.hidden_size), jnp.bfloat16)
+    results = {
+        "devices": [str(d) for d in devices],
+        "jax": jax.__version__,
+        "date": time.strftime("%Y-%m-%d"),
+        "command": " ".join(["python", *sys.argv]),
+        "xla_flags": os.environ.get("XLA_FLAGS", ""),
+        "variants": {},
+    }
+    for name, cfg in variants.items():
+        row = {}
+        try:
+            loss = lambda p, x, cfg=cfg: jnp.sum(
+                jaxmoe.moe(p, x, cfg, mesh=mesh)[0].astype(jnp.float32)
+            )
+            started = time.perf_counter()
+            compiled = jax.jit(jax.grad(loss, argnums=(0, 1))).lower(params, x).compile()
+            row["compile_s"] = round(time.perf_counter() - started, 1)
+            memory = compiled.memory_analysis()
+            row["temp_gb"] = memory.temp_size_in_bytes / 1e9
+            row["argument_gb"] = memory.argument_size_in_bytes / 1e9
+            hlo = compiled.as_text()
+            row.update(overlap_report(hlo))
+            with open(os.path.join(args.out_dir, f"hlo-{name}.txt"), "w") as f:
+                f.write(hlo)
+        except Exception as error:  # noqa: BLE001 - a variant's failure is a result
+            row["error"] = f"{type(error).__name__}: {str(error)[:400]}"
+        results["variants"][name] = row
+        print(name, json.dumps({k: v for k, v in row.items() if k != "exchanges"}), flush=True)
+        for exchange in row.get("exchanges", []):
+            print("   ", exchange, flush=True)
+    with open(os.path.join(args.out_dir, f"ep-mock-topology-ep{args.ep}.json"), "w") as f:
+        json.dump(results, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
