@@ -2,9 +2,14 @@
 exchange against a bare ``jax.lax.all_to_all`` of the same payload in equal chunks and a bare
 ``jax.lax.ragged_all_to_all``.
 
-Bandwidth = bytes each rank sends to other ranks per second (real rows only: padding a dense
-exchange sends is overhead, not payload), so an exchange that sends padding or permutes locally
-shows a lower number than the bare all-to-all.
+Two bandwidths per row, both per rank and against the bare dense all-to-all's:
+
+* ``gbps_per_rank`` (payload): the token copies each rank sends to other ranks, per second.
+  Padding and local permutation passes count as overhead, so this is what a user gets.
+* ``sent_gbps_per_rank`` (wire): the bytes the exchange actually puts on the wire (whole
+  ``P``-row slots to every other rank, once per window, see ``jaxmoe.parallel.ep_apply_experts``)
+  per second. Its ratio to the bare all-to-all says how well the exchange uses the wire for
+  the bytes it chose to send; the payload ratio adds what padding costs.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from jax.sharding import PartitionSpec as P
 
 from jaxmoe.bench.harness import first_devices_mesh
 from jaxmoe.bench.timing import time_jax
-from jaxmoe.parallel import ep_apply_experts
+from jaxmoe.parallel import ep_apply_experts, slot_rows
 
 EXCHANGE_SHAPE = {"tokens": 4096, "hidden": 7168, "top_k": 8, "experts_per_gpu": 8}
 TINY_EXCHANGE_SHAPE = {"tokens": 64, "hidden": 32, "top_k": 4, "experts_per_gpu": 2}
@@ -39,6 +44,25 @@ def _off_rank_rows(experts: np.ndarray, ep: int, experts_per_rank: int) -> float
     dest = experts // experts_per_rank
     owner = np.arange(experts.shape[0])[:, None] // tokens
     return float(np.sum(dest != owner)) / ep
+
+
+def _sent_rows(experts, ep, experts_per_rank, top_k, factor, fast, chunks) -> float:
+    """Rows each rank puts on the wire to other ranks in one exchange: per chunk, whole slots
+    of ``P`` rows to every other rank, once per window the fullest slot of the chunk needs."""
+    tokens = experts.shape[0] // ep
+    per_chunk = tokens // chunks
+    worst = per_chunk * top_k
+    rows = slot_rows(per_chunk, top_k, ep, experts_per_rank, receive_factor=factor or fast)
+    windowed = factor is None and fast is not None and rows < worst
+    if factor is None and not windowed:
+        rows = worst  # dropless with worst-case slots
+    sent = 0
+    by_rank = experts.reshape(ep, chunks, per_chunk, top_k) // experts_per_rank
+    for chunk in range(chunks):
+        fullest = max(int(np.sum(by_rank[s, chunk] == d)) for s in range(ep) for d in range(ep))
+        windows = max(1, -(-fullest // rows)) if windowed else 1
+        sent += windows * (ep - 1) * rows
+    return float(sent)
 
 
 def bench_exchange(
@@ -181,6 +205,7 @@ def bench_exchange(
             label = f"{impl} (dropless, worst-case slots)"
         if chunks > 1:
             label = label[:-1] + f", {chunks} chunks)"
+        sent_rows = _sent_rows(np.asarray(experts), ep, num_local, top_k, factor, fast, chunks)
         try:
             dropped = int(np.sum(np.asarray(fwd(x, experts, weights)[1])))
             for case, fn, args, exchanges in (
@@ -189,6 +214,7 @@ def bench_exchange(
             ):
                 timing = time_jax(fn, *args, repeats=5 if impl == "ragged_all_to_all" else 10)
                 gbps = exchanges * payload_rows * row_bytes / timing.median_ms / 1e6
+                sent_gbps = exchanges * sent_rows * row_bytes / timing.median_ms / 1e6
                 emit(
                     {
                         "case": case,
@@ -197,6 +223,10 @@ def bench_exchange(
                         "ms": timing.median_ms,
                         "gbps_per_rank": gbps,
                         "ratio_vs_dense_a2a": gbps / dense_gbps,
+                        "sent_gbps_per_rank": sent_gbps,
+                        "sent_ratio_vs_dense_a2a": sent_gbps / dense_gbps,
+                        "sent_rows_per_exchange": sent_rows,
+                        "payload_rows_per_exchange": payload_rows,
                         "dropped": dropped,
                     }
                 )

@@ -29,8 +29,9 @@ from jaxmoe.parallel.exchange import EXCHANGES
 PARTS = ("correctness", "exchange", "layer")
 # What the results header says about the numbers.
 HEADER_FACTS = {
-    "bandwidth": "bytes each rank sends to other ranks per second, real rows only "
-    "(dispatch+combine fwd = 2 exchanges, fwd+bwd = 4)",
+    "bandwidth": "gbps_per_rank: token copies each rank sends to other ranks per second "
+    "(payload); sent_gbps_per_rank: bytes the exchange puts on the wire to other ranks per "
+    "second (whole slots, every window); dispatch+combine fwd = 2 exchanges, fwd+bwd = 4",
     "timing": "median ms per call after warm-up (jaxmoe.bench.timing.time_jax)",
 }
 # The table ``jaxmoe bench ep`` prints (see jaxmoe.bench.harness.format_table): one row per
@@ -44,6 +45,8 @@ COLUMNS = (
     ("tokens_per_s_per_gpu", "tokens/s/GPU", "{:,.0f}"),
     ("tflops_per_gpu", "TFLOP/s/GPU", "{:.3f}"),
     ("ratio_vs_dense_a2a", "vs dense a2a", "{:.2f}x"),
+    ("sent_gbps_per_rank", "sent GB/s/rank", "{:.1f}"),
+    ("sent_ratio_vs_dense_a2a", "sent vs dense a2a", "{:.2f}x"),
     ("weak_scaling_vs_first", "weak scaling", "{:.2f}"),
     ("max_rel_err", "max rel err", "{:.1e}"),
     ("ok", "ok", ""),

@@ -1,0 +1,41 @@
+"""The exchange bench's count of the rows an exchange puts on the wire (its 'sent' bandwidth)."""
+
+import math
+
+import numpy as np
+
+from jaxmoe.bench.exchange_bandwidth import _sent_rows
+from jaxmoe.parallel import slot_rows
+
+EP, LOCAL, TOP_K, TOKENS = 4, 2, 2, 16  # 16 tokens per rank, 8 experts
+
+
+def _balanced():
+    """Each rank's copies spread evenly: every (sender, receiver) slot holds T*K/ep copies."""
+    experts = np.arange(EP * TOKENS * TOP_K).reshape(EP * TOKENS, TOP_K) % (EP * LOCAL)
+    return experts.astype(np.int32)
+
+
+def test_balanced_routing_sends_one_window_of_fast_slots():
+    rows = slot_rows(TOKENS, TOP_K, EP, LOCAL, receive_factor=1.125)
+    assert _sent_rows(_balanced(), EP, LOCAL, TOP_K, None, 1.125, 1) == (EP - 1) * rows
+
+
+def test_skewed_routing_sends_every_window():
+    experts = np.zeros((EP * TOKENS, TOP_K), np.int32)
+    experts[:, 1] = 1  # every copy to rank 0: its slot holds T*K copies
+    rows = slot_rows(TOKENS, TOP_K, EP, LOCAL, receive_factor=1.125)
+    windows = math.ceil(TOKENS * TOP_K / rows)
+    assert windows > 1
+    assert _sent_rows(experts, EP, LOCAL, TOP_K, None, 1.125, 1) == windows * (EP - 1) * rows
+
+
+def test_bounded_and_worst_case_slots_send_one_window():
+    experts = np.zeros((EP * TOKENS, TOP_K), np.int32)
+    experts[:, 1] = 1
+    bounded = slot_rows(TOKENS, TOP_K, EP, LOCAL, receive_factor=1.5)
+    assert _sent_rows(experts, EP, LOCAL, TOP_K, 1.5, 1.125, 1) == (EP - 1) * bounded
+    worst = TOKENS * TOP_K
+    assert _sent_rows(experts, EP, LOCAL, TOP_K, None, None, 1) == (EP - 1) * worst
+    per_chunk = slot_rows(TOKENS // 2, TOP_K, EP, LOCAL, receive_factor=1.125)
+    assert _sent_rows(_balanced(), EP, LOCAL, TOP_K, None, 1.125, 2) == 2 * (EP - 1) * per_chunk
