@@ -15,6 +15,7 @@ import pytest
 
 import jaxmoe
 from jaxmoe import debug
+from jaxmoe.bench.harness import relative_error
 from tests import references as ref
 
 # Normwise relative error ||got - want|| / ||want|| against the float64 reference, per output,
@@ -130,17 +131,12 @@ def _layer_objective(cfg, cotangent):
     return jax.value_and_grad(objective, argnums=(0, 1), has_aux=True)
 
 
-def _rel_err(got, want):
-    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
-    return np.linalg.norm(got - want), np.linalg.norm(want)
-
-
 def _assert_close(got, want, rtol, what):
     assert np.all(np.isfinite(np.asarray(got, np.float64))), f"{what}: not finite"
-    diff, scale = _rel_err(got, want)
-    assert diff <= rtol * scale + ZERO_ATOL, (
-        f"{what}: relative error {diff / max(scale, 1e-300):.3g}"
-    )
+    # ||got - want|| <= rtol * ||want|| + ZERO_ATOL, as a relative error.
+    scale = max(float(np.linalg.norm(np.asarray(want, np.float64))), 1e-30)
+    error = relative_error(got, want)
+    assert error <= rtol + ZERO_ATOL / scale, f"{what}: relative error {error:.3g}"
 
 
 def _assert_grads_close(got, want, rtol):

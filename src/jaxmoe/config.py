@@ -332,11 +332,12 @@ class MoEConfig:
         ``ceil(ep_receive_factor * T_local * K)`` rows (``None`` = dropless worst case). Copies
         that overflow it are dropped and counted in ``MoEStats.dropped_tokens``.
       ep_fast_slot_factor: dropless expert parallelism (no capacity, no ``ep_receive_factor``)
-        first sizes each (sender, receiver) slot for ``ceil(f * T_local * K / ep)`` rows, ``f``
-        times the balanced share. When the fullest slot of the ep group needs more, the layer
-        takes the worst-case path (slots of ``T_local * K`` rows, recomputed in backward) for
-        that step: exact either way, the choice made on the device. ``None`` = always the
-        worst-case path.
+        sizes each (sender, receiver) slot for ``P = ceil(f * T_local * K / ep)`` rows, ``f``
+        times the balanced share, and always sends them. Copies that do not fit travel in
+        later windows of ``P`` rows, in a loop that runs only as often as the fullest slot of
+        the ep group needs (counted in ``MoEStats.overflow_tokens``): exact and dropless
+        either way, memory close to the fast slots alone. ``None`` = worst-case slots
+        (``T_local * K`` rows) always.
       ep_chunks: split each device's tokens into this many chunks, each with its own
         exchange and expert matmuls, so that XLA can overlap one chunk's all-to-all with
         another's matmuls (GPU: needs ``--xla_gpu_enable_latency_hiding_scheduler=true``).

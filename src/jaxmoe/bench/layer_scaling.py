@@ -66,6 +66,13 @@ class EPLayerCase:
 LAYER_CASES = {
     "dsv3": EPLayerCase("dsv3", 7168, 2048, 8, 4096, experts_per_gpu=8),
     "mixtral": EPLayerCase("mixtral", 4096, 14336, 2, 4096, num_experts=8),
+    # The same two layers with forced-balanced routing (the router's own routing above).
+    "dsv3-balanced": EPLayerCase(
+        "dsv3-balanced", 7168, 2048, 8, 4096, experts_per_gpu=8, balanced=True
+    ),
+    "mixtral-balanced": EPLayerCase(
+        "mixtral-balanced", 4096, 14336, 2, 4096, num_experts=8, balanced=True
+    ),
     # Megatron-Core's published per-layer proxies (8xH100, EP8, 4096 tokens per GPU).
     "megatron-mixtral": EPLayerCase(
         "megatron-mixtral", 4096, 14336, 2, 4096, num_experts=8, balanced=True
@@ -87,6 +94,12 @@ LAYER_CASES = {
 TINY_LAYER_CASES = {
     "dsv3": EPLayerCase("dsv3-tiny", 64, 32, 4, 64, experts_per_gpu=4),
     "mixtral": EPLayerCase("mixtral-tiny", 32, 64, 2, 64, num_experts=8),
+    "dsv3-balanced": EPLayerCase(
+        "dsv3-balanced-tiny", 64, 32, 4, 64, experts_per_gpu=4, balanced=True
+    ),
+    "mixtral-balanced": EPLayerCase(
+        "mixtral-balanced-tiny", 32, 64, 2, 64, num_experts=8, balanced=True
+    ),
     "megatron-mixtral": EPLayerCase(
         "megatron-mixtral-tiny", 32, 64, 2, 64, num_experts=8, balanced=True
     ),
@@ -154,6 +167,13 @@ def _fullest_slot(params, x, cfg, mesh) -> int:
     return int(np.max(np.asarray(jax.jit(fn)(params, x))))
 
 
+def _device_peak_gb(mesh) -> float | None:
+    stats = [device.memory_stats() for device in mesh.devices.flat]
+    if any(stat is None or "peak_bytes_in_use" not in stat for stat in stats):
+        return None
+    return max(stat["peak_bytes_in_use"] for stat in stats) / 1e9
+
+
 def bench_layer(
     case: EPLayerCase,
     ep: int,
@@ -201,10 +221,11 @@ def bench_layer(
     def loss(params, x):
         y, stats = jaxmoe.moe(params, x, cfg, mesh=mesh)
         loss = jnp.mean(jnp.square(y.astype(jnp.float32))) + stats.aux_loss
-        return loss, (stats.dropped_tokens, stats.tokens_per_expert)
+        return loss, (stats.dropped_tokens, stats.overflow_tokens, stats.tokens_per_expert)
 
     step = jax.jit(jax.grad(loss, argnums=(0, 1), has_aux=True))
-    _, (dropped, tokens_per_expert) = step(params, x)
+    memory = step.lower(params, x).compile().memory_analysis()
+    _, (dropped, overflow, tokens_per_expert) = step(params, x)
     fullest = _fullest_slot(params, x, cfg, mesh)
     share = case.tokens_per_gpu * case.top_k / ep
     load = np.asarray(tokens_per_expert, np.float64)
@@ -221,6 +242,11 @@ def bench_layer(
         "ep_chunks": chunks if ep > 1 else 1,
         "fullest_slot_over_share": fullest / share,
         "dropped_tokens": int(dropped),
+        "overflow_tokens": int(overflow),
+        # XLA's plan for one device's temporaries, and the allocator's peak so far in this
+        # process (cumulative over the cases run before; None where the platform has none).
+        "compiled_temp_gb": None if memory is None else memory.temp_size_in_bytes / 1e9,
+        "device_peak_gb": _device_peak_gb(mesh),
         "num_experts": cfg.num_experts,
         "max_over_mean_load": float(load.max() / load.mean()),
         # Expert-matmul FLOPs (3 matmuls, fwd+bwd = 3x fwd) per GPU per second.
