@@ -60,6 +60,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     demo.add_argument("--seed", type=int, default=0, help="parameter and data seed")
     demo.add_argument("--out", default="jaxmoe-demo", help="output folder")
+    demo.add_argument(
+        "--checkpoint-dir", default=None, help="save here and resume from the latest (orbax)"
+    )
+    demo.add_argument("--save-every", type=int, default=50, help="steps between checkpoints")
 
     bench = commands.add_parser(
         "bench",
@@ -149,6 +153,8 @@ def run_demo_command(args) -> int:
         devices=args.devices,
         seed=args.seed,
         out=args.out,
+        checkpoint_dir=args.checkpoint_dir,
+        save_every=args.save_every,
     )
     try:
         check_demo_config(cfg)
