@@ -4,8 +4,10 @@ state, and the same next training step; mismatched configs are refused; NNX roun
 demo resumes bitwise."""
 
 import dataclasses
+import importlib
 import json
 import shutil
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -165,3 +167,10 @@ def test_demo_resumes_bitwise(tmp_path):
     for key in ("step", "loss", "aux_loss", "tokens_per_expert", "val_step", "val_loss"):
         assert resumed[key] == full[key], key
     assert json.loads((second / "metrics.json").read_text())["loss"] == full["loss"]
+
+
+def test_missing_orbax_says_how_to_install(monkeypatch):
+    monkeypatch.setitem(sys.modules, "orbax.checkpoint", None)  # makes the import fail
+    monkeypatch.delitem(sys.modules, "jaxmoe.checkpoint")
+    with pytest.raises(ImportError, match=r"pip install jaxmoe\[checkpoint\]"):
+        importlib.import_module("jaxmoe.checkpoint")
