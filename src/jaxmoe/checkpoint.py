@@ -153,7 +153,7 @@ def restore(
     targets = {name: _as_abstract(tree) for name, tree in targets.items()}
     step = _resolve_step(directory, step)
     check_checkpoint(directory, targets, step=step)
-    with _manager(directory, tuple(targets), None) as manager:
+    with _manager(directory, _stored_items(directory, step), None) as manager:
         args = {name: ocp.args.StandardRestore(tree) for name, tree in targets.items()}
         restored = manager.restore(step, args=ocp.args.Composite(**args))
     return {name: restored[name] for name in targets}
@@ -184,7 +184,7 @@ def check_checkpoint(
     """Raises ``ValueError`` naming the first target leaf the checkpoint lacks or shapes
     differently (reads metadata only)."""
     step = _resolve_step(directory, step)
-    with _manager(directory, tuple(targets), None) as manager:
+    with _manager(directory, _stored_items(directory, step), None) as manager:
         stored = manager.item_metadata(step)
         for name, tree in targets.items():
             meta = stored[name] if name in stored else None
@@ -269,6 +269,17 @@ def _manager(directory, names: tuple[str, ...], max_to_keep):
         os.path.abspath(directory),
         item_handlers=handlers,
         options=ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True),
+    )
+
+
+def _stored_items(directory, step: int) -> tuple[str, ...]:
+    # Registering a handler for every item on disk keeps orbax from warning about the ones a
+    # partial restore leaves unread.
+    step_dir = os.path.join(directory, str(step))
+    return tuple(
+        name
+        for name in sorted(os.listdir(step_dir))
+        if os.path.isdir(os.path.join(step_dir, name)) and not name.startswith((".", "_"))
     )
 
 
