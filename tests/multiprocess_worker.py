@@ -4,12 +4,13 @@ whose devices belong to several processes (``jax.distributed`` + gloo CPU collec
 Run by ``tests/test_multiprocess.py`` as::
 
   python -m tests.multiprocess_worker --process-id I --num-processes P --port N \
-      --local-devices D --out result.npz
+      --local-devices D --out result.npz --checkpoint-dir DIR
 
 Every process builds the same global inputs from a fixed seed, places its own shards with
 ``jax.make_array_from_callback``, runs one jitted forward + backward per case and gathers the
-results to every host; process 0 writes them to ``--out``. :func:`run_case` is also what the test
-runs in its own single process over 8 devices, so both sides compute exactly the same program.
+results to every host; then it saves sharded parameters with ``jaxmoe.checkpoint`` and restores
+them onto another mesh. Process 0 writes the results to ``--out``. :func:`run_case` is also
+what the test runs in its own single process over 8 devices, so both sides run the same program.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 import jaxmoe
 import jaxmoe.parallel
+from jaxmoe import checkpoint
 
 # (name, mesh shape, mesh axis names, data_axes, fsdp): "data2_ep4_fsdp" keeps each ep group
 # inside one process and spans processes with the data axis (the layout docs/distributed.md
@@ -81,10 +83,29 @@ def run_case(name: str, devices) -> dict[str, np.ndarray]:
 
     step = jax.jit(jax.value_and_grad(loss, argnums=(0, 1), has_aux=True))
     (value, (y, counts)), (grad_params, grad_x) = step(params, x, cotangent)
-    # Replicate everything, then read this process's copy: every host gets the full result.
-    replicated = NamedSharding(mesh, PartitionSpec())
     tree = {"loss": value, "y": y, "tokens_per_expert": counts, "grad_x": grad_x}
     tree.update({f"grad{jax.tree_util.keystr(p)}": g for p, g in _flat(grad_params)})
+    return _to_host(tree, mesh)
+
+
+def checkpoint_round_trip(devices, directory: str) -> dict[str, np.ndarray]:
+    """Saves the parameters sharded as the first case (data=2, ep=4, FSDP), restores them over
+    ep=8 (``jaxmoe.checkpoint``, every process calling); host copies of the restored values."""
+    _, shape, axis_names, data_axes, fsdp = CASES[0]
+    cfg = case_config(data_axes, fsdp)
+    mesh = jax.sharding.Mesh(np.array(devices).reshape(shape), axis_names)
+    params = jax.tree.map(_global, host_inputs(cfg)[0], checkpoint.param_shardings(cfg, mesh))
+    checkpoint.save(directory, 1, {"params": params})
+    cfg8, mesh8 = case_config((), False), jax.sharding.Mesh(np.array(devices), ("ep",))
+    target = {"params": checkpoint.abstract_params(cfg8, mesh8)}
+    restored = checkpoint.restore(directory, target)["params"]
+    assert restored["experts"]["w_up"].sharding == target["params"]["experts"]["w_up"].sharding
+    return _to_host({jax.tree_util.keystr(p): v for p, v in _flat(restored)}, mesh8)
+
+
+def _to_host(tree: dict, mesh) -> dict[str, np.ndarray]:
+    # Replicate everything, then read this process's copy: every host gets the full result.
+    replicated = NamedSharding(mesh, PartitionSpec())
     tree = jax.jit(lambda t: t, out_shardings=replicated)(tree)
     return {k: np.asarray(v.addressable_data(0)) for k, v in tree.items()}
 
@@ -100,6 +121,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--local-devices", type=int, required=True)
     parser.add_argument("--out", required=True)
+    parser.add_argument("--checkpoint-dir", required=True, help="the same path for every process")
     args = parser.parse_args(argv)
 
     jax.config.update("jax_platforms", "cpu")
@@ -122,6 +144,8 @@ def main(argv: list[str] | None = None) -> None:
     for name, *_ in CASES:
         for key, value in run_case(name, devices).items():
             results[f"{name}/{key}"] = value
+    for key, value in checkpoint_round_trip(devices, args.checkpoint_dir).items():
+        results[f"checkpoint/{key}"] = value
     if args.process_id == 0:
         np.savez(args.out, **results)
     jax.distributed.shutdown()

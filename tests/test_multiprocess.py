@@ -39,7 +39,7 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _launch(out: Path) -> None:
+def _launch(out: Path, checkpoint_dir: Path) -> None:
     """Starts the workers, waits for all of them, kills the rest on any failure or timeout."""
     env = dict(os.environ)
     # The workers ask for their devices through jax.config; drop the 8-device flag of conftest.
@@ -61,6 +61,7 @@ def _launch(out: Path) -> None:
                 f"--port={port}",
                 f"--local-devices={LOCAL_DEVICES}",
                 f"--out={out}",
+                f"--checkpoint-dir={checkpoint_dir}",
             ],
             cwd=REPO,
             env=env,
@@ -83,8 +84,9 @@ def _launch(out: Path) -> None:
 
 @pytest.fixture(scope="module")
 def multiprocess_results(tmp_path_factory):
-    out = tmp_path_factory.mktemp("multiprocess") / "result.npz"
-    _launch(out)
+    tmp = tmp_path_factory.mktemp("multiprocess")
+    _launch(tmp / "result.npz", tmp / "checkpoint")
+    out = tmp / "result.npz"
     with np.load(out) as data:
         return dict(data)
 
@@ -99,3 +101,17 @@ def test_two_processes_match_one_process(multiprocess_results, case):
             np.testing.assert_allclose(multi[key], expected, rtol=1e-5, atol=1e-5, err_msg=key)
         else:
             np.testing.assert_array_equal(multi[key], expected, err_msg=f"{case}: {key}")
+
+
+def test_checkpoint_saved_by_two_processes_restores_over_both(multiprocess_results):
+    """Both processes save (data=2, ep=4) FSDP shards; both restore them over ep=8: bitwise."""
+    params = worker.host_inputs(worker.case_config(("data",), True))[0]
+    expected = {jax.tree_util.keystr(p): v for p, v in jax.tree_util.tree_leaves_with_path(params)}
+    restored = {
+        k.split("/", 1)[1]: v
+        for k, v in multiprocess_results.items()
+        if k.startswith("checkpoint/")
+    }
+    assert sorted(restored) == sorted(expected)
+    for key, value in expected.items():
+        np.testing.assert_array_equal(restored[key], value, err_msg=key)
