@@ -141,8 +141,6 @@ def test_nnx_module_round_trip_with_expert_bias(tmp_path):
     assert isinstance(other.expert_bias, jaxmoe.nn.ExpertBias)
     ep_sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("ep"))
     assert other.experts["w_up"][...].sharding.is_equivalent_to(ep_sharding, 3)
-    x = _batch()  # (ep=4 splits the expert matmuls differently: equal to rounding)
-    np.testing.assert_allclose(other(x)[0], layer(x)[0], rtol=1e-5, atol=1e-6)
     # The same checkpoint is a functional params dict too.
     params = ckpt.restore(tmp_path, {"params": ckpt.abstract_params(cfg)})["params"]
     _assert_bitwise(params, layer.params_tree())

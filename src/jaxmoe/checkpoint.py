@@ -49,11 +49,12 @@ def param_shardings(cfg: MoEConfig, mesh: jax.sharding.Mesh | None = None) -> di
     """The sharding of every parameter on ``mesh`` (one device when ``None``).
 
     ``NamedSharding(mesh, param_partition_specs(cfg)[...])`` in the tree of ``init_params``;
-    with ``mesh=None``, ``SingleDeviceSharding`` of the first device (``cfg.ep_axis`` ignored).
+    with ``mesh=None``, ``SingleDeviceSharding`` of this process's first device (``cfg.ep_axis``
+    ignored).
     """
     specs = param_partition_specs(cfg)
     if mesh is None:
-        device = SingleDeviceSharding(jax.devices()[0])
+        device = SingleDeviceSharding(jax.local_devices()[0])
         return jax.tree.map(lambda _: device, specs, is_leaf=_is_spec)
     return jax.tree.map(lambda spec: NamedSharding(mesh, spec), specs, is_leaf=_is_spec)
 
@@ -79,7 +80,7 @@ def abstract_opt_state(tx, cfg: MoEConfig, mesh: jax.sharding.Mesh | None = None
     shapes = jax.eval_shape(tx.init, params)
     by_path = {_path(p): leaf for p, leaf in jax.tree_util.tree_flatten_with_path(params)[0]}
     replicated = (
-        SingleDeviceSharding(jax.devices()[0])
+        SingleDeviceSharding(jax.local_devices()[0])
         if mesh is None
         else NamedSharding(mesh, PartitionSpec())
     )
@@ -97,8 +98,15 @@ def abstract_opt_state(tx, cfg: MoEConfig, mesh: jax.sharding.Mesh | None = None
 
 def abstract_like(tree):
     """``jax.ShapeDtypeStruct`` (shape, dtype, sharding) of every array of ``tree``: a restore
-    target that puts the checkpoint exactly where ``tree`` lives."""
-    return jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding), tree)
+    target that puts the checkpoint exactly where ``tree`` lives (structs pass through)."""
+    return jax.tree.map(
+        lambda a: (
+            a
+            if isinstance(a, jax.ShapeDtypeStruct)
+            else jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding)
+        ),
+        tree,
+    )
 
 
 def save(
@@ -150,7 +158,7 @@ def restore(
         is named); raised before any array is read.
     """
     _check_item_names(targets)
-    targets = {name: _as_abstract(tree) for name, tree in targets.items()}
+    targets = {name: abstract_like(tree) for name, tree in targets.items()}
     step = _resolve_step(directory, step)
     check_checkpoint(directory, targets, step=step)
     with _manager(directory, _stored_items(directory, step), None) as manager:
@@ -193,7 +201,7 @@ def check_checkpoint(
                     f"checkpoint {directory} step {step} has no item {name!r}; it holds "
                     f"{sorted(k for k in stored if stored[k] is not None)}."
                 )
-            _check_item(name, _as_abstract(tree), getattr(meta, "tree", meta), directory, step)
+            _check_item(name, abstract_like(tree), getattr(meta, "tree", meta), directory, step)
 
 
 def save_module(directory: str | os.PathLike, step: int, module: nnx.Module, **kwargs) -> None:
@@ -304,17 +312,6 @@ def _check_item_names(items: Mapping[str, object]) -> None:
             f"the item name {METADATA!r} is reserved for the JSON metadata; pass that dict as "
             "`metadata=` and name the array items otherwise."
         )
-
-
-def _as_abstract(tree):
-    return jax.tree.map(
-        lambda a: (
-            a
-            if isinstance(a, jax.ShapeDtypeStruct)
-            else jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding)
-        ),
-        tree,
-    )
 
 
 def _path(path) -> tuple[str, ...]:
