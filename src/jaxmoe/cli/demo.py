@@ -23,6 +23,7 @@ from flax import nnx
 import jaxmoe
 from jaxmoe.cli.model import CharTransformer, ModelConfig
 from jaxmoe.cli.plot import expert_balance, plot_demo
+from jaxmoe.cli.resume import DemoCheckpoints
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,6 +48,8 @@ class DemoConfig:
     learning_rate: float = 3e-3
     warmup_steps: int = 20
     sample_chars: int = 240
+    checkpoint_dir: str | None = None
+    save_every: int = 50
 
 
 def check_demo_config(cfg: DemoConfig) -> None:
@@ -261,13 +264,17 @@ def run_demo(cfg: DemoConfig) -> dict:
     tokens_per_step = cfg.batch_size * cfg.seq_len
     record = {"loss": [], "aux_loss": [], "tokens_per_expert": [], "dropped": []}
     metrics = {"step": [], "val_step": [], "val_loss": []}
+    first_step, checkpoints = 1, None
+    if cfg.checkpoint_dir:
+        checkpoints = DemoCheckpoints(cfg.checkpoint_dir, cfg.save_every)
+        state, first_step = checkpoints.resume(state, rng, record, metrics)
     start = time.perf_counter()
     compile_s = 0.0
-    bar = tqdm(range(1, cfg.steps + 1), desc="training", unit="step", dynamic_ncols=True)
+    bar = tqdm(range(first_step, cfg.steps + 1), desc="training", unit="step", dynamic_ncols=True)
     for step in bar:
         t0 = time.perf_counter()
         state, loss, aux, counts, dropped = train_step(state, batch(train_data))
-        if step == 1:
+        if step == first_step:
             jax.block_until_ready(loss)
             compile_s = time.perf_counter() - t0
             start = time.perf_counter()  # throughput excludes compilation
@@ -281,6 +288,8 @@ def run_demo(cfg: DemoConfig) -> dict:
             elapsed = time.perf_counter() - start
             rate = tokens_per_step * max(step - 1, 1) / max(elapsed, 1e-9)
             bar.set_postfix(loss=f"{float(loss):.3f}", tok_s=f"{rate:,.0f}")
+        if checkpoints:
+            checkpoints.maybe_save(step, cfg.steps, state, rng, record, metrics)
     bar.close()
     jax.block_until_ready(state)
     train_s = time.perf_counter() - start

@@ -94,6 +94,15 @@ def _add_demo(commands) -> None:
         "--seed", type=flags.integer(0, 2**32), default=0, help="parameter and data seed"
     )
     demo.add_argument("--out", type=flags.writable_folder, default="jaxmoe-demo", help="folder")
+    demo.add_argument(
+        "--checkpoint-dir",
+        type=flags.writable_folder,
+        default=None,
+        help="save here every --save-every steps and resume from the latest (orbax)",
+    )
+    demo.add_argument(
+        "--save-every", type=flags.integer(1), default=50, help="steps between checkpoints"
+    )
 
 
 def _add_common(sub, presets, all_presets, default_preset="tiny") -> None:
@@ -281,6 +290,8 @@ def run_demo_command(args) -> int:
         devices=args.devices,
         seed=args.seed,
         out=args.out,
+        checkpoint_dir=args.checkpoint_dir,
+        save_every=args.save_every,
     )
     try:
         check_demo_config(cfg)
