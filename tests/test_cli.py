@@ -288,3 +288,19 @@ def test_layer_and_ep_print_the_same_kind_of_table(tmp_path, capsys):
     assert _table_head(capsys.readouterr().out, "case")[:3] == ["case", "ep", "impl"]
     rows = _bench_rows(out)
     assert {r["case"] for r in rows} == {"layer_fwd_bwd:dsv3-tiny", "layer_fwd_bwd:mixtral-tiny"}
+
+
+def test_layer_bench_reports_every_row_as_it_goes():
+    """A run cut by a time limit keeps what it measured: on_row sees the rows after each one."""
+    from jaxmoe.bench import layer
+
+    seen = []
+    _, rows = layer.run_layer_benchmark(
+        ["tiny"],
+        ["jaxmoe"],
+        ["fwd", "fwd+bwd"],
+        repeats=1,
+        log=lambda _: None,
+        on_row=lambda rows: seen.append(len(rows)),
+    )
+    assert seen == [1, 2] and len(rows) == 2

@@ -263,6 +263,7 @@ def run_layer_benchmark(
     seed: int = 0,
     progress: Callable[[str], None] | None = None,
     log: Callable[[str], None] = print,
+    on_row: Callable[[list[dict[str, Any]]], None] | None = None,
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """Checks then times every (preset, pass, impl).
 
@@ -276,6 +277,8 @@ def run_layer_benchmark(
       repeats: timed samples per row (median reported).
       progress: called once per finished row (e.g. a progress bar's update).
       log: where each row's one-line summary goes.
+      on_row: called with the rows so far after every row (e.g. to rewrite a results file, so
+        that a run cut by a time limit keeps what it measured).
 
     Returns:
       ``(extra_header, rows)``: ``extra_header`` holds the measured dense peak; each row is
@@ -322,6 +325,8 @@ def run_layer_benchmark(
                 log(row_line(row))
                 if progress:
                     progress(f"{preset.name} {impl} {pass_}")
+                if on_row:
+                    on_row(rows)
             if impl == "torch":
                 release_torch_memory()
     fill_ratios(rows, ("preset", "pass"), impls)

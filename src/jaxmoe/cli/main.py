@@ -355,6 +355,7 @@ def run_bench_command(args) -> int:
                 repeats=args.repeats,
                 progress=lambda what: (bar.set_postfix_str(what), bar.update()),
                 log=log,
+                on_row=results.save,
             )
         results.header.update(extra)
         return results.finish(
