@@ -24,6 +24,7 @@ from tqdm.auto import tqdm
 from jaxmoe.bench import expert_parallel, gemm, gemm_tile_sweep, harness, layer
 from jaxmoe.bench.layer_scaling import LAYER_CASES
 from jaxmoe.bench.presets import GEMM_SHAPES, LAYER_PRESETS
+from jaxmoe.choices import FP8_RECIPES
 from jaxmoe.cli import flags
 from jaxmoe.parallel.exchange import EXCHANGES
 
@@ -94,6 +95,13 @@ def _add_demo(commands) -> None:
         "--seed", type=flags.integer(0, 2**32), default=0, help="parameter and data seed"
     )
     demo.add_argument("--out", type=flags.writable_folder, default="jaxmoe-demo", help="folder")
+    demo.add_argument(
+        "--fp8",
+        choices=FP8_RECIPES,
+        default=None,
+        help="run the routed experts' matmuls in FP8 (e4m3) with this scaling recipe "
+        "(default: off, matmuls in float32)",
+    )
 
 
 def _add_common(sub, presets, all_presets, default_preset="tiny") -> None:
@@ -281,6 +289,7 @@ def run_demo_command(args) -> int:
         devices=args.devices,
         seed=args.seed,
         out=args.out,
+        fp8=args.fp8,
     )
     try:
         check_demo_config(cfg)
