@@ -51,8 +51,8 @@ def routed_experts(
         result without ragged bookkeeping (``backend`` is then unused).
       fp8_recipe: ``None`` (matmuls in ``buffer``'s dtype) or an FP8 recipe
         (``MoEConfig.fp8_recipe``): every expert matmul is then
-        :func:`jaxmoe.ops.fp8.fp8_grouped_matmul` on ``backend``, capacity blocks included (as
-        full groups of ``block_rows``). On CPU each operand is quantized in a pass of its own
+        :func:`jaxmoe.ops.fp8.fp8_grouped_matmul` on ``backend``, capacity blocks included
+        (``block_rows`` is then unused). On CPU each operand is quantized in a pass of its own
         just before the op; fusing the activation cast into the permutation is a GPU concern.
 
     Returns:
@@ -60,10 +60,7 @@ def routed_experts(
     """
     act = activation_fn(activation)
     dtype = buffer.dtype
-    if fp8_recipe is not None:
-        num_experts = weights["w_up"].shape[0]
-        if block_rows is not None:  # capacity blocks: every expert's block is one full group
-            group_sizes = jnp.full((num_experts,), block_rows, jnp.int32)
+    if fp8_recipe is not None:  # capacity blocks too: there group_sizes are the full blocks
         blocks = buffer
 
         def matmul(lhs, rhs):

@@ -81,7 +81,11 @@ def scaled_grouped_matmul(
     """
     recipe = resolve_recipe(recipe, "scaled_grouped_matmul")
     check_scaled_args(lhs_q, lhs_scale, rhs_q, rhs_scale, group_sizes, recipe)
-    check_grouped_matmul_args(lhs_q, rhs_q, group_sizes, preferred_element_type)
+    if not jnp.issubdtype(preferred_element_type, jnp.floating):
+        raise ValueError(
+            "scaled_grouped_matmul: `preferred_element_type` must be a floating dtype; got "
+            f"{preferred_element_type}. Use jnp.bfloat16 or jnp.float32."
+        )
     impl = resolve_fp8_backend(backend)
     group_sizes = clip_group_sizes(jnp.asarray(group_sizes), jnp.shape(lhs_q)[0])
     return impl.scaled_gmm(

@@ -29,7 +29,6 @@ Array = jax.Array
 
 def check_scaled_args(lhs_q, lhs_scale, rhs_q, rhs_scale, group_sizes, recipe: Fp8Recipe):
     """Raises ValueError, naming the argument, for what ``scaled_grouped_matmul`` cannot take."""
-    check_grouped_matmul_args(lhs_q, rhs_q, group_sizes)
     for name, value in (("lhs_q", lhs_q), ("rhs_q", rhs_q)):
         dtype = jnp.result_type(value)
         if dtype not in FP8_DTYPES:
@@ -37,6 +36,12 @@ def check_scaled_args(lhs_q, lhs_scale, rhs_q, rhs_scale, group_sizes, recipe: F
                 f"scaled_grouped_matmul: `{name}` must be FP8 (float8_e4m3fn or float8_e5m2); "
                 f"got dtype {dtype}. Quantize it first: jaxmoe.ops.fp8.quantize(x, blocks)."
             )
+    # The shape rules of grouped_matmul; the two FP8 formats may differ (e5m2 x e4m3 is fine).
+    check_grouped_matmul_args(
+        jax.ShapeDtypeStruct(np.shape(lhs_q), jnp.float32),
+        jax.ShapeDtypeStruct(np.shape(rhs_q), jnp.float32),
+        group_sizes,
+    )
     blocks = (("lhs_scale", lhs_scale, lhs_q, recipe.lhs_blocks),) + (
         ("rhs_scale", rhs_scale, rhs_q, recipe.rhs_blocks),
     )
