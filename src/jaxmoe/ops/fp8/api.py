@@ -75,9 +75,11 @@ def scaled_grouped_matmul(
 
     Example::
 
+      >>> x = jnp.arange(1.0, 4.0)[:, None] * jnp.ones((3, 4)); w = jnp.ones((1, 4, 2))
       >>> recipe = Fp8Recipe("rowwise")
       >>> x_q, x_s = quantize(x, recipe.lhs_blocks); w_q, w_s = quantize(w, recipe.rhs_blocks)
-      >>> out = scaled_grouped_matmul(x_q, x_s, w_q, w_s, group_sizes, recipe=recipe)
+      >>> scaled_grouped_matmul(x_q, x_s, w_q, w_s, jnp.array([3]), recipe=recipe)[:, 0]
+      Array([4, 8, 12], dtype=bfloat16)
     """
     recipe = resolve_recipe(recipe, "scaled_grouped_matmul")
     check_scaled_args(lhs_q, lhs_scale, rhs_q, rhs_scale, group_sizes, recipe)
@@ -185,7 +187,9 @@ def fp8_grouped_matmul(
 
     Example::
 
-      >>> out = fp8_grouped_matmul(x, w, jnp.array([3, 0, 5]), recipe="blockwise")
+      >>> x = jnp.ones((5, 256)); w = jnp.ones((2, 256, 8)) / 256
+      >>> fp8_grouped_matmul(x, w, jnp.array([2, 1]), recipe="blockwise")[:, 0]
+      Array([1.0000001, 1.0000001, 1.0000001, 0.       , 0.       ], dtype=float32)
 
     References: DeepSeek-AI 2024 (DeepSeek-V3, section 3.3: fine-grained FP8 training);
     Micikevicius et al. 2022 (FP8 formats); NVIDIA TransformerEngine (FP8 recipes);

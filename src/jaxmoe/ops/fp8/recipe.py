@@ -63,10 +63,11 @@ class Fp8Recipe:
                 f"Fp8Recipe.name must be one of {RECIPE_NAMES}; got {self.name!r}. "
                 "Use 'rowwise' (per token / per output channel) or 'blockwise' (DeepSeek-V3)."
             )
-        if isinstance(self.block_size, bool) or not isinstance(self.block_size, int):
-            raise ValueError(f"Fp8Recipe.block_size must be an int >= 1; got {self.block_size!r}.")
-        if self.block_size < 1:
-            raise ValueError(f"Fp8Recipe.block_size must be an int >= 1; got {self.block_size!r}.")
+        size = self.block_size
+        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+            raise ValueError(
+                f"Fp8Recipe.block_size must be an int >= 1; got {size!r}. DeepSeek-V3 uses 128."
+            )
         for field in ("dtype", "grad_dtype"):
             value = jnp.dtype(getattr(self, field))
             if value not in FP8_DTYPES:
