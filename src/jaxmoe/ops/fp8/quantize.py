@@ -55,12 +55,16 @@ def fp8_max(dtype) -> float:
     return float(jnp.finfo(dtype).max)
 
 
-def _check(x_shape: tuple, block_shape: BlockShape, dtype) -> tuple[int, ...]:
+def _check_dtype(dtype) -> None:
     if jnp.dtype(dtype) not in FP8_DTYPES:
         raise ValueError(
             f"quantize: `dtype` must be one of {[str(d) for d in FP8_DTYPES]}; got {dtype}. "
             "Use jnp.float8_e4m3fn (activations, weights) or jnp.float8_e5m2."
         )
+
+
+def _block_extents(x_shape: tuple, block_shape: BlockShape) -> tuple[int, ...]:
+    """Each block's extent along each dim (a ``None`` block spans the dim), or ValueError."""
     if len(block_shape) != len(x_shape):
         raise ValueError(
             f"quantize: `block_shape` needs one entry per dim of x (shape {x_shape}); got "
@@ -82,13 +86,13 @@ def _check(x_shape: tuple, block_shape: BlockShape, dtype) -> tuple[int, ...]:
 
 def scale_shape(x_shape: tuple, block_shape: BlockShape) -> tuple[int, ...]:
     """The shape of the scales of an ``x_shape`` tensor quantized in ``block_shape`` blocks."""
-    blocks = _check(tuple(x_shape), block_shape, E4M3)
+    blocks = _block_extents(tuple(x_shape), block_shape)
     return tuple(math.ceil(dim / block) for dim, block in zip(x_shape, blocks, strict=True))
 
 
 def expand_scale(scale: jax.Array, x_shape: tuple, block_shape: BlockShape) -> jax.Array:
     """Repeats each block's scale over its block: the result has shape ``x_shape``."""
-    blocks = _check(tuple(x_shape), block_shape, E4M3)
+    blocks = _block_extents(tuple(x_shape), block_shape)
     for axis, block in enumerate(blocks):
         scale = jnp.repeat(scale, block, axis=axis) if block > 1 else scale
     return scale[tuple(slice(0, dim) for dim in x_shape)]
@@ -107,7 +111,8 @@ def quantize(x: jax.Array, block_shape: BlockShape, dtype=E4M3) -> tuple[jax.Arr
       :func:`scale_shape`, with ``x ~= dequantize(q, scale, block_shape)``.
     """
     x = jnp.asarray(x)
-    blocks = _check(x.shape, block_shape, dtype)
+    _check_dtype(dtype)
+    blocks = _block_extents(x.shape, block_shape)
     counts = tuple(math.ceil(dim / block) for dim, block in zip(x.shape, blocks, strict=True))
     padded = jnp.pad(
         jnp.abs(x.astype(jnp.float32)),
