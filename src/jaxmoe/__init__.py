@@ -1,11 +1,13 @@
 """jaxmoe: Mixture-of-Experts layers for JAX.
 
-The public API: configuration, parameters, routing, the layer, the grouped matmul op.
+The public API: configuration, parameters, routing, the layer, the grouped matmul op (and its
+FP8 form; quantization and recipes in :mod:`jaxmoe.ops.fp8`).
 Flax modules live in :mod:`jaxmoe.nn`, expert parallelism in :mod:`jaxmoe.parallel`.
 """
 
 from jaxmoe.config import MoEConfig
 from jaxmoe.layer import MoEStats, moe
+from jaxmoe.ops.fp8 import fp8_grouped_matmul
 from jaxmoe.ops.grouped_matmul import grouped_matmul
 from jaxmoe.params import init_params, param_logical_axes
 from jaxmoe.permutation import DispatchPlan, combine, dispatch, plan_dispatch
@@ -20,6 +22,7 @@ __all__ = [
     "Routing",
     "combine",
     "dispatch",
+    "fp8_grouped_matmul",
     "grouped_matmul",
     "init_params",
     "moe",

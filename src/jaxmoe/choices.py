@@ -15,6 +15,8 @@ ACTIVATIONS = ("swiglu", "geglu", "gelu", "relu")
 GATED_ACTIVATIONS = ("swiglu", "geglu")
 # ``jaxmoe.ops.grouped_matmul.api``: "auto" (the platform's best) and one name per backend.
 GROUPED_MATMUL_BACKENDS = ("auto", "reference", "xla", "pallas", "pallas_triton")
+# ``jaxmoe.ops.fp8.recipe``: the FP8 scaling recipes of the expert matmuls.
+FP8_RECIPES = ("rowwise", "blockwise")
 # ``jaxmoe.parallel.exchange``: one name per exchange implementation.
 EP_EXCHANGES = ("all_to_all", "all_to_all_chunked", "all_gather", "ragged_all_to_all")
 

@@ -14,6 +14,7 @@ import numpy as np
 from jaxmoe.choices import (
     ACTIVATIONS,
     EP_EXCHANGES,
+    FP8_RECIPES,
     GATED_ACTIVATIONS,
     GROUPED_MATMUL_BACKENDS,
     SCORES,
@@ -201,9 +202,14 @@ _FIELD_RULES: dict[str, Callable[[str, Any], Any]] = {
     ),
     "ep_chunks": _positive_int(),
     "fsdp_expert_weights": _Flag("Pass fsdp_expert_weights=True or False."),
+    "fp8_recipe": _Name(
+        FP8_RECIPES, "Pick a listed recipe, or None for expert matmuls in `dtype`.", optional=True
+    ),
 }
 
 # ----------------------------------------------------------------------------- cross-field rules
+# The grouped-matmul backends with an FP8 path (``jaxmoe.ops.fp8``; None/"auto" mean "xla").
+_FP8_BACKENDS = (None, "auto", "reference", "xla")
 # (field named in the message, broken(cfg), rule(cfg), fix(cfg)): checked in order, after every
 # field passed its own rule.
 
@@ -286,6 +292,12 @@ _CROSS_FIELD_RULES: tuple[tuple[str, Callable, Callable, Callable], ...] = (
         lambda c: "must not repeat an axis",
         lambda c: "List each axis once.",
     ),
+    (
+        "grouped_matmul_backend",
+        lambda c: c.fp8_recipe is not None and c.grouped_matmul_backend not in _FP8_BACKENDS,
+        lambda c: f"has no FP8 path (fp8_recipe={c.fp8_recipe!r} needs one of {_FP8_BACKENDS})",
+        lambda c: "Set grouped_matmul_backend=None or 'xla', or fp8_recipe=None.",
+    ),
 )
 
 
@@ -343,6 +355,11 @@ class MoEConfig:
         another's matmuls (GPU: needs ``--xla_gpu_enable_latency_hiding_scheduler=true``).
         Needs ``capacity_factor=None``; must divide the tokens per device.
       fsdp_expert_weights: also shard expert weights over ``data_axes`` (gathered just in time).
+      fp8_recipe: ``None`` (default: expert matmuls in ``dtype``), ``"rowwise"`` or
+        ``"blockwise"``: the routed experts' grouped matmuls run in FP8 (e4m3) with that
+        scaling recipe (:func:`jaxmoe.ops.fp8.fp8_grouped_matmul`); master weights and their
+        gradients stay in ``param_dtype``, the router, losses, combine and shared expert are
+        unchanged. Needs ``grouped_matmul_backend`` None, ``"xla"`` or ``"reference"``.
     """
 
     num_experts: int
@@ -374,6 +391,7 @@ class MoEConfig:
     ep_fast_slot_factor: float | None = 1.125
     ep_chunks: int = 1
     fsdp_expert_weights: bool = False
+    fp8_recipe: str | None = None
 
     def __post_init__(self):
         # One rule per field (_FIELD_RULES), then the rules between fields (_CROSS_FIELD_RULES).

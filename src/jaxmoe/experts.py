@@ -5,6 +5,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from jaxmoe.ops.fp8 import fp8_grouped_matmul
 from jaxmoe.ops.grouped_matmul import grouped_matmul
 
 
@@ -31,6 +32,7 @@ def routed_experts(
     backend=None,
     *,
     block_rows: int | None = None,
+    fp8_recipe: str | None = None,
 ) -> jax.Array:
     """Applies expert ``e``'s FFN to its block of rows of the expert-major ``buffer``.
 
@@ -47,13 +49,25 @@ def routed_experts(
       block_rows: when every expert has a block of exactly this many rows (capacity mode,
         ``R = E_local * block_rows``), the experts run as one batched matmul instead: the same
         result without ragged bookkeeping (``backend`` is then unused).
+      fp8_recipe: ``None`` (matmuls in ``buffer``'s dtype) or an FP8 recipe
+        (``MoEConfig.fp8_recipe``): every expert matmul is then
+        :func:`jaxmoe.ops.fp8.fp8_grouped_matmul` on ``backend``, capacity blocks included
+        (``block_rows`` is then unused). On CPU each operand is quantized in a pass of its own
+        just before the op; fusing the activation cast into the permutation is a GPU concern.
 
     Returns:
       ``[R, H]``.
     """
     act = activation_fn(activation)
     dtype = buffer.dtype
-    if block_rows is not None:
+    if fp8_recipe is not None:  # capacity blocks too: there group_sizes are the full blocks
+        blocks = buffer
+
+        def matmul(lhs, rhs):
+            return fp8_grouped_matmul(
+                lhs, rhs.astype(dtype), group_sizes, recipe=fp8_recipe, backend=backend
+            )
+    elif block_rows is not None:
         num_experts = weights["w_up"].shape[0]
         blocks = buffer.reshape(num_experts, block_rows, buffer.shape[-1])
 

@@ -56,6 +56,7 @@ def local_experts_step(params, cfg: MoEConfig):
                 cfg.activation,
                 cfg.grouped_matmul_backend,
                 block_rows=permutation.capacity_block_rows(capacity, alignment),
+                fp8_recipe=cfg.fp8_recipe,
             )
         with jax.named_scope("combine"):
             out = permutation.combine(expert_out, routing.weights, plan)

@@ -39,6 +39,7 @@ class DemoConfig:
     devices: int = 1
     seed: int = 0
     out: str = "jaxmoe-demo"
+    fp8: str | None = None  # MoEConfig.fp8_recipe of every layer
     width: int = 128
     ffn_size: int = 128
     num_layers: int = 2
@@ -131,6 +132,7 @@ def build(cfg: DemoConfig, vocab_size: int):
         z_loss_coef=1e-3,
         use_expert_bias=cfg.expert_bias_rate > 0,
         ep_axis="ep" if cfg.devices > 1 else None,
+        fp8_recipe=cfg.fp8,
     )
     model_cfg = ModelConfig(
         vocab_size=vocab_size,
@@ -304,7 +306,7 @@ def run_demo(cfg: DemoConfig) -> dict:
         title=(
             f"jaxmoe demo: {cfg.num_layers} layers, {cfg.num_experts} experts top-{cfg.top_k}, "
             f"score={cfg.score}, aux_loss={cfg.aux_loss:g}, "
-            f"expert_bias_rate={cfg.expert_bias_rate:g}"
+            f"expert_bias_rate={cfg.expert_bias_rate:g}" + (f", fp8={cfg.fp8}" if cfg.fp8 else "")
         ),
         loss=loss.tolist(),
         aux_loss=np.array(host["aux_loss"], dtype=np.float64).tolist(),

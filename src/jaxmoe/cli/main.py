@@ -24,6 +24,7 @@ from tqdm.auto import tqdm
 from jaxmoe.bench import expert_parallel, gemm, gemm_tile_sweep, harness, layer
 from jaxmoe.bench.layer_scaling import LAYER_CASES
 from jaxmoe.bench.presets import GEMM_SHAPES, LAYER_PRESETS
+from jaxmoe.choices import FP8_RECIPES
 from jaxmoe.cli import flags
 from jaxmoe.parallel.exchange import EXCHANGES
 
@@ -102,6 +103,13 @@ def _add_demo(commands) -> None:
     )
     demo.add_argument(
         "--save-every", type=flags.integer(1), default=50, help="steps between checkpoints"
+    )
+    demo.add_argument(
+        "--fp8",
+        choices=FP8_RECIPES,
+        default=None,
+        help="run the routed experts' matmuls in FP8 (e4m3) with this scaling recipe "
+        "(default: off, matmuls in float32)",
     )
 
 
@@ -292,6 +300,7 @@ def run_demo_command(args) -> int:
         out=args.out,
         checkpoint_dir=args.checkpoint_dir,
         save_every=args.save_every,
+        fp8=args.fp8,
     )
     try:
         check_demo_config(cfg)

@@ -41,7 +41,12 @@ def sharded_experts_step(params, cfg: MoEConfig, expert_specs: dict, group_token
 
     def experts_fn(buffer, group_sizes, weights):
         return routed_experts(
-            buffer, group_sizes, weights, cfg.activation, cfg.grouped_matmul_backend
+            buffer,
+            group_sizes,
+            weights,
+            cfg.activation,
+            cfg.grouped_matmul_backend,
+            fp8_recipe=cfg.fp8_recipe,
         )
 
     def step(tokens: jax.Array, routing: Routing) -> ExpertsResult:

@@ -1,0 +1,204 @@
+"""``fp8_grouped_matmul`` and ``scaled_grouped_matmul``: dispatch to a backend, the custom VJP."""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from jaxmoe.choices import GROUPED_MATMUL_BACKENDS
+from jaxmoe.ops.fp8.base import ScaledGroupedMatmulBackend, check_scaled_args
+from jaxmoe.ops.fp8.quantize import dequantize, quantize
+from jaxmoe.ops.fp8.recipe import Fp8Recipe, resolve_recipe
+from jaxmoe.ops.fp8.reference import ReferenceScaledGroupedMatmul
+from jaxmoe.ops.fp8.xla import XlaScaledGroupedMatmul
+from jaxmoe.ops.grouped_matmul.base import check_grouped_matmul_args, clip_group_sizes
+
+_BACKENDS = {"reference": ReferenceScaledGroupedMatmul, "xla": XlaScaledGroupedMatmul}
+FP8_BACKEND_NAMES = ("auto", *_BACKENDS)
+
+
+def resolve_fp8_backend(backend) -> ScaledGroupedMatmulBackend:
+    """``None``/``"auto"`` (``"xla"`` on every platform for now), a name, or a backend object.
+
+    Raises:
+      NotImplementedError: a grouped-matmul backend with no FP8 kernel yet (``"pallas"``,
+        ``"pallas_triton"``): the FP8 path never falls back silently from a named backend.
+      ValueError: any other value.
+    """
+    if isinstance(backend, ScaledGroupedMatmulBackend):
+        return backend
+    if backend is None or backend == "auto":
+        return XlaScaledGroupedMatmul()
+    if isinstance(backend, str) and backend in _BACKENDS:
+        return _BACKENDS[backend]()
+    if isinstance(backend, str) and backend in GROUPED_MATMUL_BACKENDS:
+        raise NotImplementedError(
+            f"fp8_grouped_matmul: backend {backend!r} has no FP8 kernel yet; use one of "
+            f"{FP8_BACKEND_NAMES} (on a GPU 'xla' runs lax.ragged_dot on the FP8 operands)."
+        )
+    raise ValueError(
+        f"fp8_grouped_matmul: unknown `backend` {backend!r}; choose one of {FP8_BACKEND_NAMES} "
+        "or pass a jaxmoe.ops.fp8.ScaledGroupedMatmulBackend object."
+    )
+
+
+def scaled_grouped_matmul(
+    lhs_q: jax.Array,
+    lhs_scale: jax.Array,
+    rhs_q: jax.Array,
+    rhs_scale: jax.Array,
+    group_sizes: jax.Array,
+    *,
+    recipe: str | Fp8Recipe = "rowwise",
+    backend: str | ScaledGroupedMatmulBackend | None = None,
+    preferred_element_type=jnp.bfloat16,
+) -> jax.Array:
+    r"""The grouped matmul of already-quantized FP8 operands, scales applied: forward only.
+
+    ``out[s_g : s_g + n_g] = dequantize(lhs)[s_g : s_g + n_g] @ dequantize(rhs)[g]``, rows past
+    ``sum(group_sizes)`` zero, computed as FP8 products accumulated in float32 and scaled in the
+    epilogue (rowwise) or per K block (blockwise); see :mod:`jaxmoe.ops.fp8.recipe`. This is the
+    entry point for callers that quantize elsewhere (e.g. fused into the permutation); it is not
+    differentiable (FP8 inputs): use :func:`fp8_grouped_matmul` for training.
+
+    Args:
+      lhs_q: ``[M, K]`` float8, rows sorted by group.
+      lhs_scale: float32, ``[M, 1]`` (rowwise) or ``[M, ceil(K/b)]`` (blockwise).
+      rhs_q: ``[G, K, N]`` float8.
+      rhs_scale: float32, ``[G, 1, N]`` (rowwise) or ``[G, ceil(K/b), ceil(N/b)]`` (blockwise).
+      group_sizes: ``[G]`` integer row counts.
+      recipe: ``"rowwise"``, ``"blockwise"`` or an :class:`Fp8Recipe` (the scales' layout).
+      backend: ``None``/``"auto"`` (``"xla"``), ``"reference"``, ``"xla"`` or a backend object.
+      preferred_element_type: dtype of the result (default bfloat16).
+
+    Example::
+
+      >>> x = jnp.arange(1.0, 4.0)[:, None] * jnp.ones((3, 4)); w = jnp.ones((1, 4, 2))
+      >>> recipe = Fp8Recipe("rowwise")
+      >>> x_q, x_s = quantize(x, recipe.lhs_blocks); w_q, w_s = quantize(w, recipe.rhs_blocks)
+      >>> scaled_grouped_matmul(x_q, x_s, w_q, w_s, jnp.array([3]), recipe=recipe)[:, 0]
+      Array([4, 8, 12], dtype=bfloat16)
+    """
+    recipe = resolve_recipe(recipe, "scaled_grouped_matmul")
+    check_scaled_args(lhs_q, lhs_scale, rhs_q, rhs_scale, group_sizes, recipe)
+    if not jnp.issubdtype(preferred_element_type, jnp.floating):
+        raise ValueError(
+            "scaled_grouped_matmul: `preferred_element_type` must be a floating dtype; got "
+            f"{preferred_element_type}. Use jnp.bfloat16 or jnp.float32."
+        )
+    impl = resolve_fp8_backend(backend)
+    group_sizes = clip_group_sizes(jnp.asarray(group_sizes), jnp.shape(lhs_q)[0])
+    return impl.scaled_gmm(
+        jnp.asarray(lhs_q),
+        jnp.asarray(lhs_scale),
+        jnp.asarray(rhs_q),
+        jnp.asarray(rhs_scale),
+        group_sizes,
+        recipe=recipe,
+        out_dtype=jnp.dtype(preferred_element_type),
+    )
+
+
+def _forward(lhs, rhs, group_sizes, recipe, impl, out_dtype):
+    lhs_q, lhs_scale = quantize(lhs, recipe.lhs_blocks, recipe.dtype)
+    rhs_q, rhs_scale = quantize(rhs, recipe.rhs_blocks, recipe.dtype)
+    out = impl.scaled_gmm(
+        lhs_q, lhs_scale, rhs_q, rhs_scale, group_sizes, recipe=recipe, out_dtype=out_dtype
+    )
+    # Saved for backward: the FP8 activations (half the bytes of bf16, and the exact operand the
+    # forward used) and the weights as given (a parameter: alive anyway).
+    return out, (lhs_q, lhs_scale, rhs, group_sizes)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5))
+def _fp8_grouped_matmul(lhs, rhs, group_sizes, recipe, impl, out_dtype):
+    return _forward(lhs, rhs, group_sizes, recipe, impl, out_dtype)[0]
+
+
+def _fp8_grouped_matmul_bwd(recipe, impl, out_dtype, residuals, grad_out):
+    lhs_q, lhs_scale, rhs, group_sizes = residuals
+    # dgrad: d lhs = d out @ rhs[g]^T, a contraction over N. Both operands are quantized with the
+    # forward's layout turned to that contraction: d out like an activation (rowwise: per row;
+    # blockwise: 1 x b tiles along N), rhs^T [G, N, K] like a weight (rowwise: per (g, k);
+    # blockwise: the same b x b blocks, transposed).
+    grad_q, grad_scale = quantize(grad_out, recipe.lhs_blocks, recipe.grad_dtype)
+    rhs_t_q, rhs_t_scale = quantize(jnp.swapaxes(rhs, 1, 2), recipe.rhs_blocks, recipe.dtype)
+    grad_lhs = impl.scaled_gmm(  # rhs.dtype is lhs's dtype (checked)
+        grad_q, grad_scale, rhs_t_q, rhs_t_scale, group_sizes, recipe=recipe, out_dtype=rhs.dtype
+    )
+    # wgrad: d rhs[g] = lhs_g^T @ d out_g, a contraction over the group's rows (tokens). The
+    # per-token scales of both operands vary along it, so no epilogue can apply them: the
+    # product runs in high precision on the dequantized FP8 activations (float32 here).
+    lhs = dequantize(lhs_q, lhs_scale, recipe.lhs_blocks)
+    grad_rhs = impl.tgmm(lhs, grad_out.astype(jnp.float32), group_sizes, out_dtype=rhs.dtype)
+    return grad_lhs, grad_rhs, None
+
+
+_fp8_grouped_matmul.defvjp(_forward, _fp8_grouped_matmul_bwd)
+
+
+def fp8_grouped_matmul(
+    lhs: jax.Array,
+    rhs: jax.Array,
+    group_sizes: jax.Array,
+    *,
+    recipe: str | Fp8Recipe = "rowwise",
+    backend: str | ScaledGroupedMatmulBackend | None = None,
+    preferred_element_type=None,
+) -> jax.Array:
+    r""":func:`jaxmoe.grouped_matmul` with both operands quantized to FP8 by ``recipe``.
+
+    Forward: ``out = scaled_grouped_matmul(*quantize(lhs), *quantize(rhs))``, i.e. with
+    ``Q`` the recipe's quantize-dequantize (:mod:`jaxmoe.ops.fp8.recipe`)::
+
+        out[s_g : s_g + n_g] = Q_act(lhs)[s_g : s_g + n_g] @ Q_w(rhs)[g]      (rows past: 0)
+
+    Backward (a custom VJP; ``Q`` passes gradients straight through, as in every FP8 recipe):
+
+    * dgrad ``d lhs = Q_grad(d out) @ Q_w'(rhs[g])^T``: FP8 (``recipe.grad_dtype``, e4m3 by
+      default) with the gradient scaled like an activation along N (rowwise: per token;
+      blockwise: 1 x 128 tiles) and the weight re-quantized for a contraction over N (rowwise:
+      one scale per input channel k; blockwise: the same 128 x 128 blocks). This is the
+      DeepSeek-V3 dgrad and TransformerEngine's "columnwise" weight copy.
+    * wgrad ``d rhs[g] = Q_act(lhs)_g^T @ d out_g``: high precision (float32 operands on CPU,
+      float32 accumulation) on the saved FP8 activations. The row scales of both operands vary
+      along this product's contraction (the tokens), so they cannot be applied in an epilogue;
+      keeping wgrad in high precision is torchao's ``rowwise_with_gw_hp`` recipe. (DeepSeek-V3
+      instead re-quantizes in 128 x 1 tiles along the tokens, which needs group-aligned blocks:
+      a job for the GPU kernel.)
+
+    Master weights and their gradients stay in ``rhs``'s dtype; ``d lhs`` has ``lhs``'s dtype.
+    On CPU the quantization is a separate pass before the op; a GPU kernel would fuse the
+    activation cast into the permutation or its prologue.
+
+    Args:
+      lhs: ``[M, K]`` rows sorted by group.
+      rhs: ``[G, K, N]``, same floating dtype as ``lhs``.
+      group_sizes: ``[G]`` integer row counts (clipped to ``M``).
+      recipe: ``"rowwise"`` (default), ``"blockwise"`` or an :class:`Fp8Recipe`.
+      backend: ``None``/``"auto"`` (``"xla"``), ``"reference"``, ``"xla"`` or a
+        :class:`ScaledGroupedMatmulBackend`; ``"pallas"`` names raise ``NotImplementedError``.
+      preferred_element_type: dtype of the result (default ``lhs.dtype``).
+
+    Returns:
+      ``[M, N]``.
+
+    Example::
+
+      >>> x = jnp.ones((5, 256)); w = jnp.ones((2, 256, 8)) / 256
+      >>> fp8_grouped_matmul(x, w, jnp.array([2, 1]), recipe="blockwise")[:, 0]
+      Array([1.0000001, 1.0000001, 1.0000001, 0.       , 0.       ], dtype=float32)
+
+    References: DeepSeek-AI 2024 (DeepSeek-V3, section 3.3: fine-grained FP8 training);
+    Micikevicius et al. 2022 (FP8 formats); NVIDIA TransformerEngine (FP8 recipes);
+    PyTorch torchao ``Float8LinearRecipeName`` (``ROWWISE``, ``ROWWISE_WITH_GW_HP``).
+    """
+    recipe = resolve_recipe(recipe)
+    check_grouped_matmul_args(lhs, rhs, group_sizes, preferred_element_type)
+    impl = resolve_fp8_backend(backend)
+    lhs, rhs = jnp.asarray(lhs), jnp.asarray(rhs)
+    out_dtype = jnp.dtype(preferred_element_type or lhs.dtype)
+    group_sizes = clip_group_sizes(jnp.asarray(group_sizes), lhs.shape[0])
+    return _fp8_grouped_matmul(lhs, rhs, group_sizes, recipe, impl, out_dtype)
