@@ -1,7 +1,7 @@
 """Argument checks for array inputs, shared by the ops and the layer (imports nothing of jaxmoe).
 
 The rules: a Python list or tuple (or a NumPy array) is converted with ``jnp.asarray``, as
-``jax.numpy`` functions do; anything that does not convert to a numeric array is refused with a
+``jax.numpy`` functions do; anything that does not convert is refused with a
 ``ValueError`` that names the argument and describes the value (its type and length) instead of
 printing it. Checks on values (e.g. no negative sizes) run only where the value is concrete,
 i.e. known in Python before tracing; a traced value's documented behaviour applies otherwise.
@@ -28,24 +28,19 @@ def as_array(value, name: str, where: str) -> jax.Array:
     """``value`` as a JAX array (lists, tuples and NumPy arrays converted by ``jnp.asarray``).
 
     Raises:
-      ValueError: ``value`` is not an array and does not convert to a numeric one (a ragged
-        list, strings, ``None``, ...).
+      ValueError: ``value`` is not an array and does not convert to one (a ragged list,
+        ``None`` entries, ...). The dtype is left to the caller's own checks.
     """
     if isinstance(value, jax.Array):
         return value
     try:
-        array = jnp.asarray(value)
+        return jnp.asarray(value)
     except (TypeError, ValueError) as error:
         raise ValueError(
             f"{where}: `{name}` must be an array (or a list of numbers); got {describe(value)} "
             f"that does not convert ({type(error).__name__}). Pass a rectangular list of "
             "numbers or a jnp.ndarray."
         ) from None
-    if not (jnp.issubdtype(array.dtype, jnp.number) or array.dtype == jnp.bool_):
-        raise ValueError(
-            f"{where}: `{name}` must be numeric; got {describe(value)} of dtype {array.dtype}."
-        )
-    return array
 
 
 def concrete_value(value) -> np.ndarray | None:
