@@ -230,7 +230,7 @@ def test_layer_scan_over_layers_matches_loop():
     def looped(stacked, x):
         h, total = x, 0.0
         for i in range(layers):
-            y, stats = jaxmoe.moe(jax.tree.map(lambda leaf: leaf[i], stacked), h, CFG)
+            y, stats = jaxmoe.moe(jax.tree.map(lambda leaf, i=i: leaf[i], stacked), h, CFG)
             h, total = h + y, total + stats.aux_loss
         return jnp.sum(h**2) + total
 
