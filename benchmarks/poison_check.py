@@ -4,11 +4,17 @@ For each config and dtype, runs the layer forward and backward (jit) and checks:
   * determinism: two runs give bitwise-identical outputs and gradients;
   * poison: with JAXMOE_POISON on (never-read buffer rows filled with NaN) the results are
     bitwise identical to the run without it, and finite;
-  * exactness: in float32 the default backend matches the plain reference grouped matmul
-    (relative error, stated), in bfloat16 the same within a bf16 tolerance;
+  * exactness: in float32 the default backend matches a float64 run of the same layer (float64
+    expert matmuls, ``jax.enable_x64`` around that run only; the router computes in float32 in
+    both, so both route alike), in bfloat16 the plain reference grouped matmul within a bf16
+    tolerance (relative error, stated);
   * with --ep N (N devices): the sharded layer with poison on matches the single-device one.
 
+Configs: dropless softmax, capacity 1.0 (counted drops), sigmoid with groups, bias and a shared
+expert (also in bfloat16), and a skewed routing (one giant group, 14 empty ones).
+
 Usage: python benchmarks/poison_check.py --out results_dir [--ep 2] [--small]
+       python benchmarks/poison_check.py --small --configs skewed-all-to-one   (CPU smoke run)
 """
 
 from __future__ import annotations
@@ -27,6 +33,8 @@ import numpy as np
 import jaxmoe
 from jaxmoe import debug
 from jaxmoe.bench.harness import relative_error, results_header
+from jaxmoe.ops.grouped_matmul import GroupedMatmulBackend
+from jaxmoe.ops.grouped_matmul.base import group_ids
 
 TOLERANCE = {"float32": 1e-5, "bfloat16": 2e-2}
 
@@ -54,6 +62,46 @@ def _configs(small: bool):
         ),
         "skewed-all-to-one": (jaxmoe.MoEConfig(16, 2, **base), tokens),
     }
+
+
+def _group_onehot(group_sizes, num_rows):
+    """``[M, G]`` float64: row m is in group g (rows past the groups: in none)."""
+    ids = group_ids(group_sizes, num_rows)
+    return ids[:, None] == jnp.arange(group_sizes.shape[0])[None, :]
+
+
+@dataclasses.dataclass(frozen=True)
+class Float64GroupedMatmul(GroupedMatmulBackend):
+    """Dense masked grouped matmul in float64 (needs ``jax.enable_x64``): the exact side."""
+
+    name: str = dataclasses.field(default="float64", init=False)
+
+    def gmm(self, lhs, rhs, group_sizes, *, transpose_rhs, out_dtype):
+        onehot = _group_onehot(group_sizes, lhs.shape[0])
+        lhs = jnp.where(onehot.any(axis=1, keepdims=True), lhs.astype(jnp.float64), 0.0)
+        spec = "mk,gnk->gmn" if transpose_rhs else "mk,gkn->gmn"
+        every_group = jnp.einsum(spec, lhs, rhs.astype(jnp.float64))
+        return jnp.einsum("gmn,mg->mn", every_group, onehot.astype(jnp.float64)).astype(out_dtype)
+
+    def tgmm(self, lhs, rhs, group_sizes, *, out_dtype):
+        onehot = _group_onehot(group_sizes, lhs.shape[0])
+        keep = onehot.any(axis=1, keepdims=True)
+        lhs = jnp.where(keep, lhs.astype(jnp.float64), 0.0)
+        rhs = jnp.where(keep, rhs.astype(jnp.float64), 0.0)
+        out = jnp.einsum("mk,mg,mn->gkn", lhs, onehot.astype(jnp.float64), rhs)
+        return out.astype(out_dtype)
+
+
+def _float64_reference(cfg, params, x):
+    """The layer's results (float32 leaves) with float64 expert compute and parameters."""
+    with jax.enable_x64(True):
+        cfg64 = dataclasses.replace(
+            cfg, dtype=jnp.float64, grouped_matmul_backend=Float64GroupedMatmul()
+        )
+        params64, x64 = jax.tree.map(
+            lambda value: jnp.asarray(np.asarray(value, np.float64)), (params, x)
+        )
+        return _leaves(_step(cfg64)(params64, x64))
 
 
 def _inputs(name, cfg, tokens, dtype):
@@ -104,9 +152,14 @@ def check(small: bool, ep: int | None, names=None, on_row=None):
                 second = _leaves(_step(cfg_d)(params, x))
             with debug.poison_buffers(True):
                 poisoned = _leaves(_step(cfg_d)(params, x))
-            reference_cfg = dataclasses.replace(cfg_d, grouped_matmul_backend="reference")
-            with debug.poison_buffers(True):
-                reference = _leaves(_step(reference_cfg)(params, x))
+            if dtype == "float32":
+                reference_name = "float64"
+                reference = _float64_reference(cfg_d, params, x)
+            else:
+                reference_name = "reference backend"
+                reference_cfg = dataclasses.replace(cfg_d, grouped_matmul_backend="reference")
+                with debug.poison_buffers(True):
+                    reference = _leaves(_step(reference_cfg)(params, x))
             row = {
                 "config": name,
                 "dtype": dtype,
@@ -114,6 +167,7 @@ def check(small: bool, ep: int | None, names=None, on_row=None):
                 "deterministic": _bitwise_equal(first, second),
                 "poison_bitwise_equal": _bitwise_equal(first, poisoned),
                 "poison_finite": all(np.all(np.isfinite(a)) for a in poisoned),
+                "reference": reference_name,
                 "rel_err_vs_reference": _relative_error(poisoned, reference),
                 "tolerance": TOLERANCE[dtype],
             }
@@ -170,13 +224,14 @@ def _write(rows, args):
         f"Command: `{header['command']}`",
         "",
         "| config | dtype | backend | deterministic | poison == clean (bitwise) | finite "
-        "| rel err vs reference | EP rel err | ok |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| reference | rel err vs reference | EP rel err | ok |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(
             f"| {r['config']} | {r['dtype']} | {r['backend']} | {r['deterministic']} | "
-            f"{r['poison_bitwise_equal']} | {r['poison_finite']} | {r['rel_err_vs_reference']:.2e} "
+            f"{r['poison_bitwise_equal']} | {r['poison_finite']} | {r['reference']} | "
+            f"{r['rel_err_vs_reference']:.2e} "
             f"(tol {r['tolerance']:.0e}) | {r.get('ep_rel_err_vs_single', float('nan')):.2e} | "
             f"{r['ok']} |"
         )

@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxmoe import permutation
+from jaxmoe.arrays import as_array, is_tracer
 from jaxmoe.config import MoEConfig
 from jaxmoe.experts import routed_experts
 from jaxmoe.parallel.sharded import moe_sharded
@@ -18,11 +19,35 @@ from jaxmoe.params import check_params
 from jaxmoe.router import Routing
 from jaxmoe.stages import ExpertsResult, MoEStats, moe_body, resolve_alignment
 
+_STATIC_FIX = (
+    "it is static, not an array: mark it static, jax.jit(jaxmoe.moe, static_argnames={names}), "
+    "or close over it, jax.jit(lambda params, x: jaxmoe.moe(params, x, cfg, mesh=mesh))."
+)
+
+
+def check_static(cfg, mesh) -> None:
+    """Raises ValueError when ``cfg`` is not a config or ``mesh`` not a mesh (e.g. a tracer:
+    ``jax.jit(jaxmoe.moe)`` traces every argument)."""
+    if is_tracer(cfg):
+        raise ValueError(
+            f"moe: `cfg` was traced ({type(cfg).__name__}); " + _STATIC_FIX.format(names='"cfg"')
+        )
+    if not isinstance(cfg, MoEConfig):
+        raise ValueError(f"moe: `cfg` must be a jaxmoe.MoEConfig; got {type(cfg).__name__}.")
+    if is_tracer(mesh):
+        raise ValueError(
+            f"moe: `mesh` was traced ({type(mesh).__name__}); "
+            + _STATIC_FIX.format(names='("cfg", "mesh")')
+        )
+    if mesh is not None and not isinstance(mesh, jax.sharding.Mesh):
+        raise ValueError(
+            f"moe: `mesh` must be a jax.sharding.Mesh or None; got {type(mesh).__name__}. "
+            "Build one with jax.make_mesh(shape, axis_names)."
+        )
+
 
 def check_inputs(params, x, cfg: MoEConfig) -> None:
     """Raises ValueError (naming the argument) for anything ``moe`` cannot take."""
-    if not isinstance(cfg, MoEConfig):
-        raise ValueError(f"moe: `cfg` must be a jaxmoe.MoEConfig; got {type(cfg).__name__}.")
     shape = np.shape(x)
     if len(shape) == 0 or shape[-1] != cfg.hidden_size:
         raise ValueError(
@@ -82,9 +107,11 @@ def moe(params, x: jax.Array, cfg: MoEConfig, *, mesh=None) -> tuple[jax.Array, 
 
     Args:
       params: from :func:`jaxmoe.init_params` (shapes checked against ``cfg``).
-      x: ``[..., H]`` tokens; a 3-D ``[B, S, H]`` input defines the sequences of
-        ``seq_aux_loss``.
-      cfg: the layer's :class:`MoEConfig` (static under ``jit``).
+      x: ``[..., H]`` tokens (an array, or a nested list that ``jnp.asarray`` converts); a 3-D
+        ``[B, S, H]`` input defines the sequences of ``seq_aux_loss``. Zero tokens (e.g.
+        ``[0, H]`` or ``[0, S, H]``) is valid: ``y`` is empty, every loss and count 0.
+      cfg: the layer's :class:`MoEConfig`, static under ``jit``
+        (``jax.jit(jaxmoe.moe, static_argnames="cfg")``, or a closure), as is ``mesh``.
       mesh: a ``jax.sharding.Mesh`` for expert parallelism over ``cfg.ep_axis`` (experts) and
         ``(*cfg.data_axes, cfg.ep_axis)`` (batch); ``None`` runs on one device.
 
@@ -102,6 +129,8 @@ def moe(params, x: jax.Array, cfg: MoEConfig, *, mesh=None) -> tuple[jax.Array, 
     References: Shazeer et al. 2017; Lepikhin et al. 2020 (GShard); Fedus et al. 2021 (Switch);
     Gale et al. 2022 (MegaBlocks, dropless); DeepSeek-AI 2024 (DeepSeek-V3).
     """
+    check_static(cfg, mesh)
+    x = as_array(x, "x", "moe")
     check_inputs(params, x, cfg)
     if mesh is not None:
         return moe_sharded(params, x, cfg, mesh)

@@ -23,10 +23,20 @@ class LossTerms(NamedTuple):
     z_sum: jax.Array  # scalar: sum over tokens of logsumexp(logits)^2
 
 
+def _safe_divide(numerator, denominator):
+    """``numerator / denominator``, and 0 where the denominator is 0 (no tokens, no sequences):
+    a loss over nothing is 0, not NaN, and so is its gradient."""
+    denominator = jnp.asarray(denominator, jnp.float32)
+    safe = jnp.where(denominator > 0, denominator, 1.0)
+    return jnp.where(denominator > 0, numerator / safe, 0.0)
+
+
 def _balance(counts, score_sums, num_tokens, num_experts, top_k):
     # E / (K T) * sum_i c_i P_i with P_i = score_sums_i / T; gradient flows through P only.
     counts = jax.lax.stop_gradient(counts)
-    return num_experts / (top_k * num_tokens * num_tokens) * jnp.sum(counts * score_sums, axis=-1)
+    num_tokens = jnp.asarray(num_tokens, jnp.float32)
+    weighted = num_experts / top_k * jnp.sum(counts * score_sums, axis=-1)
+    return _safe_divide(weighted, num_tokens * num_tokens)
 
 
 def loss_terms(
@@ -38,7 +48,8 @@ def loss_terms(
       logits: ``[T, E]`` float32 router logits.
       scores: ``[T, E]`` float32 per-expert probabilities (``Routing.scores``).
       experts: ``[T, K]`` chosen experts.
-      num_sequences: B; T must be a multiple of it (rows are ``[B, S]`` flattened).
+      num_sequences: B; T must be a multiple of it (rows are ``[B, S]`` flattened). Zero
+        tokens (T = 0, or B = 0) is valid: every sum is 0.
     """
     num_tokens, num_experts = scores.shape
     top_k = experts.shape[-1]
@@ -47,7 +58,7 @@ def loss_terms(
         .at[jnp.arange(num_tokens)[:, None], experts]
         .add(1.0)
     )  # [T, E]; each token adds 1 per chosen expert (distinct experts)
-    seq_len = num_tokens // num_sequences
+    seq_len = num_tokens // num_sequences if num_sequences else 0
     seq_counts = onehot_counts.reshape(num_sequences, seq_len, num_experts).sum(axis=1)
     seq_scores = scores.reshape(num_sequences, seq_len, num_experts).sum(axis=1)
     seq_losses = _balance(seq_counts, seq_scores, seq_len, num_experts, top_k)  # [B]
@@ -67,8 +78,10 @@ def finish_losses(terms: LossTerms, num_experts: int, top_k: int):
     * ``load_balancing_loss = E / (K T) * sum_i c_i P_i`` (1 at perfect balance), Switch/GShard;
     * ``seq_aux_loss``: the same per sequence, averaged over sequences (DeepSeek-V3);
     * ``z_loss = mean_t logsumexp(logits_t)^2`` (ST-MoE, Zoph et al. 2022).
+
+    Each is 0 (not NaN) over zero tokens or sequences.
     """
     load_balancing = _balance(terms.counts, terms.score_sums, terms.num_tokens, num_experts, top_k)
-    seq_aux = terms.seq_loss_sum / terms.num_sequences
-    z_loss = terms.z_sum / terms.num_tokens
+    seq_aux = _safe_divide(terms.seq_loss_sum, terms.num_sequences)
+    z_loss = _safe_divide(terms.z_sum, terms.num_tokens)
     return load_balancing, seq_aux, z_loss

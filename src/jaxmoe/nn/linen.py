@@ -26,6 +26,19 @@ class MoELinen(nn.Module):
       layer = MoELinen(cfg)
       variables = layer.init(jax.random.key(0), x)
       (y, stats) = layer.apply(variables, x)
+
+    Scanning layers with ``nn.scan``: the boxed parameters gain a leading layer axis, and
+    ``nn.scan`` must be told its logical name through ``metadata_params`` (without it flax raises
+    ``PartitioningUnspecifiedError``); map that name in your logical axis rules (e.g. to
+    ``None``)::
+
+      Stack = nn.scan(
+          Block,  # a module whose __call__(h, _) -> (h + y, stats.aux_loss) uses MoELinen
+          variable_axes={"params": 0},  # with use_expert_bias, also {"moe_state": 0}
+          split_rngs={"params": True},
+          length=num_layers,
+          metadata_params={nn.PARTITION_NAME: "layers"},
+      )
     """
 
     cfg: MoEConfig

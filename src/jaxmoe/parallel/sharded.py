@@ -12,6 +12,7 @@ import functools
 import math
 
 import jax
+import jax.numpy as jnp
 
 from jaxmoe import compat
 from jaxmoe.config import MoEConfig
@@ -73,6 +74,26 @@ def sharded_experts_step(params, cfg: MoEConfig, expert_specs: dict, group_token
     return step
 
 
+def _has_context_mesh() -> bool:
+    return not jax.sharding.get_abstract_mesh().empty
+
+
+def _auto_axes(mesh):
+    auto = (jax.sharding.AxisType.Auto,) * len(mesh.axis_names)
+    return jax.sharding.Mesh(mesh.devices, mesh.axis_names, axis_types=auto)
+
+
+def _no_tokens_step(tokens: jax.Array, routing: Routing) -> ExpertsResult:
+    """The experts step of an empty batch: nothing to send, nothing routed (zero counts)."""
+    num_experts = routing.scores.shape[-1]
+    return ExpertsResult(
+        jnp.zeros(tokens.shape, jnp.float32),
+        jnp.zeros((num_experts,), jnp.int32),
+        jnp.zeros((), jnp.int32),
+        jnp.zeros((), jnp.int32),
+    )
+
+
 def _moe_shard(params, x, *, cfg: MoEConfig, expert_specs: dict, group_tokens: int):
     axes = sharding.batch_axes(cfg)
 
@@ -90,7 +111,9 @@ def moe_sharded(params, x: jax.Array, cfg: MoEConfig, mesh) -> tuple[jax.Array, 
     Capacity (``cfg.capacity_factor``) counts the tokens of one data shard (the ep group):
     with ``data_axes`` the result equals :func:`jaxmoe.moe` run on each data shard separately.
     Losses and ``tokens_per_expert`` are over the global batch; ``dropped_tokens`` sums the
-    capacity and receive-bound drops of every rank. Memory: :mod:`jaxmoe.parallel.dispatch`.
+    capacity and receive-bound drops of every rank. A batch of zero tokens gives ``y`` of
+    ``x``'s shape and zero losses and counts, as on one device.
+    Memory: :mod:`jaxmoe.parallel.dispatch`.
 
     Raises:
       ValueError: the mesh lacks ``cfg.ep_axis`` or a data axis, ``num_experts`` is not
@@ -100,6 +123,10 @@ def moe_sharded(params, x: jax.Array, cfg: MoEConfig, mesh) -> tuple[jax.Array, 
     sharding.check_mesh(cfg, mesh, tuple(x.shape))
     platform = mesh.devices.flat[0].platform
     resolve_exchange(cfg.ep_exchange, platform)  # raise before tracing
+    if math.prod(x.shape[:-1]) == 0:
+        # Zero tokens (a valid batch, divisible by any shard count): no shard has work and the
+        # exchange has nothing to move, so skip shard_map; y is [0, ..., H], losses and counts 0.
+        return moe_body(params, x, cfg, _no_tokens_step)
     ep = sharding.mesh_axis_size(mesh, cfg.ep_axis)
     shards = sharding.mesh_axis_size(mesh, sharding.batch_axes(cfg))
     local_tokens = math.prod(x.shape[:-1]) // shards
@@ -128,16 +155,24 @@ def moe_sharded(params, x: jax.Array, cfg: MoEConfig, mesh) -> tuple[jax.Array, 
     if compat.has_explicit_axes(mesh):
         # An Explicit-axes mesh (jax.make_mesh's default on recent jax) makes shard_map demand
         # inputs already laid out as in_specs: lay them out (a no-op when they already are).
+        # Outside a jax.set_mesh context, lay them out on the same devices with Auto axes: the
+        # outputs then carry no Explicit mesh type, which eager ops after the layer (the seed
+        # of an eager jax.grad) could not place without that context.
+        mesh = mesh if _has_context_mesh() else _auto_axes(mesh)
         params, x = jax.tree.map(
             lambda value, spec: jax.device_put(value, jax.sharding.NamedSharding(mesh, spec)),
             (params, x),
             (param_specs, x_spec),
             is_leaf=lambda node: isinstance(node, jax.sharding.PartitionSpec),
         )
-    return jax.shard_map(
+    sharded = jax.shard_map(
         body,
         mesh=mesh,
         in_specs=(param_specs, x_spec),
         out_specs=(x_spec, stats_specs),
         check_vma=backend.supports_check_vma,
-    )(params, x)
+    )
+    # Under an outer jit this jit is inlined. Outside one it makes eager use work: an eager
+    # jax.grad evaluates shard_map's transpose op by op, and those ops, put on one device, fail
+    # with "Length of device assignment 1 is not equal to the size of the mesh".
+    return jax.jit(sharded)(params, x)

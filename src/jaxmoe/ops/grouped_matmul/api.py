@@ -7,12 +7,14 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from jaxmoe.arrays import as_array, check_nonnegative
 from jaxmoe.choices import GROUPED_MATMUL_BACKENDS, check_registry
 from jaxmoe.ops.grouped_matmul.base import (
     GroupedMatmulBackend,
     check_grouped_matmul_args,
     clip_group_sizes,
 )
+from jaxmoe.ops.grouped_matmul.batching import gmm_op, tgmm_op
 from jaxmoe.ops.grouped_matmul.reference import ReferenceGroupedMatmul
 from jaxmoe.ops.grouped_matmul.xla import XlaGroupedMatmul
 
@@ -68,13 +70,15 @@ def resolve_backend(backend: str | GroupedMatmulBackend | None) -> GroupedMatmul
     return _BACKENDS[backend]()
 
 
+# The custom VJP wraps the backend primitives as ``custom_vmap`` functions (batching.py): under
+# ``vmap`` JAX batches the forward and the backward below, each through the folding rule.
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
 def _grouped_matmul(lhs, rhs, group_sizes, impl, out_dtype):
-    return impl.gmm(lhs, rhs, group_sizes, transpose_rhs=False, out_dtype=out_dtype)
+    return gmm_op(impl, transpose_rhs=False, out_dtype=out_dtype)(lhs, rhs, group_sizes)
 
 
 def _grouped_matmul_fwd(lhs, rhs, group_sizes, impl, out_dtype):
-    out = impl.gmm(lhs, rhs, group_sizes, transpose_rhs=False, out_dtype=out_dtype)
+    out = gmm_op(impl, transpose_rhs=False, out_dtype=out_dtype)(lhs, rhs, group_sizes)
     return out, (lhs, rhs, group_sizes)
 
 
@@ -82,9 +86,9 @@ def _grouped_matmul_bwd(impl, out_dtype, residuals, grad_out):
     lhs, rhs, group_sizes = residuals
     grad_out = grad_out.astype(lhs.dtype)
     # dgrad: each group's rows of grad_out times rhs[g]^T (rows past the groups get zeros).
-    grad_lhs = impl.gmm(grad_out, rhs, group_sizes, transpose_rhs=True, out_dtype=lhs.dtype)
+    grad_lhs = gmm_op(impl, transpose_rhs=True, out_dtype=lhs.dtype)(grad_out, rhs, group_sizes)
     # wgrad: a ragged contraction over each group's rows.
-    grad_rhs = impl.tgmm(lhs, grad_out, group_sizes, out_dtype=rhs.dtype)
+    grad_rhs = tgmm_op(impl, out_dtype=rhs.dtype)(lhs, grad_out, group_sizes)
     return grad_lhs, grad_rhs, None
 
 
@@ -106,7 +110,11 @@ def grouped_matmul(
         out[s_g : s_g + group_sizes[g]] = lhs[s_g : s_g + group_sizes[g]] @ rhs[g]
         out[sum(group_sizes):]          = 0
 
-    Groups may be empty; groups that would run past ``M`` are truncated at ``M``. Accumulation is
+    Groups may be empty; groups that would run past ``M`` are truncated at ``M``. Negative sizes
+    are an error (``ValueError``) when ``group_sizes`` is concrete; a traced ``group_sizes``
+    (under ``jit``, ``grad``, ``vmap``) cannot be checked, and its negative entries count as 0.
+    Batched by its own rule under ``jax.vmap`` (any axis, any backend): a batch of grouped
+    matmuls runs as one over the batch's groups (:mod:`.batching`). Accumulation is
     in float32; the result has ``lhs``'s dtype unless ``preferred_element_type`` says otherwise.
     Differentiable in ``lhs`` and ``rhs`` by a custom VJP: ``d lhs`` is a grouped matmul with
     ``rhs[g]^T``, ``d rhs[g] = lhs_g^T @ d out_g``. ``group_sizes`` stays on the device (no host
@@ -115,7 +123,8 @@ def grouped_matmul(
     Args:
       lhs: ``[M, K]`` rows sorted by group (e.g. tokens sorted expert-major).
       rhs: ``[G, K, N]`` one matrix per group (e.g. expert weights).
-      group_sizes: ``[G]`` integer row counts.
+      group_sizes: ``[G]`` integer row counts, >= 0. Lists, tuples and NumPy arrays are
+        accepted (as ``jnp.asarray`` takes them), as for ``lhs`` and ``rhs``.
       backend: ``None``/``"auto"`` (on a GPU: the Mosaic GPU kernel for the forward and dgrad
         where it applies, i.e. Hopper, bf16/fp16 and block-aligned shapes, the Triton kernels
         for the rest and the wgrad; ``"xla"`` elsewhere), ``"reference"``, ``"xla"``
@@ -135,9 +144,18 @@ def grouped_matmul(
 
     References: Gale et al., MegaBlocks (2022), for grouped matmuls in dropless MoE.
     """
+    lhs, rhs, group_sizes = (
+        as_array(value, name, "grouped_matmul")
+        for value, name in ((lhs, "lhs"), (rhs, "rhs"), (group_sizes, "group_sizes"))
+    )
     check_grouped_matmul_args(lhs, rhs, group_sizes, preferred_element_type)
+    check_nonnegative(
+        group_sizes,
+        "group_sizes",
+        "grouped_matmul",
+        "A group holds a count of rows: pass 0 for an empty group.",
+    )
     impl = resolve_backend(backend)
-    lhs, rhs = jnp.asarray(lhs), jnp.asarray(rhs)
     out_dtype = jnp.dtype(preferred_element_type or lhs.dtype)
-    group_sizes = clip_group_sizes(jnp.asarray(group_sizes), lhs.shape[0])
+    group_sizes = clip_group_sizes(group_sizes, lhs.shape[0])
     return _grouped_matmul(lhs, rhs, group_sizes, impl, out_dtype)
