@@ -50,7 +50,7 @@ def main() -> None:
     from jaxmoe.bench.gemm import group_sizes_for
     from jaxmoe.bench.presets import GEMM_SHAPES
     from jaxmoe.bench.timing import time_jax, time_torch
-    from jaxmoe.ops.grouped_matmul import pallas_mosaic, pallas_triton
+    from jaxmoe.ops.grouped_matmul import pallas_mosaic, pallas_mosaic_tiles, pallas_triton
 
     try:
         import torch
@@ -99,7 +99,7 @@ def main() -> None:
             f.write(f"==== {where}\n{traceback.format_exc()}\n")
         return repr(e)[:300]
 
-    cfg = pallas_mosaic.MosaicTileConfig
+    cfg = pallas_mosaic_tiles.MosaicTileConfig
     variants = {
         "s3": cfg(128, 256, 64, 3, 8),
         "s4e64": cfg(128, 256, 64, 4, 8, epilogue_rows=64),
@@ -259,7 +259,9 @@ def main() -> None:
                     op = "dgrad" if transpose else "fwd"
                     lhs = dy if transpose else x
                     n_out = shape.k if transpose else shape.n
-                    tiles = pallas_mosaic.default_mosaic_gmm_tiles(shape.m, lhs.shape[1], n_out)
+                    tiles = pallas_mosaic_tiles.default_mosaic_gmm_tiles(
+                        shape.m, lhs.shape[1], n_out
+                    )
                     base = {
                         "phase": "exact",
                         "shape": shape_name,
@@ -338,7 +340,7 @@ def main() -> None:
             transpose = op == "dgrad"
             lhs = dy if transpose else x
             n_out = shape.k if transpose else shape.n
-            default = pallas_mosaic.default_mosaic_gmm_tiles(shape.m, lhs.shape[1], n_out)
+            default = pallas_mosaic_tiles.default_mosaic_gmm_tiles(shape.m, lhs.shape[1], n_out)
             if op in tstate:
                 row("torch", op, time_torch(tstate[op]))
             row("triton", op, time_jax(triton_fn(transpose), lhs, w, gs))

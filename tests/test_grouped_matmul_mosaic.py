@@ -20,7 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_grouped_matmul import check_all, np_gmm, random_inputs
 
-from jaxmoe.ops.grouped_matmul import pallas_mosaic
+from jaxmoe.ops.grouped_matmul import pallas_mosaic, pallas_mosaic_tiles
 from jaxmoe.ops.grouped_matmul.api import resolve_backend
 from jaxmoe.ops.grouped_matmul.pallas_mosaic import (
     MosaicTileConfig,
@@ -163,7 +163,7 @@ def test_default_tiles_follow_the_measured_table():
     mixtral_up = default_mosaic_gmm_tiles(16384, 4096, 14336)
     assert (mixtral_up.stages, mixtral_up.epilogue_rows, mixtral_up.block_n) == (4, 64, 256)
     for cfg in (qwen3_up, deepseek_down, mixtral_up):
-        pallas_mosaic.check_tiles(cfg)
+        pallas_mosaic_tiles.check_tiles(cfg)
 
 
 def test_unsupported_operands_raise_not_implemented():
@@ -192,12 +192,12 @@ def test_forward_random_group_sizes(sizes):
 
 def test_a_gpu_other_than_hopper_is_refused(monkeypatch):
     # wgmma exists on compute capability 9.x only: 'pallas' says so, 'auto' takes Triton.
-    monkeypatch.setattr(pallas_mosaic, "_compute_capability", lambda: "8.0")
-    reason = pallas_mosaic.unsupported_reason(
+    monkeypatch.setattr(pallas_mosaic_tiles, "_compute_capability", lambda: "8.0")
+    reason = pallas_mosaic_tiles.unsupported_reason(
         (128, 64), (2, 64, 128), jnp.bfloat16, jnp.bfloat16, False, SMALL, interpret=False
     )
     assert "compute capability 8.0" in reason
-    monkeypatch.setattr(pallas_mosaic, "_compute_capability", lambda: "9.0")
-    assert pallas_mosaic.supports(
+    monkeypatch.setattr(pallas_mosaic_tiles, "_compute_capability", lambda: "9.0")
+    assert pallas_mosaic_tiles.supports(
         (128, 64), (2, 64, 128), jnp.bfloat16, jnp.bfloat16, False, SMALL, interpret=False
     )

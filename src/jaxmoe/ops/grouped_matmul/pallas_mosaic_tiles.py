@@ -1,0 +1,135 @@
+"""Which operands and block sizes the Mosaic GPU ``gmm`` (:mod:`.pallas_mosaic`) takes.
+
+:class:`MosaicTileConfig` (its block sizes and pipeline knobs), the measured default
+(:func:`default_mosaic_gmm_tiles`), and the checks that decide, before anything is traced,
+whether the kernel can run a call (:func:`unsupported_reason`) and lower a config
+(:func:`check_tiles`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+
+@dataclasses.dataclass(frozen=True)
+class MosaicTileConfig:
+    """Block sizes of the Mosaic GPU ``gmm``.
+
+    ``block_n`` is the CTA's N tile; each of the two compute warpgroups owns half of it.
+    ``stages`` is the depth of the shared-memory ring. ``pipelined_tiles`` keeps one pipeline
+    alive across all of a CTA's tiles (jax's ``PipelinePipeline`` states), so the memory
+    warpgroup never drains between tiles; it applies when ``K / block_k`` is a multiple of
+    ``stages``. ``epilogue_rows`` (default ``block_m``) is the height of the shared-memory slab
+    that stages the result for its TMA store: half of ``block_m`` frees shared memory for a
+    deeper ring.
+    """
+
+    block_m: int = 128
+    block_n: int = 256
+    block_k: int = 64
+    stages: int = 3
+    group_swizzle: int = 8
+    pipelined_tiles: bool = False
+    epilogue_rows: int | None = None
+
+
+def default_mosaic_gmm_tiles(m: int, k: int, n: int) -> MosaicTileConfig:
+    """Block sizes of the Mosaic ``gmm``, from one H100 sweep (run4, 2026-11-23, jax 0.11.2;
+    ``benchmarks/NOTES-grouped-matmul.md``).
+
+    ``128 x 256 x 64`` tiles, a 4-deep ring made to fit in shared memory by a 64-row epilogue
+    slab: the fastest or within 2% of it on all twelve (shape, fwd/dgrad) cases measured; a
+    3-deep ring with a whole-tile slab was 0-22% slower, a 2-deep ring 15-20% and
+    ``128 x 128`` tiles 5-15%. Where ``min(K, N) <= 1024`` (Qwen3), one pipeline across a CTA's
+    tiles as well (1-2% faster on all four Qwen3 cases; 0-6% slower on the larger shapes).
+    """
+    del m
+    return MosaicTileConfig(stages=4, epilogue_rows=64, pipelined_tiles=min(k, n) <= 1024)
+
+
+def supports(
+    lhs_shape,
+    rhs_shape,
+    dtype,
+    out_dtype,
+    transpose_rhs,
+    cfg: MosaicTileConfig,
+    interpret: bool = False,
+) -> bool:
+    """Whether the Mosaic ``gmm`` takes these operands: :func:`unsupported_reason` is ``None``."""
+    return (
+        unsupported_reason(lhs_shape, rhs_shape, dtype, out_dtype, transpose_rhs, cfg, interpret)
+        is None
+    )
+
+
+def unsupported_reason(
+    lhs_shape,
+    rhs_shape,
+    dtype,
+    out_dtype,
+    transpose_rhs,
+    cfg: MosaicTileConfig,
+    interpret: bool = False,
+) -> str | None:
+    """Why the Mosaic ``gmm`` cannot take these operands, or ``None`` if it can.
+
+    ``interpret``: whether it would run in Mosaic GPU's interpreter, which has no transposed
+    ``wgmma`` operand (so no dgrad there); otherwise the GPU must be a Hopper (9.x).
+    """
+    m, k = lhs_shape
+    n = rhs_shape[1] if transpose_rhs else rhs_shape[2]
+    reasons = []
+    if jnp.dtype(dtype) not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
+        reasons.append(f"operands are {jnp.dtype(dtype)}, not bf16/fp16")
+    if jnp.dtype(out_dtype).itemsize != 2:
+        reasons.append(f"the result is {jnp.dtype(out_dtype)}, not a 2-byte type")
+    if m == 0 or m % cfg.block_m:
+        reasons.append(f"M={m} is not a positive multiple of block_m={cfg.block_m}")
+    if k % cfg.block_k:
+        reasons.append(f"K={k} is not a multiple of block_k={cfg.block_k}")
+    if n % cfg.block_n:
+        reasons.append(f"N={n} is not a multiple of block_n={cfg.block_n}")
+    if interpret and transpose_rhs:
+        reasons.append("Mosaic GPU's interpreter has no transposed wgmma operand (dgrad)")
+    if not interpret:
+        cc = _compute_capability()
+        if cc is not None and not cc.startswith("9."):
+            reasons.append(f"the GPU has compute capability {cc}; wgmma needs 9.x (Hopper)")
+    return "; ".join(reasons) or None
+
+
+def _compute_capability() -> str | None:
+    """The first device's CUDA compute capability (``"9.0"``), ``None`` when not a GPU."""
+    device = jax.devices()[0]
+    if device.platform != "gpu":
+        return None  # lowering for a GPU from a CPU host (the tests): nothing to ask
+    return getattr(device, "compute_capability", None)
+
+
+def check_tiles(cfg: MosaicTileConfig) -> None:
+    """Raises ``ValueError`` for block sizes the kernel cannot lower."""
+    bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
+    problems = []
+    if bm not in (64, 128):
+        problems.append(f"block_m={bm} must be 64 or 128 (one wgmma M tile per warpgroup)")
+    if bn not in (128, 256):
+        problems.append(f"block_n={bn} must be 128 or 256 (each compute warpgroup takes half)")
+    if bk != 64:
+        problems.append(f"block_k={bk} must be 64 (one 128-byte swizzled bf16 row)")
+    if cfg.stages < 2:
+        problems.append(f"stages={cfg.stages} must be >= 2")
+    if cfg.group_swizzle < 1:
+        problems.append(f"group_swizzle={cfg.group_swizzle} must be >= 1")
+    if cfg.epilogue_rows not in (None, bm) and not (
+        cfg.epilogue_rows == bm // 2 and cfg.epilogue_rows >= 64
+    ):
+        problems.append(
+            f"epilogue_rows={cfg.epilogue_rows} must be None, block_m or block_m // 2 >= 64 "
+            "(smaller slabs fail Mosaic's layout inference)"
+        )
+    if problems:
+        raise ValueError("MosaicTileConfig: " + "; ".join(problems) + ".")
