@@ -23,12 +23,15 @@ can drop copies, each counted in ``dropped`` (never silent):
    copies in that order;
 2. the slot bound ``P``: the rows one sender can put in one receiver's slot. Within a slot the
    copies are ordered by expert then token; copies past the first ``P`` are dropped (the last
-   experts' last tokens of that sender).
+   experts' last tokens of that sender) -- unless :func:`ep_apply_experts` sends them in later
+   windows of ``P`` (its dropless mode; :func:`ep_dispatch`'s ``window``).
 
 **Memory (receive buffer).** ``ep * P`` rows of ``H`` per rank (and as many to send), with
 
-* dropless (default): ``P = T*K``, so ``ep * T * K`` rows: the worst case, all copies of all
-  ranks to one rank;
+* dropless through :func:`ep_apply_experts` (the layer's default): ``P = ceil(f*T*K / ep)``,
+  ``f = fast_slot_factor`` (1.125), about ``f*T*K`` rows; overflow windows reuse that size;
+* dropless with ``fast_slot_factor=None``: ``P = T*K``, so ``ep * T * K`` rows: the worst case,
+  all copies of all ranks to one rank;
 * ``receive_factor=f``: ``P = min(T*K, ceil(ceil(f*T*K) / ep))``, about ``f*T*K`` rows (e.g.
   ``f = 1.25`` leaves 25% headroom over perfect balance);
 * capacity ``C``: ``P = min(T*K, E_l * min(T, C))`` (no extra drops), then the ``f`` bound if set.
@@ -351,6 +354,9 @@ def ep_apply_experts(
         with jax.named_scope("ep_combine"):
             return ep_combine(expert_out, weights, handle), handle
 
+    def window_output(*args):
+        return window_path(*args)[0]
+
     ys, tokens_per_expert, dropped, overflow = [], 0, 0, 0
     # Separate chunks are independent exchanges and matmuls: XLA's latency-hiding scheduler
     # (--xla_gpu_enable_latency_hiding_scheduler=true) can run one chunk's all-to-all under
@@ -368,12 +374,10 @@ def ep_apply_experts(
         if fast_rows is None:
             dropped = dropped + handle.dropped
         else:
-            # The fast window leaves out exactly this rank's overflow copies.
+            # The fast window leaves out exactly this rank's overflow copies; they go through
+            # as many later windows as the fullest slot needs (P_fast < T*K: some may).
             overflow = overflow + handle.dropped
-            windows = layout.num_windows(chunk_tokens, top_k, fast_rows)
-            if windows > 1:
-                path = lambda *args: window_path(*args)[0]  # noqa: E731
-                y = y + _overflow_windows(path, fast_rows, y, *operands)
+            y = y + _overflow_windows(window_output, fast_rows, y, *operands)
         ys.append(y)
         tokens_per_expert = tokens_per_expert + handle.tokens_per_expert
     return EPExpertsResult(

@@ -77,11 +77,6 @@ def slot_layout(all_counts, num_local_experts: int, capacity: int | None, rows: 
     )
 
 
-def num_windows(num_tokens: int, top_k: int, rows: int) -> int:
-    """Windows of ``rows`` that cover the fullest possible slot (all ``T*K`` copies)."""
-    return -(-num_tokens * top_k // rows)
-
-
 def windows_needed(all_counts: jax.Array, rows: int) -> jax.Array:
     """How many windows of ``rows`` the fullest slot of ``all_counts`` fills (int32, >= 1)."""
     ep = all_counts.shape[-2]
