@@ -133,10 +133,12 @@ def test_grouped_matmul_hessian_matches_loop_of_jvps():
 
     hessian = jax.hessian(loss)(rhs[0])
     flat_rhs = rhs[0].reshape(-1)
+    # H e_i = jvp of the gradient along e_i, one at a time (one compiled jvp, not a vmap).
+    column = jax.jit(lambda basis: jax.jvp(jax.grad(loss), (rhs[0],), (basis,))[1])
     columns = []
-    for i in range(flat_rhs.size):  # H e_i = jvp of the gradient along e_i, one at a time
+    for i in range(flat_rhs.size):
         basis = jnp.zeros_like(flat_rhs).at[i].set(1.0).reshape(rhs[0].shape)
-        columns.append(jax.jvp(jax.grad(loss), (rhs[0],), (basis,))[1].reshape(-1))
+        columns.append(column(basis).reshape(-1))
     _close(hessian.reshape(flat_rhs.size, flat_rhs.size), jnp.stack(columns, axis=1))
 
 
@@ -162,6 +164,7 @@ def test_layer_vmap_axis0_and_axis1_match_loop(backend):
         return y, stats.aux_loss
 
     got = jax.vmap(layer)(x)
+    layer = jax.jit(layer)  # the loop's reference: one compile for every slice
     want = jax.tree.map(lambda *parts: jnp.stack(parts), *[layer(x[i]) for i in range(3)])
     _close(got, want)
     # Over axis 1 of x, results on axis 1.
@@ -194,10 +197,8 @@ def test_layer_hessian_matches_loop_of_jvps():
         return jnp.sum(y**2) + aux
 
     hessian = jax.hessian(loss)(x).reshape(x.size, x.size)
-    columns = [
-        jax.jvp(jax.grad(loss), (x,), (jnp.zeros(x.size).at[i].set(1.0).reshape(x.shape),))[1]
-        for i in range(x.size)
-    ]
+    column = jax.jit(lambda basis: jax.jvp(jax.grad(loss), (x,), (basis,))[1])
+    columns = [column(jnp.zeros(x.size).at[i].set(1.0).reshape(x.shape)) for i in range(x.size)]
     _close(hessian, jnp.stack([c.reshape(-1) for c in columns], axis=1))
 
 
