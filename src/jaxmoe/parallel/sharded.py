@@ -17,7 +17,7 @@ import jax.numpy as jnp
 from jaxmoe import compat
 from jaxmoe.config import MoEConfig
 from jaxmoe.experts import routed_experts
-from jaxmoe.ops.grouped_matmul import default_backend_name, resolve_backend
+from jaxmoe.ops.grouped_matmul import resolve_backend
 from jaxmoe.parallel import sharding
 from jaxmoe.parallel.dispatch import ep_apply_experts
 from jaxmoe.parallel.exchange import resolve_exchange
@@ -148,10 +148,7 @@ def moe_sharded(params, x: jax.Array, cfg: MoEConfig, mesh) -> tuple[jax.Array, 
     )
     # Pallas kernels cannot declare how their outputs vary over the mesh, so a layer using one
     # runs with shard_map's check off.
-    backend = cfg.grouped_matmul_backend
-    if backend is None or backend == "auto":
-        backend = default_backend_name(platform)
-    backend = resolve_backend(backend)
+    backend = resolve_backend(cfg.grouped_matmul_backend, platform)
     if compat.has_explicit_axes(mesh):
         # An Explicit-axes mesh (jax.make_mesh's default on recent jax) makes shard_map demand
         # inputs already laid out as in_specs: lay them out (a no-op when they already are).

@@ -52,12 +52,18 @@ def default_backend_name(platform: str | None = None) -> str:
     return "pallas" if platform == "gpu" or platform == "cuda" else "xla"
 
 
-def resolve_backend(backend: str | GroupedMatmulBackend | None) -> GroupedMatmulBackend:
-    """Turns ``None``, ``"auto"``, a name, or a configured backend object into a backend."""
+def resolve_backend(
+    backend: str | GroupedMatmulBackend | None, platform: str | None = None
+) -> GroupedMatmulBackend:
+    """Turns ``None``, ``"auto"``, a name, or a configured backend object into a backend.
+
+    ``platform`` decides what ``"auto"`` means (default: JAX's default backend), e.g. the
+    platform of a mesh's devices.
+    """
     if isinstance(backend, GroupedMatmulBackend):
         return backend
     if backend is None or backend == "auto":
-        backend = default_backend_name()
+        backend = default_backend_name(platform)
         if backend == "pallas":
             # Measured rule (H100, benchmarks/results/raw/h100-run4): the Mosaic kernel where it
             # applies (Hopper, bf16/fp16, block-aligned shapes), the Triton kernels elsewhere.
