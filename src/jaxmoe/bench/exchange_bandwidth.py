@@ -26,7 +26,7 @@ from jax.sharding import PartitionSpec as P
 
 from jaxmoe.bench.harness import first_devices_mesh
 from jaxmoe.bench.timing import time_jax
-from jaxmoe.parallel import ep_apply_experts, slot_rows
+from jaxmoe.parallel import ep_apply_experts, layout, slot_rows
 
 EXCHANGE_SHAPE = {"tokens": 4096, "hidden": 7168, "top_k": 8, "experts_per_gpu": 8}
 TINY_EXCHANGE_SHAPE = {"tokens": 64, "hidden": 32, "top_k": 4, "experts_per_gpu": 2}
@@ -48,19 +48,20 @@ def _off_rank_rows(experts: np.ndarray, ep: int, experts_per_rank: int) -> float
 
 def _sent_rows(experts, ep, experts_per_rank, top_k, factor, fast, chunks) -> float:
     """Rows each rank puts on the wire to other ranks in one exchange: per chunk, whole slots
-    of ``P`` rows to every other rank, once per window the fullest slot of the chunk needs."""
-    tokens = experts.shape[0] // ep
-    per_chunk = tokens // chunks
-    worst = per_chunk * top_k
-    rows = slot_rows(per_chunk, top_k, ep, experts_per_rank, receive_factor=factor or fast)
-    windowed = factor is None and fast is not None and rows < worst
-    if factor is None and not windowed:
-        rows = worst  # dropless with worst-case slots
+    of ``P`` rows to every other rank, once per window the fullest slot of the chunk needs
+    (the library's own slot and window rules, :mod:`jaxmoe.parallel.layout`)."""
+    per_chunk = experts.shape[0] // ep // chunks
+    fast_rows = None
+    if factor is None:
+        fast_rows = layout.fast_slot_rows(per_chunk, top_k, ep, experts_per_rank, fast)
+    rows = fast_rows or slot_rows(per_chunk, top_k, ep, experts_per_rank, receive_factor=factor)
+    num_experts = ep * experts_per_rank
     sent = 0
-    by_rank = experts.reshape(ep, chunks, per_chunk, top_k) // experts_per_rank
-    for chunk in range(chunks):
-        fullest = max(int(np.sum(by_rank[s, chunk] == d)) for s in range(ep) for d in range(ep))
-        windows = max(1, -(-fullest // rows)) if windowed else 1
+    for chunk in experts.reshape(ep, chunks, -1).swapaxes(0, 1):  # [ep, per_chunk * K]
+        windows = 1
+        if fast_rows is not None:
+            counts = np.stack([np.bincount(rank, minlength=num_experts) for rank in chunk])
+            windows = int(layout.windows_needed(jnp.asarray(counts, jnp.int32), rows))
         sent += windows * (ep - 1) * rows
     return float(sent)
 

@@ -66,13 +66,6 @@ class EPLayerCase:
 LAYER_CASES = {
     "dsv3": EPLayerCase("dsv3", 7168, 2048, 8, 4096, experts_per_gpu=8),
     "mixtral": EPLayerCase("mixtral", 4096, 14336, 2, 4096, num_experts=8),
-    # The same two layers with forced-balanced routing (the router's own routing above).
-    "dsv3-balanced": EPLayerCase(
-        "dsv3-balanced", 7168, 2048, 8, 4096, experts_per_gpu=8, balanced=True
-    ),
-    "mixtral-balanced": EPLayerCase(
-        "mixtral-balanced", 4096, 14336, 2, 4096, num_experts=8, balanced=True
-    ),
     # Megatron-Core's published per-layer proxies (8xH100, EP8, 4096 tokens per GPU).
     "megatron-mixtral": EPLayerCase(
         "megatron-mixtral", 4096, 14336, 2, 4096, num_experts=8, balanced=True
@@ -94,12 +87,6 @@ LAYER_CASES = {
 TINY_LAYER_CASES = {
     "dsv3": EPLayerCase("dsv3-tiny", 64, 32, 4, 64, experts_per_gpu=4),
     "mixtral": EPLayerCase("mixtral-tiny", 32, 64, 2, 64, num_experts=8),
-    "dsv3-balanced": EPLayerCase(
-        "dsv3-balanced-tiny", 64, 32, 4, 64, experts_per_gpu=4, balanced=True
-    ),
-    "mixtral-balanced": EPLayerCase(
-        "mixtral-balanced-tiny", 32, 64, 2, 64, num_experts=8, balanced=True
-    ),
     "megatron-mixtral": EPLayerCase(
         "megatron-mixtral-tiny", 32, 64, 2, 64, num_experts=8, balanced=True
     ),
@@ -117,6 +104,22 @@ TINY_LAYER_CASES = {
         balanced=True,
     ),
 }
+
+
+def _with_forced_balance(cases: dict) -> dict:
+    """``cases`` plus ``<name>-balanced`` for dsv3 and mixtral: the same layers with
+    forced-balanced routing (the plain ones keep the router's own routing)."""
+    balanced = {
+        f"{name}-balanced": dataclasses.replace(
+            cases[name], name=f"{cases[name].name}-balanced", balanced=True
+        )
+        for name in ("dsv3", "mixtral")
+    }
+    return {**cases, **balanced}
+
+
+LAYER_CASES = _with_forced_balance(LAYER_CASES)
+TINY_LAYER_CASES = _with_forced_balance(TINY_LAYER_CASES)
 
 
 def balanced_inputs(x, router_kernel, num_experts: int, top_k: int, scale: float = 30.0):
