@@ -16,7 +16,7 @@ timeout 240 python3 -m jaxmoe bench ep --ep 8 --parts layer --preset $cases --re
   --out "$OUT/ep8-h200-layer-dropless.json" >>"$OUT/log" 2>&1
 timeout 180 python3 -m jaxmoe bench ep --ep 8 --parts layer --preset $cases --receive-factor 1.25 \
   --out "$OUT/ep8-h200-layer-rf125.json" >>"$OUT/log" 2>&1
-timeout 120 python3 -m jaxmoe bench ep --ep 8 --parts exchange --exchange-ep 8 \
+timeout 120 python3 -m jaxmoe bench ep --ep 8 --parts exchange --preset dsv3 --exchange-ep 8 \
   --exchanges all_to_all,all_to_all_chunked --out "$OUT/ep8-h200-exchange.json" >>"$OUT/log" 2>&1
 rm -f "$OUT"/*.md  # at most 8 files come back
 cat "$OUT/dense-peak.json"; grep -a -h "tflops_per_gpu\|gbps" "$OUT"/*.json | head -40

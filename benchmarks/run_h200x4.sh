@@ -10,7 +10,7 @@
 #      slot, dropped (must be 0) and overflow tokens, XLA's temporaries and the device's peak.
 # Each part runs in its own process (its own XLA flags) under its own time limit and writes its
 # JSON as it goes. Writes under $OUT. On 8 CPU devices (a smoke test; exchanges are not timed
-# there): XLA_FLAGS=--xla_force_host_platform_device_count=8 LAYER_PRESETS=tiny OUT=/tmp/x bash ...
+# there): XLA_FLAGS=--xla_force_host_platform_device_count=8 LAYER_PRESETS=tiny EXCH_PRESET=tiny OUT=/tmp/x bash ...
 #   run (device tool, kind nvidia-h200-x4): bash benchmarks/run_h200x4.sh
 set -u
 export PYTHONPATH=src PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false NCCL_NVLS_ENABLE=0
@@ -22,15 +22,15 @@ bench="python3 -m jaxmoe bench ep"
 { date -u; nvidia-smi --query-gpu=name --format=csv,noheader; } >>"$log" 2>&1
 JAXMOE_POISON=1 timeout "${EXACT_S:-120}" $bench --ep "$EP" --parts correctness \
   --out "$OUT/ep-correctness-poison.json" --budget-s 100 >>"$log" 2>&1
-timeout "${EXCH_S:-120}" $bench --ep "$EP" --parts exchange --exchange-ep "$EP" \
+timeout "${EXCH_S:-120}" $bench --ep "$EP" --parts exchange --preset ${EXCH_PRESET:-dsv3} --exchange-ep "$EP" \
   --compare all_to_all,all_to_all_chunked,ragged_all_to_all --out "$OUT/ep-exchange.json" \
   --budget-s 100 >>"$log" 2>&1
 XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_use_memcpy_local_p2p=true" timeout "${P2P_S:-60}" $bench --ep "$EP" \
-  --parts exchange --exchange-ep "$EP" --compare all_to_all \
+  --parts exchange --preset ${EXCH_PRESET:-dsv3} --exchange-ep "$EP" --compare all_to_all \
   --out "$OUT/ep-exchange-memcpy-p2p.json" --budget-s 50 >>"$log" 2>&1
 XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_unsupported_use_ragged_all_to_all_one_shot_kernel=false \
 --xla_gpu_unsupported_enable_ragged_all_to_all_decomposer=true" timeout "${RAGGED_S:-60}" \
-  $bench --ep "$EP" --parts exchange --exchange-ep "$EP" --compare ragged_all_to_all \
+  $bench --ep "$EP" --parts exchange --preset ${EXCH_PRESET:-dsv3} --exchange-ep "$EP" --compare ragged_all_to_all \
   --out "$OUT/ep-exchange-ragged-flags.json" --budget-s 50 >>"$log" 2>&1
 timeout "${LAYER_S:-300}" $bench --ep "1,2,$EP" --parts layer \
   --preset "${LAYER_PRESETS:-dsv3,mixtral,dsv3-balanced,mixtral-balanced}" --receive-factor none \

@@ -4,7 +4,7 @@ import math
 
 import numpy as np
 
-from jaxmoe.bench.exchange_bandwidth import _sent_rows
+from jaxmoe.bench.exchange_bandwidth import TINY_EXCHANGE_SHAPE, _sent_rows, bench_exchange
 from jaxmoe.bench.sharded_correctness import check_correctness
 from jaxmoe.parallel import slot_rows
 
@@ -48,3 +48,15 @@ def test_correctness_check_passes_through_the_overflow_windows():
     row = check_correctness(4, "all_to_all", fast_slot_factor=1.0)
     assert row["overflow_tokens"] > 0
     assert row["ok"], row
+
+
+def test_every_exchange_row_names_its_shape():
+    """A tiny (CPU smoke) run cannot pass for a measurement: each row says its shape."""
+    rows = bench_exchange(2, impls=[("all_to_all", None)], tiny=True, log=lambda _: None)
+    assert rows
+    for row in rows:
+        assert row["tiny"] is True
+        assert (row["tokens_per_rank"], row["hidden"]) == (
+            TINY_EXCHANGE_SHAPE["tokens"],
+            TINY_EXCHANGE_SHAPE["hidden"],
+        )

@@ -96,6 +96,8 @@ def bench_exchange(
     rows_out = []
 
     def emit(row):
+        # Every row names its shape: the tiny one is a CPU smoke test, never a measurement.
+        row = {**row, "tokens_per_rank": tokens, "hidden": hidden, "top_k": top_k, "tiny": tiny}
         rows_out.append(row)
         log(json.dumps(row))
 
