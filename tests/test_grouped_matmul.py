@@ -191,13 +191,18 @@ def test_gmm_work_items_cover_every_row_once():
     np.testing.assert_array_equal(covered, 1)
 
 
-def test_pallas_kernels_are_in_the_jaxpr():
+def test_every_product_of_the_vjp_is_a_grouped_matmul_primitive_of_the_backend():
+    # Forward, dgrad and wgrad each bind one of the two primitives with the backend as a
+    # parameter; the primitives lower to the backend's kernels (next test).
     lhs, rhs, dout = random_inputs(32, 16, 16, 2, "float32")
     gs = jnp.array([10, 12], jnp.int32)
     backend = BACKENDS["pallas"]
-    text = str(jax.make_jaxpr(fwd_and_grads(backend))(lhs, rhs, gs, dout))
-    assert "pallas_call" in text
-    assert "jaxmoe_gmm" in text and "jaxmoe_tgmm" in text
+    jaxpr = jax.make_jaxpr(fwd_and_grads(backend))(lhs, rhs, gs, dout)
+    text = str(jaxpr)
+    assert text.count("jaxmoe_grouped_matmul[") == 2  # forward and dgrad
+    assert text.count("jaxmoe_transposed_grouped_matmul[") == 1  # wgrad
+    assert text.count(f"impl={backend!r}") == 3
+    assert "ragged_dot" not in text and "pallas_call" not in text
 
 
 def test_pallas_kernels_lower_to_triton():

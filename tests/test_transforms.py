@@ -2,7 +2,7 @@
 
 ``vmap`` (over axis 0, over another axis through ``in_axes``/``out_axes``, nested, with shared or
 batched weights and group sizes), ``jax.hessian``, ``jax.checkpoint``, ``lax.scan`` over layers
-and ``nnx.vmap``. The grouped matmul batches through its own rule (``batching.py``) on every
+and ``nnx.vmap``. The grouped matmul batches through its own rule (``primitives.py``) on every
 backend: a recording backend shows that a backend only ever sees unbatched 2-D calls.
 """
 

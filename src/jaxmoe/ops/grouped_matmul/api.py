@@ -1,20 +1,18 @@
-"""``grouped_matmul``: the public entry point. Dispatch to a backend and the shared custom VJP."""
+"""``grouped_matmul``: the public entry point. Checks the arguments and dispatches to a backend."""
 
 from __future__ import annotations
-
-import functools
 
 import jax
 import jax.numpy as jnp
 
 from jaxmoe.arrays import as_array, check_nonnegative
 from jaxmoe.choices import GROUPED_MATMUL_BACKENDS, check_registry
+from jaxmoe.ops.grouped_matmul import primitives
 from jaxmoe.ops.grouped_matmul.base import (
     GroupedMatmulBackend,
     check_grouped_matmul_args,
     clip_group_sizes,
 )
-from jaxmoe.ops.grouped_matmul.batching import gmm_op, tgmm_op
 from jaxmoe.ops.grouped_matmul.reference import ReferenceGroupedMatmul
 from jaxmoe.ops.grouped_matmul.xla import XlaGroupedMatmul
 
@@ -76,31 +74,6 @@ def resolve_backend(
     return _BACKENDS[backend]()
 
 
-# The custom VJP wraps the backend primitives as ``custom_vmap`` functions (batching.py): under
-# ``vmap`` JAX batches the forward and the backward below, each through the folding rule.
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
-def _grouped_matmul(lhs, rhs, group_sizes, impl, out_dtype):
-    return gmm_op(impl, transpose_rhs=False, out_dtype=out_dtype)(lhs, rhs, group_sizes)
-
-
-def _grouped_matmul_fwd(lhs, rhs, group_sizes, impl, out_dtype):
-    out = gmm_op(impl, transpose_rhs=False, out_dtype=out_dtype)(lhs, rhs, group_sizes)
-    return out, (lhs, rhs, group_sizes)
-
-
-def _grouped_matmul_bwd(impl, out_dtype, residuals, grad_out):
-    lhs, rhs, group_sizes = residuals
-    grad_out = grad_out.astype(lhs.dtype)
-    # dgrad: each group's rows of grad_out times rhs[g]^T (rows past the groups get zeros).
-    grad_lhs = gmm_op(impl, transpose_rhs=True, out_dtype=lhs.dtype)(grad_out, rhs, group_sizes)
-    # wgrad: a ragged contraction over each group's rows.
-    grad_rhs = tgmm_op(impl, out_dtype=rhs.dtype)(lhs, grad_out, group_sizes)
-    return grad_lhs, grad_rhs, None
-
-
-_grouped_matmul.defvjp(_grouped_matmul_fwd, _grouped_matmul_bwd)
-
-
 def grouped_matmul(
     lhs: jax.Array,
     rhs: jax.Array,
@@ -120,10 +93,11 @@ def grouped_matmul(
     are an error (``ValueError``) when ``group_sizes`` is concrete; a traced ``group_sizes``
     (under ``jit``, ``grad``, ``vmap``) cannot be checked, and its negative entries count as 0.
     Batched by its own rule under ``jax.vmap`` (any axis, any backend): a batch of grouped
-    matmuls runs as one over the batch's groups (:mod:`.batching`). Accumulation is
-    in float32; the result has ``lhs``'s dtype unless ``preferred_element_type`` says otherwise.
-    Differentiable in ``lhs`` and ``rhs`` by a custom VJP: ``d lhs`` is a grouped matmul with
-    ``rhs[g]^T``, ``d rhs[g] = lhs_g^T @ d out_g``. ``group_sizes`` stays on the device (no host
+    matmuls runs as one over the batch's groups. Accumulation is in float32; the result has
+    ``lhs``'s dtype unless ``preferred_element_type`` says otherwise. Differentiable in ``lhs``
+    and ``rhs`` to any order, forward and reverse: ``d lhs`` is a grouped matmul with
+    ``rhs[g]^T``, ``d rhs[g] = lhs_g^T @ d out_g``, each again on the backend's kernels
+    (:mod:`.primitives`). ``group_sizes`` stays on the device (no host
     sync), so the op works under ``jit``.
 
     Args:
@@ -164,4 +138,6 @@ def grouped_matmul(
     impl = resolve_backend(backend)
     out_dtype = jnp.dtype(preferred_element_type or lhs.dtype)
     group_sizes = clip_group_sizes(group_sizes, lhs.shape[0])
-    return _grouped_matmul(lhs, rhs, group_sizes, impl, out_dtype)
+    return primitives.gmm(
+        lhs, rhs, group_sizes, impl=impl, transpose_rhs=False, out_dtype=out_dtype
+    )
