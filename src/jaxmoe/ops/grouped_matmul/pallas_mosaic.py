@@ -334,8 +334,11 @@ class PallasMosaicGroupedMatmul(GroupedMatmulBackend):
     - ``triton_fallback=True`` (what ``backend="auto"`` builds on a GPU): the Triton kernel takes
       them. This is the measured rule of ``auto``: where the Mosaic ``gmm`` applies it was exact and
       1.14-1.24x the Triton kernel on every shape measured (H100, ``benchmarks/results/raw/
-      h100-run4``), so it is chosen wherever it applies, Triton elsewhere. The Mosaic ``tgmm``
-      (:mod:`.pallas_mosaic_wgrad`) follows the same rule (H100 numbers in that module).
+      h100-run4``), so it is chosen wherever it applies, Triton elsewhere.
+    - The wgrad (``tgmm``): the Mosaic kernel (:mod:`.pallas_mosaic_wgrad`) runs only for the
+      strict backend (``triton_fallback=False``); ``auto`` keeps the Triton wgrad. Measured (H100,
+      ``benchmarks/results/raw/h100-wgrad/run2``): exact everywhere, 1.07-1.13x Triton with
+      balanced routing but 0.86-0.96x on skewed Qwen3 and DeepSeek-up, so not yet the default.
 
     Attributes:
       gmm_tiles: Mosaic block sizes; ``None``: :func:`default_mosaic_gmm_tiles`.
@@ -393,6 +396,8 @@ class PallasMosaicGroupedMatmul(GroupedMatmulBackend):
         )
 
     def tgmm(self, lhs, rhs, group_sizes, *, out_dtype):
+        if self.triton_fallback:  # see the class docstring: not faster on skewed routing yet
+            return self.triton.tgmm(lhs, rhs, group_sizes, out_dtype=out_dtype)
         wgrad = pallas_mosaic_wgrad
         m, k = lhs.shape
         cfg = self.tgmm_tiles or wgrad.default_mosaic_tgmm_tiles(m, k, rhs.shape[1])
@@ -404,14 +409,12 @@ class PallasMosaicGroupedMatmul(GroupedMatmulBackend):
             return wgrad.tgmm(
                 lhs, rhs, group_sizes, out_dtype=out_dtype, tiles=cfg, interpret=self.interpret
             )
-        if not self.triton_fallback:
-            raise NotImplementedError(
-                f"grouped_matmul backend 'pallas' (Mosaic GPU) wgrad: lhs {lhs.shape} "
-                f"{lhs.dtype}, rhs {rhs.shape}, out {jnp.dtype(out_dtype)}: {reason}. Use "
-                "backend='pallas_triton' (Triton kernels), or 'auto', which takes the Triton "
-                "kernel wherever the Mosaic one does not apply."
-            )
-        return self.triton.tgmm(lhs, rhs, group_sizes, out_dtype=out_dtype)
+        raise NotImplementedError(
+            f"grouped_matmul backend 'pallas' (Mosaic GPU) wgrad: lhs {lhs.shape} "
+            f"{lhs.dtype}, rhs {rhs.shape}, out {jnp.dtype(out_dtype)}: {reason}. Use "
+            "backend='pallas_triton' (Triton kernels), or 'auto', which takes the Triton "
+            "kernel wherever the Mosaic one does not apply."
+        )
 
 
 # Imported last: the wgrad kernel shares this module's helpers (a cycle otherwise).
