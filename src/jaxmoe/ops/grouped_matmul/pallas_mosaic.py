@@ -322,26 +322,29 @@ def gmm(
 
 @dataclasses.dataclass(frozen=True)
 class PallasMosaicGroupedMatmul(GroupedMatmulBackend):
-    """``gmm`` (forward, dgrad) by the Mosaic GPU kernel, ``tgmm`` (wgrad) by the Triton kernel.
+    """``gmm`` (forward, dgrad) and ``tgmm`` (wgrad) by the Mosaic GPU kernels.
 
-    Decision (issue 15) on operands the Mosaic kernel cannot take (fp32, ``M``/``K``/``N`` not
-    multiples of the blocks, a GPU other than a Hopper, dgrad in the CPU interpreter):
+    Decision (issue 15) on operands the Mosaic kernels cannot take (fp32, ``M``/``K``/``N`` not
+    multiples of the blocks, a GPU other than a Hopper, a transposed ``wgmma`` operand (dgrad,
+    wgrad) in the CPU interpreter):
 
     - ``triton_fallback=False`` (``backend="pallas"``, and this class built by hand): raise
       ``NotImplementedError`` saying why. A backend the user names never switches kernels
       silently; ``"pallas_triton"`` or ``"auto"`` are the ways to get the Triton kernel.
     - ``triton_fallback=True`` (what ``backend="auto"`` builds on a GPU): the Triton kernel takes
-      them. This is the measured rule of ``auto``: where the Mosaic kernel applies it was exact and
+      them. This is the measured rule of ``auto``: where the Mosaic ``gmm`` applies it was exact and
       1.14-1.24x the Triton kernel on every shape measured (H100, ``benchmarks/results/raw/
       h100-run4``), so it is chosen wherever it applies, Triton elsewhere.
-
-    The wgrad has no Mosaic kernel yet: ``tgmm`` always runs the Triton kernel (that is what the
-    backend is, not a fallback).
+    - The wgrad (``tgmm``): the Mosaic kernel (:mod:`.pallas_mosaic_wgrad`) runs only for the
+      strict backend (``triton_fallback=False``); ``auto`` keeps the Triton wgrad. Measured (H100,
+      ``benchmarks/results/raw/h100-wgrad/run2``): exact everywhere, 1.07-1.13x Triton with
+      balanced routing but 0.86-0.96x on skewed Qwen3 and DeepSeek-up, so not yet the default.
 
     Attributes:
       gmm_tiles: Mosaic block sizes; ``None``: :func:`default_mosaic_gmm_tiles`.
-      triton: the Triton backend that takes ``tgmm`` (and, with ``triton_fallback``, the operands
-        the Mosaic kernel refuses); ``None``: default tiles and the same ``interpret``.
+      tgmm_tiles: the Mosaic wgrad's block sizes; ``None``: ``default_mosaic_tgmm_tiles``.
+      triton: the Triton backend that takes, with ``triton_fallback``, the operands the Mosaic
+        kernels refuse; ``None``: default tiles and the same ``interpret``.
       triton_fallback: see above.
       interpret: ``None`` runs the interpreters when JAX's default backend is not a GPU.
     """
@@ -349,6 +352,7 @@ class PallasMosaicGroupedMatmul(GroupedMatmulBackend):
     supports_check_vma: ClassVar[bool] = False  # Pallas outputs carry no vma types
     name: str = dataclasses.field(default="pallas", init=False)
     gmm_tiles: MosaicTileConfig | None = None
+    tgmm_tiles: pallas_mosaic_wgrad.MosaicTgmmTileConfig | None = None
     triton: pallas_triton.PallasTritonGroupedMatmul | None = None
     triton_fallback: bool = False
     interpret: bool | None = None
@@ -356,6 +360,8 @@ class PallasMosaicGroupedMatmul(GroupedMatmulBackend):
     def __post_init__(self):
         if self.gmm_tiles is not None:
             check_tiles(self.gmm_tiles)
+        if self.tgmm_tiles is not None:
+            pallas_mosaic_wgrad.check_tgmm_tiles(self.tgmm_tiles)
         if self.triton is None:  # frozen dataclass: fill the default in place
             triton = pallas_triton.PallasTritonGroupedMatmul(interpret=self.interpret)
             object.__setattr__(self, "triton", triton)
@@ -390,4 +396,26 @@ class PallasMosaicGroupedMatmul(GroupedMatmulBackend):
         )
 
     def tgmm(self, lhs, rhs, group_sizes, *, out_dtype):
-        return self.triton.tgmm(lhs, rhs, group_sizes, out_dtype=out_dtype)
+        if self.triton_fallback:  # see the class docstring: not faster on skewed routing yet
+            return self.triton.tgmm(lhs, rhs, group_sizes, out_dtype=out_dtype)
+        wgrad = pallas_mosaic_wgrad
+        m, k = lhs.shape
+        cfg = self.tgmm_tiles or wgrad.default_mosaic_tgmm_tiles(m, k, rhs.shape[1])
+        interpreted = pallas_triton._use_interpret(self.interpret)
+        reason = wgrad.unsupported_tgmm_reason(
+            lhs.shape, rhs.shape, lhs.dtype, out_dtype, cfg, interpreted
+        )
+        if reason is None:
+            return wgrad.tgmm(
+                lhs, rhs, group_sizes, out_dtype=out_dtype, tiles=cfg, interpret=self.interpret
+            )
+        raise NotImplementedError(
+            f"grouped_matmul backend 'pallas' (Mosaic GPU) wgrad: lhs {lhs.shape} "
+            f"{lhs.dtype}, rhs {rhs.shape}, out {jnp.dtype(out_dtype)}: {reason}. Use "
+            "backend='pallas_triton' (Triton kernels), or 'auto', which takes the Triton "
+            "kernel wherever the Mosaic one does not apply."
+        )
+
+
+# Imported last: the wgrad kernel shares this module's helpers (a cycle otherwise).
+from jaxmoe.ops.grouped_matmul import pallas_mosaic_wgrad  # noqa: E402

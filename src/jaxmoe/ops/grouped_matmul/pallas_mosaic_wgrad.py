@@ -1,0 +1,354 @@
+"""Grouped wgrad on Hopper in Pallas Mosaic GPU: a persistent, warp-specialized ``tgmm``.
+
+``out[g] = lhs[rows of g].T @ rhs[rows of g]`` (``[G, K, N]``): a contraction over each group's
+rows, whose count is only known on the device. Layout of the work (``bm`` rows per step, output
+tiles of ``bk x bn``)::
+
+    output tiles one per (group, K tile, N tile); one CTA per SM loops over them
+                 (``plgpu.nd_loop``), group-major so that the CTAs working on one group at a time
+                 share its rows in L2, walking ``group_swizzle`` K tiles along N inside a group.
+                 Groups go largest first (an order sorted on the device): a tile's cost is its
+                 group's row count and the CTAs take tiles round-robin, so this is the
+                 longest-first rule against stragglers (skewed routing: H100 numbers below).
+    one tile     three warpgroups. The memory warpgroup streams the group's row blocks, ``[bm, bk]``
+                 of ``lhs`` and ``[bm, bn]`` of ``rhs``, into a ring of ``stages`` shared-memory
+                 slots by TMA; the pipeline's length is the group's block count, read on the
+                 device (``0`` for an empty group: the accumulator stays zero and zeros are
+                 written). Row blocks are aligned to ``bm`` (they never cross the array's end,
+                 since ``M % bm == 0``), so a group's first and last block may hold rows of its
+                 neighbours or rows past ``sum(group_sizes)``.
+    the mma      the two compute warpgroups each own ``bn / 2`` columns and a ``[bk, bn / 2]``
+                 float32 accumulator; ``wgmma`` reads the ``lhs`` block transposed in place
+                 (``transpose_ref``: the A operand is M-major in shared memory), no copy.
+    masking      in a boundary block the rows outside the group are set to zero in shared memory,
+                 in both operands (so NaN or Inf in the other rows cannot leak: ``0 * NaN``), before
+                 the ``wgmma``. Each compute warpgroup zeroes its own ``rhs`` columns and the whole
+                 shared ``lhs`` block: both write the same values (the original or zero), so the
+                 overlap is harmless and needs no barrier between the two warpgroups.
+    epilogue     the accumulator is cast, staged in (swizzled) shared memory and stored by TMA
+                 without waiting; the next tile waits only until the stage has been read.
+
+Why: the Triton wgrad (``pallas_triton.tgmm``) is not persistent, has no warp specialization and
+overlaps nothing with its epilogue. No cross-tile prefetch: jax's pipeline of pipelines
+(``PipelinePipeline``) does not take a dynamic grid, and the row-block count is dynamic here, so
+the ring drains at the end of each tile.
+
+Measured (H100, jax 0.11.2, ``benchmarks/results/raw/h100-wgrad/run2``, default tiles): exact
+against a float32 reference on all six benchmark shapes, balanced and skewed with empty groups
+and NaN in the rows past the sum (the same error as the Triton kernel, 1.66e-3); 1.07-1.13x the
+Triton wgrad with balanced routing, 1.01-1.05x on skewed DeepSeek-down and Mixtral, but
+0.86-0.88x on skewed Qwen3 and 0.96x on skewed DeepSeek-up (stragglers: a static round-robin of
+tiles against Triton's hardware scheduling), and 0.91-1.03x ``torch._grouped_mm``. So
+``backend="auto"`` keeps the Triton wgrad; ``"pallas"`` takes this one.
+
+Limits: bf16/fp16 operands, a 2-byte result, ``M`` a positive multiple of ``bm``, ``K % bk == 0``,
+``N % bn == 0``, and a Hopper GPU. Mosaic GPU's interpreter has no transposed ``wgmma`` operand,
+so on a CPU this kernel only lowers (tests); its row-block arithmetic is shared with
+:func:`simulate_tgmm`, which the tests check against the reference in plain JAX.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+from jaxmoe.ops.grouped_matmul.pallas_mosaic import (
+    _MEMORY_REGISTERS,
+    _NUM_COMPUTE_WARPGROUPS,
+    _interpret_params,
+    _num_sms,
+    _swizzle,
+)
+from jaxmoe.ops.grouped_matmul.pallas_mosaic_tiles import _compute_capability
+
+Array = jax.Array
+
+
+@dataclasses.dataclass(frozen=True)
+class MosaicTgmmTileConfig:
+    """Block sizes of the Mosaic GPU ``tgmm``.
+
+    ``block_m`` rows of the contraction per pipeline step; the output tile is
+    ``block_k x block_n`` (``block_k`` is ``wgmma``'s M: 64 or 128), each compute warpgroup owning
+    half of ``block_n``. ``stages`` is the depth of the shared-memory ring.
+    """
+
+    block_m: int = 64
+    block_k: int = 128
+    block_n: int = 256
+    stages: int = 3
+    group_swizzle: int = 8
+
+
+def default_mosaic_tgmm_tiles(m: int, k: int, n: int) -> MosaicTgmmTileConfig:
+    """Block sizes of the Mosaic ``tgmm``: ``64 x 128 x 256``, 3 stages, the fastest of five
+    variants on all six shapes balanced (H100 run1; ``benchmarks/results/raw/h100-wgrad``)."""
+    del m, k, n
+    return MosaicTgmmTileConfig()
+
+
+def check_tgmm_tiles(cfg: MosaicTgmmTileConfig) -> None:
+    """Raises ``ValueError`` for block sizes the kernel cannot lower or fit in shared memory."""
+    problems = []
+    if cfg.block_m not in (64, 128):
+        problems.append(f"block_m={cfg.block_m} must be 64 or 128")
+    if cfg.block_k not in (64, 128):
+        problems.append(f"block_k={cfg.block_k} must be 64 or 128 (wgmma's M per warpgroup)")
+    if cfg.block_n not in (128, 256):
+        problems.append(f"block_n={cfg.block_n} must be 128 or 256 (two warpgroups take half)")
+    if cfg.stages < 2:
+        problems.append(f"stages={cfg.stages} must be >= 2")
+    if cfg.group_swizzle < 1:
+        problems.append(f"group_swizzle={cfg.group_swizzle} must be >= 1")
+    if _smem_bytes(cfg) > _SMEM_LIMIT:
+        problems.append(f"{_smem_bytes(cfg)} bytes of shared memory > {_SMEM_LIMIT} (fewer stages)")
+    if problems:
+        raise ValueError("MosaicTgmmTileConfig: " + "; ".join(problems) + ".")
+
+
+_SMEM_LIMIT = 227 * 1024  # an H100's per-block opt-in maximum
+
+
+def _smem_bytes(cfg: MosaicTgmmTileConfig, itemsize: int = 2) -> int:
+    ring = cfg.stages * cfg.block_m * (cfg.block_k + cfg.block_n) * itemsize
+    return ring + cfg.block_k * cfg.block_n * itemsize  # + the epilogue stages of both warpgroups
+
+
+def unsupported_tgmm_reason(
+    lhs_shape, rhs_shape, dtype, out_dtype, cfg: MosaicTgmmTileConfig, interpret: bool = False
+) -> str | None:
+    """Why the Mosaic ``tgmm`` cannot take ``lhs [M, K]``, ``rhs [M, N]``, or ``None``."""
+    m, k = lhs_shape
+    n = rhs_shape[1]
+    reasons = []
+    if jnp.dtype(dtype) not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
+        reasons.append(f"operands are {jnp.dtype(dtype)}, not bf16/fp16")
+    if jnp.dtype(out_dtype).itemsize != 2:
+        reasons.append(f"the result is {jnp.dtype(out_dtype)}, not a 2-byte type")
+    if m == 0 or m % cfg.block_m:
+        reasons.append(f"M={m} is not a positive multiple of block_m={cfg.block_m}")
+    if k % cfg.block_k:
+        reasons.append(f"K={k} is not a multiple of block_k={cfg.block_k}")
+    if n % cfg.block_n:
+        reasons.append(f"N={n} is not a multiple of block_n={cfg.block_n}")
+    if interpret:
+        reasons.append("Mosaic GPU's interpreter has no transposed wgmma operand (wgrad)")
+    else:
+        cc = _compute_capability()
+        if cc is not None and not cc.startswith("9."):
+            reasons.append(f"the GPU has compute capability {cc}; wgmma needs 9.x (Hopper)")
+    return "; ".join(reasons) or None
+
+
+def group_row_blocks(start, end, block_m: int):
+    """The ``block_m``-aligned row blocks that hold rows ``[start, end)``: (first, count)."""
+    first = start // block_m
+    count = jnp.where(end > start, pl.cdiv(end, block_m) - first, 0)
+    return first, count
+
+
+def rows_in_group(start, end, row0, block_m: int):
+    """Rows ``[lo, hi)`` of the block starting at ``row0`` are in the group ``[start, end)``."""
+    return jnp.clip(start - row0, 0, block_m), jnp.clip(end - row0, 0, block_m)
+
+
+def _jaxmoe_mosaic_tgmm(
+    group_order_gmem, offsets_gmem, lhs_gmem, rhs_gmem, out_gmem, *, cfg: MosaicTgmmTileConfig
+):
+    bm, bk, bn = cfg.block_m, cfg.block_k, cfg.block_n
+    wg_n = bn // _NUM_COMPUTE_WARPGROUPS
+    num_groups, k, n = out_gmem.shape
+    num_k_tiles, num_n_tiles = k // bk, n // bn
+    tiles_per_group = num_k_tiles * num_n_tiles
+    out_dtype = out_gmem.dtype
+    itemsize = jnp.dtype(lhs_gmem.dtype).itemsize
+    swizzle = plgpu.find_swizzle(64 * itemsize * 8)  # 128 bytes: every minor dim is >= 64 wide
+    transforms = (
+        plgpu.TilingTransform((8, swizzle // itemsize)),
+        plgpu.SwizzleTransform(swizzle),
+    )
+
+    def make_pipeline(body, context, first_block, grid):
+        # Block i of the pipeline is row block first_block + i of the (K- or N-sliced) operand.
+        return plgpu.emit_pipeline_warp_specialized(
+            body,
+            grid=grid,
+            memory_registers=_MEMORY_REGISTERS,
+            in_specs=[
+                plgpu.BlockSpec((bm, bk), lambda i: (first_block + i, 0), transforms=transforms),
+                plgpu.BlockSpec((bm, bn), lambda i: (first_block + i, 0), transforms=transforms),
+            ],
+            wg_axis="wg",
+            num_compute_wgs=_NUM_COMPUTE_WARPGROUPS,
+            max_concurrent_steps=cfg.stages,
+            compute_context=context,
+        )
+
+    def operands(k0, col0):
+        return lhs_gmem.at[:, pl.ds(k0, bk)], rhs_gmem.at[:, pl.ds(col0, bn)]
+
+    def unused(*args, **kwargs):
+        del args, kwargs
+
+    # A static grid as long as the ring: the allocation must not shrink to fewer stages.
+    allocations = make_pipeline(unused, unused, 0, (cfg.stages,)).get_allocations(*operands(0, 0))
+
+    @functools.partial(
+        pl.run_scoped,
+        pipeline_allocs=allocations,
+        out_smem=plgpu.SMEM((_NUM_COMPUTE_WARPGROUPS, bk, wg_n), out_dtype, transforms=transforms),
+        collective_axes="wg",
+    )
+    def _scope(pipeline_allocs, out_smem):
+        wg = lax.axis_index("wg")
+        wg_cols = pl.ds(wg * wg_n, wg_n)
+
+        @plgpu.nd_loop((num_groups * tiles_per_group,), collective_axes="sm")
+        def _tile_loop(loop_info):
+            (index,) = loop_info.index
+            group = group_order_gmem[index // tiles_per_group]
+            k_tile, n_tile = _swizzle(
+                index % tiles_per_group, num_k_tiles, num_n_tiles, cfg.group_swizzle
+            )
+            k0, col0 = k_tile * bk, n_tile * bn
+            start, end = offsets_gmem[group], offsets_gmem[group + 1]
+            first_block, num_blocks = group_row_blocks(start, end, bm)
+
+            def mma(indices, lhs_smem, rhs_smem, acc_ref):
+                (step,) = indices
+                lo, hi = rows_in_group(start, end, (first_block + step) * bm, bm)
+                rhs_block = rhs_smem.at[:, wg_cols]
+
+                @pl.when((lo > 0) | (hi < bm))
+                def _mask_rows_outside_group():
+                    for ref, cols in ((lhs_smem, bk), (rhs_block, wg_n)):
+                        rows = plgpu.layout_cast(
+                            lax.broadcasted_iota(jnp.int32, (bm, cols), 0), plgpu.Layout.WGMMA
+                        )
+                        values = ref[...]
+                        ref[...] = jnp.where((rows >= lo) & (rows < hi), values, 0).astype(
+                            values.dtype
+                        )
+                    plgpu.commit_smem()  # generic-proxy writes, then wgmma's async-proxy reads
+
+                plgpu.wgmma(acc_ref, plgpu.transpose_ref(lhs_smem, (1, 0)), rhs_block)
+                plgpu.wgmma_wait(0)
+                return acc_ref
+
+            def context(eval_pipeline):
+                @functools.partial(pl.run_scoped, acc_ref=plgpu.ACC((bk, wg_n), jnp.float32))
+                def _acc_scope(acc_ref):
+                    eval_pipeline(acc_ref)  # no steps for an empty group: zeros
+                    values = acc_ref[...].astype(out_dtype)
+                    stage = out_smem.at[wg]
+                    # The previous tile's store from this stage must have been read.
+                    plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+                    stage[...] = values
+                    plgpu.commit_smem()
+                    plgpu.copy_smem_to_gmem(
+                        stage, out_gmem.at[group, pl.ds(k0, bk), pl.ds(col0 + wg * wg_n, wg_n)]
+                    )
+
+            make_pipeline(mma, context, first_block, (num_blocks,))(
+                *operands(k0, col0), allocations=pipeline_allocs
+            )
+
+        @pl.when(wg < _NUM_COMPUTE_WARPGROUPS)
+        def _drain():
+            plgpu.wait_smem_to_gmem(0)
+
+
+def tgmm(
+    lhs: Array,
+    rhs: Array,
+    group_sizes: Array,
+    *,
+    out_dtype=None,
+    tiles: MosaicTgmmTileConfig | None = None,
+    interpret: bool | None = None,
+) -> Array:
+    """``out[g] = lhs[rows of g]^T @ rhs[rows of g]``; zeros for empty groups; ``[G, K, N]``.
+
+    Same contract as :func:`jaxmoe.ops.grouped_matmul.pallas_triton.tgmm`; the operands must pass
+    :func:`unsupported_tgmm_reason` (bf16/fp16, dims divisible by the blocks, a Hopper GPU).
+    """
+    if lhs.ndim != 2 or rhs.ndim != 2 or lhs.shape[0] != rhs.shape[0]:
+        raise ValueError(
+            f"tgmm: `lhs` [M, K] and `rhs` [M, N] expected; got {lhs.shape}, {rhs.shape}."
+        )
+    if lhs.dtype != rhs.dtype:
+        raise ValueError(f"tgmm: `lhs` ({lhs.dtype}) and `rhs` ({rhs.dtype}) dtypes differ.")
+    if group_sizes.ndim != 1:
+        raise ValueError(f"tgmm: `group_sizes` must be 1-D; got shape {group_sizes.shape}.")
+    m, k = lhs.shape
+    n = rhs.shape[1]
+    num_groups = group_sizes.shape[0]
+    out_dtype = jnp.dtype(out_dtype or lhs.dtype)
+    cfg = tiles or default_mosaic_tgmm_tiles(m, k, n)
+    check_tgmm_tiles(cfg)
+    interpret_params = _interpret_params(interpret)
+    reason = unsupported_tgmm_reason(
+        lhs.shape, rhs.shape, lhs.dtype, out_dtype, cfg, interpret_params is not None
+    )
+    if reason is not None:
+        raise NotImplementedError(
+            f"mosaic tgmm: lhs {lhs.shape} {lhs.dtype}, rhs {rhs.shape}, out {out_dtype}: "
+            f"{reason}. Use backend='pallas_triton', or 'auto', which picks the Triton kernel."
+        )
+    if num_groups == 0:
+        return jnp.zeros((0, k, n), out_dtype)
+    offsets = _offsets(group_sizes, m)
+    # Largest group first (stable: equal sizes keep their order, neighbours share L2).
+    group_order = jnp.argsort(-(offsets[1:] - offsets[:-1]), stable=True).astype(jnp.int32)
+    kernel = plgpu.kernel(
+        functools.partial(_jaxmoe_mosaic_tgmm, cfg=cfg),
+        out_type=jax.ShapeDtypeStruct((num_groups, k, n), out_dtype),
+        grid=(_num_sms(interpret_params),),
+        grid_names=("sm",),
+        num_threads=_NUM_COMPUTE_WARPGROUPS + 1,
+        thread_name="wg",
+        compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Warpgroup),
+        interpret=interpret_params,
+    )
+    return kernel(group_order, offsets, lhs, rhs)
+
+
+def _offsets(group_sizes: Array, num_rows: int) -> Array:
+    """``[0, end_0, ..., end_{G-1}]``, ends clipped to ``num_rows`` (sizes may sum past ``M``)."""
+    ends = jnp.minimum(jnp.cumsum(group_sizes.astype(jnp.int32)), num_rows)
+    return jnp.concatenate([jnp.zeros((1,), jnp.int32), ends]).astype(jnp.int32)
+
+
+def simulate_tgmm(lhs, rhs, group_sizes, block_m: int) -> Array:
+    """The kernel's row-block walk in plain JAX (float32): the same blocks, masks and zeros.
+
+    For the tests, where Mosaic GPU's interpreter cannot run the kernel: every group visits
+    :func:`group_row_blocks` and zeroes the rows :func:`rows_in_group` excludes, in both operands.
+    """
+    m = lhs.shape[0]
+    offsets = _offsets(group_sizes, m)
+    lhs_blocks = lhs.astype(jnp.float32).reshape(m // block_m, block_m, -1)
+    rhs_blocks = rhs.astype(jnp.float32).reshape(m // block_m, block_m, -1)
+    rows = jnp.arange(block_m)[:, None]
+
+    def one_group(start, end):
+        first, count = group_row_blocks(start, end, block_m)
+
+        def step(i, acc):
+            block = jnp.minimum(first + i, m // block_m - 1)  # the loop never reads past count
+            lo, hi = rows_in_group(start, end, block * block_m, block_m)
+            keep = (rows >= lo) & (rows < hi)
+            a = jnp.where(keep, lhs_blocks[block], 0)
+            b = jnp.where(keep, rhs_blocks[block], 0)
+            return acc + jnp.dot(a.T, b, precision=lax.Precision.HIGHEST)
+
+        zero = jnp.zeros((lhs.shape[1], rhs.shape[1]), jnp.float32)
+        return lax.fori_loop(0, count, step, zero)
+
+    return jax.vmap(one_group)(offsets[:-1], offsets[1:])
