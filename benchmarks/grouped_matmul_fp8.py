@@ -17,7 +17,7 @@ What is checked and timed, per shape (``GEMM_SHAPES`` of :mod:`jaxmoe.bench.pres
 * ``jaxmoe_bf16``: ``grouped_matmul`` (default backend: the Mosaic bf16 kernel) on the bf16 casts.
 * Errors, on the GPU in float64 with torch: ``rel_err_vs_fp64`` (Frobenius, against the float64
   product of the dequantized operands; bf16 rounding of the result alone is ~1e-3),
-  ``max_err_ulps`` (the largest error in bf16 ulps of the reference element), and
+  ``max_err_vs_fp64`` (the largest error over the largest reference element), and
   ``rel_err_vs_bf16`` (against the bf16 product, i.e. the quantization error).
 * Timings interleaved: ``ROUNDS`` rounds over the impls, the median of each impl's medians.
 
@@ -48,8 +48,22 @@ from jaxmoe.bench.timing import time_jax, time_torch
 from jaxmoe.ops.fp8 import Fp8Recipe, fp8_grouped_matmul, quantize, scaled_grouped_matmul
 from jaxmoe.ops.fp8.pallas_mosaic import scaled_gmm_kn
 from jaxmoe.ops.grouped_matmul import grouped_matmul
+from jaxmoe.ops.grouped_matmul.pallas_mosaic_tiles import MosaicTileConfig
 
 ROUNDS = 3
+# Tiles tried on the small-K/N Qwen3 shapes, where the default (the bf16 kernel's, block_k 128)
+# was 0.81-0.94x torch in the first H100 run; not interleaved, the default's row is the peer.
+SWEEP = {
+    "qwen3-up": [
+        MosaicTileConfig(128, 128, 128, stages=4, pipelined_tiles=True),
+        MosaicTileConfig(128, 256, 128, stages=4, pipelined_tiles=False, epilogue_rows=64),
+    ],
+    "qwen3-down": [
+        MosaicTileConfig(128, 256, 128, stages=3, pipelined_tiles=True, epilogue_rows=64),
+        MosaicTileConfig(128, 256, 128, stages=2, pipelined_tiles=True),
+        MosaicTileConfig(128, 128, 128, stages=3, pipelined_tiles=True),
+    ],
+}
 RECIPE = Fp8Recipe("rowwise")
 COLUMNS = [
     ("shape", "shape", ""),
@@ -59,7 +73,7 @@ COLUMNS = [
     ("ratio_vs_torch_fp8", "vs torch fp8", "{:.2f}x"),
     ("ratio_vs_jaxmoe_bf16", "vs jaxmoe bf16", "{:.2f}x"),
     ("rel_err_vs_fp64", "err vs fp64", "{:.2e}"),
-    ("max_err_ulps", "max err (bf16 ulps)", "{:.2f}"),
+    ("max_err_vs_fp64", "max err vs fp64", "{:.2e}"),
     ("rel_err_vs_bf16", "err vs bf16", "{:.2e}"),
 ]
 
@@ -88,16 +102,13 @@ def grouped_reference64(x_q, x_scale, w_q_nk, w_scale, bounds):
 
 
 def errors(got, ref64, bf16_product=None) -> dict:
-    """Relative Frobenius errors and the largest error in bf16 ulps of the reference."""
-    import torch
+    """Relative Frobenius errors, and the largest error over the reference's largest element."""
 
     got = got.double()
     diff = got - ref64
-    ulp = torch.clamp(ref64.abs(), min=torch.finfo(torch.float32).tiny) * 2.0**-7
-    ulp = 2.0 ** torch.floor(torch.log2(ulp))  # bf16 spacing at the reference's magnitude
     result = {
         "rel_err_vs_fp64": float(diff.norm() / ref64.norm().clamp_min(1e-30)),
-        "max_err_ulps": float((diff.abs() / ulp).max()),
+        "max_err_vs_fp64": float(diff.abs().max() / ref64.abs().max().clamp_min(1e-30)),
     }
     if bf16_product is not None:
         result["rel_err_vs_bf16"] = float(
@@ -137,8 +148,8 @@ def gpu_checks() -> list[dict]:
     dy = jax.random.normal(kd, (m, n))
 
     def loss(backend, a, b):
-        out = fp8_grouped_matmul(a, b, gs, backend=backend, preferred_element_type=jnp.float32)
-        return jnp.sum(out * dy), out
+        out = fp8_grouped_matmul(a, b, gs, backend=backend)  # bf16 out: the kernel's
+        return jnp.sum(out.astype(jnp.float32) * dy), out
 
     results = {}
     for backend in ("pallas", "xla"):
@@ -253,6 +264,18 @@ def run_shape(shape, header, rows, out_path) -> None:
             row[key] = peer_ms / row["ms"] if peer_ms and row.get("ms") else None
         rows.append(row)
         print({k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items()}, flush=True)
+    for cfg in SWEEP.get(shape.name, ()):
+        row = {"shape": shape.name, "pass": "fwd", "recipe": "rowwise", "impl": f"sweep {cfg}"}
+        try:
+            fn = jax.jit(functools.partial(scaled_gmm_kn, rhs_layout="gnk", tiles=cfg))
+            row.update(errors(to_torch(fn(x_q, x_s, w_q_nk, w_s, gs)), ref64))
+            row["ms"] = median_time(time_jax, fn, x_q, x_s, w_q_nk, w_s, gs)
+            row["tflops"] = shape.flops / (row["ms"] * 1e-3) / 1e12
+            row["ratio_vs_torch_fp8"] = results["torch_fp8"]["ms"] / row["ms"]
+        except Exception as error:  # noqa: BLE001
+            row["error"] = f"{type(error).__name__}: {error}"[:300]
+        rows.append(row)
+        print(row, flush=True)
     write_results(out_path, header, rows, render)
     del ref64, bf16_product
     torch.cuda.empty_cache()

@@ -30,6 +30,15 @@ interpreter, which has no transposed ``wgmma`` operand but also no K-major rule,
 weights go in as ``[G, K, N]`` and the same body (work list, schedule, epilogue) is exercised;
 the K-major path is proven by lowering for CUDA (tests) and on the device
 (``benchmarks/grouped_matmul_fp8.py``).
+
+Measured (H100, jax 0.11.2, torch 2.11, ``benchmarks/results/grouped_matmul-fp8-h100.json``,
+balanced groups, forward): 1170 TFLOP/s on Mixtral up, 1251 down; 0.99-1.04x
+``torch._scaled_grouped_mm`` (fast accumulation, the same accumulation as this kernel, and equal
+errors) on Mixtral and DeepSeek-V3, 0.93x / 0.76x on Qwen3 up / down; 1.79-1.91x the bf16 Mosaic
+kernel on Mixtral and DeepSeek-V3. Error against the float64 product of the dequantized operands:
+1.7e-3 (bf16 rounding) up to 3.3e-3 at K = 14336, identical to torch's fast accumulation; the
+wgmma accumulator of FP8 products is narrower than float32 (no promotion to a second float32
+accumulator yet, which torch's ``use_fast_accum=False`` does at 0.83-0.87x the speed).
 """
 
 from __future__ import annotations
