@@ -312,7 +312,7 @@ def _call(**overrides):
     "call, error, match",
     [
         (_call(recipe="tensorwise"), ValueError, "`recipe` must be one of"),
-        (_call(backend="pallas"), NotImplementedError, "'pallas' has no FP8 kernel"),
+        (_call(backend="pallas_triton"), NotImplementedError, "'pallas_triton' has no FP8"),
         (_call(backend="cuda"), ValueError, "unknown `backend` 'cuda'"),
         (_call(lhs=jnp.ones((4, 3))), ValueError, "contracting dims differ"),
         (_call(group_sizes=jnp.ones(4)), ValueError, "`group_sizes` must be an integer"),

@@ -13,30 +13,52 @@ from jaxmoe.ops.fp8.quantize import dequantize, quantize
 from jaxmoe.ops.fp8.recipe import Fp8Recipe, resolve_recipe
 from jaxmoe.ops.fp8.reference import ReferenceScaledGroupedMatmul
 from jaxmoe.ops.fp8.xla import XlaScaledGroupedMatmul
+from jaxmoe.ops.grouped_matmul.api import default_backend_name
 from jaxmoe.ops.grouped_matmul.base import check_grouped_matmul_args, clip_group_sizes
 
-_BACKENDS = {"reference": ReferenceScaledGroupedMatmul, "xla": XlaScaledGroupedMatmul}
+
+# Imported lazily, as the bf16 grouped matmul does: Pallas pulls in Mosaic GPU lowering code that
+# a CPU user never needs.
+def _pallas_backend(fallback: ScaledGroupedMatmulBackend | None = None):
+    from jaxmoe.ops.fp8.pallas_mosaic import PallasMosaicScaledGroupedMatmul
+
+    return PallasMosaicScaledGroupedMatmul(fallback=fallback)
+
+
+_BACKENDS = {
+    "reference": ReferenceScaledGroupedMatmul,
+    "xla": XlaScaledGroupedMatmul,
+    "pallas": _pallas_backend,
+}
 FP8_BACKEND_NAMES = ("auto", *_BACKENDS)
 
 
-def resolve_fp8_backend(backend) -> ScaledGroupedMatmulBackend:
-    """``None``/``"auto"`` (``"xla"`` on every platform for now), a name, or a backend object.
+def resolve_fp8_backend(backend, platform: str | None = None) -> ScaledGroupedMatmulBackend:
+    """``None``/``"auto"``, a name, or a backend object.
+
+    ``"auto"`` on a GPU ``platform`` (default: JAX's default backend) is the Mosaic GPU FP8
+    kernel (``"pallas"``) where it applies (a Hopper, the rowwise recipe, e4m3, block-aligned
+    shapes) with the XLA backend taking the rest; elsewhere ``"xla"``. The name ``"pallas"``
+    never falls back: it raises ``NotImplementedError`` saying why.
 
     Raises:
-      NotImplementedError: a grouped-matmul backend with no FP8 kernel yet (``"pallas"``,
-        ``"pallas_triton"``): the FP8 path never falls back silently from a named backend.
+      NotImplementedError: a grouped-matmul backend with no FP8 kernel (``"pallas_triton"``):
+        the FP8 path never falls back silently from a named backend.
       ValueError: any other value.
     """
     if isinstance(backend, ScaledGroupedMatmulBackend):
         return backend
     if backend is None or backend == "auto":
+        if default_backend_name(platform) == "pallas":  # a GPU
+            return _pallas_backend(fallback=XlaScaledGroupedMatmul())
         return XlaScaledGroupedMatmul()
     if isinstance(backend, str) and backend in _BACKENDS:
         return _BACKENDS[backend]()
     if isinstance(backend, str) and backend in GROUPED_MATMUL_BACKENDS:
         raise NotImplementedError(
             f"fp8_grouped_matmul: backend {backend!r} has no FP8 kernel yet; use one of "
-            f"{FP8_BACKEND_NAMES} (on a GPU 'xla' runs lax.ragged_dot on the FP8 operands)."
+            f"{FP8_BACKEND_NAMES} ('pallas' is the Mosaic GPU FP8 kernel; 'xla' runs "
+            "lax.ragged_dot on the FP8 operands)."
         )
     raise ValueError(
         f"fp8_grouped_matmul: unknown `backend` {backend!r}; choose one of {FP8_BACKEND_NAMES} "
@@ -70,7 +92,8 @@ def scaled_grouped_matmul(
       rhs_scale: float32, ``[G, 1, N]`` (rowwise) or ``[G, ceil(K/b), ceil(N/b)]`` (blockwise).
       group_sizes: ``[G]`` integer row counts.
       recipe: ``"rowwise"``, ``"blockwise"`` or an :class:`Fp8Recipe` (the scales' layout).
-      backend: ``None``/``"auto"`` (``"xla"``), ``"reference"``, ``"xla"`` or a backend object.
+      backend: ``None``/``"auto"`` (see :func:`resolve_fp8_backend`), ``"reference"``, ``"xla"``,
+        ``"pallas"`` (the Mosaic GPU kernel on a Hopper: rowwise e4m3) or a backend object.
       preferred_element_type: dtype of the result (default bfloat16).
 
     Example::
@@ -178,8 +201,10 @@ def fp8_grouped_matmul(
       rhs: ``[G, K, N]``, same floating dtype as ``lhs``.
       group_sizes: ``[G]`` integer row counts (clipped to ``M``).
       recipe: ``"rowwise"`` (default), ``"blockwise"`` or an :class:`Fp8Recipe`.
-      backend: ``None``/``"auto"`` (``"xla"``), ``"reference"``, ``"xla"`` or a
-        :class:`ScaledGroupedMatmulBackend`; ``"pallas"`` names raise ``NotImplementedError``.
+      backend: ``None``/``"auto"`` (see :func:`resolve_fp8_backend`), ``"reference"``,
+        ``"xla"``, ``"pallas"`` (the Mosaic GPU kernel: rowwise e4m3 on a Hopper; forward and
+        dgrad) or a :class:`ScaledGroupedMatmulBackend`; ``"pallas_triton"`` raises
+        ``NotImplementedError``.
       preferred_element_type: dtype of the result (default ``lhs.dtype``).
 
     Returns:

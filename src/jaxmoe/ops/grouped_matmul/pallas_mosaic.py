@@ -97,12 +97,15 @@ def _jaxmoe_mosaic_gmm(
     offsets_gmem,
     lhs_gmem,
     rhs_gmem,
-    out_gmem,
-    *,
+    *epilogue_and_out_gmem,
     cfg: MosaicTileConfig,
     num_groups: int,
     transpose_rhs: bool,
+    epilogue=None,
 ):
+    # ``epilogue(acc, *epilogue_gmem, group=, row0=, col0=)`` maps a compute warpgroup's float32
+    # ``[bm, bn / 2]`` accumulator (columns from ``col0``) before the cast: the FP8 kernel's scales.
+    *epilogue_gmem, out_gmem = epilogue_and_out_gmem
     bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
     wg_n = bn // _NUM_COMPUTE_WARPGROUPS
     stage_rows = cfg.epilogue_rows or bm
@@ -227,7 +230,11 @@ def _jaxmoe_mosaic_gmm(
                 @functools.partial(pl.run_scoped, acc_ref=plgpu.ACC((bm, wg_n), jnp.float32))
                 def _acc_scope(acc_ref):
                     eval_pipeline(acc_ref)
-                    store(acc_ref[...].astype(out_dtype), row0, col0, lo, hi)
+                    acc = acc_ref[...]
+                    if epilogue is not None:
+                        wg_col0 = col0 + wg * wg_n
+                        acc = epilogue(acc, *epilogue_gmem, group=group, row0=row0, col0=wg_col0)
+                    store(acc.astype(out_dtype), row0, col0, lo, hi)
 
             def mma(indices, lhs_smem, rhs_smem, acc_ref):
                 del indices
@@ -286,7 +293,6 @@ def gmm(
     """
     pallas_triton._check(lhs, rhs, group_sizes, transpose_rhs, "gmm")
     m, k = lhs.shape
-    num_groups = rhs.shape[0]
     n = rhs.shape[1] if transpose_rhs else rhs.shape[2]
     out_dtype = jnp.dtype(out_dtype or lhs.dtype)
     cfg = tiles or default_mosaic_gmm_tiles(m, k, n)
@@ -300,12 +306,46 @@ def gmm(
             f"mosaic gmm: lhs {lhs.shape} {lhs.dtype}, rhs {rhs.shape}, out {out_dtype}: {reason}. "
             "Use backend='pallas_triton', or 'auto', which picks the Triton kernel for these."
         )
+    return launch_gmm(
+        lhs,
+        rhs,
+        group_sizes,
+        transpose_rhs=transpose_rhs,
+        out_dtype=out_dtype,
+        cfg=cfg,
+        interpret_params=interpret_params,
+    )
+
+
+def launch_gmm(
+    lhs,
+    rhs,
+    group_sizes,
+    *,
+    transpose_rhs: bool,
+    out_dtype,
+    cfg: MosaicTileConfig,
+    interpret_params,
+    epilogue=None,
+    epilogue_operands=(),
+) -> Array:
+    """The kernel on checked operands: builds the work list and launches one CTA per SM.
+
+    ``epilogue`` and ``epilogue_operands`` (GPU memory refs it reads): see the kernel body.
+    """
+    m = lhs.shape[0]
+    num_groups = rhs.shape[0]
+    n = rhs.shape[1] if transpose_rhs else rhs.shape[2]
     work_group, work_tile, offsets = gmm_work_items(group_sizes, m, cfg.block_m)
     work_counts = jnp.stack(
         [jnp.sum(work_group < num_groups), jnp.sum(work_group == num_groups)]
     ).astype(jnp.int32)
     body = functools.partial(
-        _jaxmoe_mosaic_gmm, cfg=cfg, num_groups=num_groups, transpose_rhs=transpose_rhs
+        _jaxmoe_mosaic_gmm,
+        cfg=cfg,
+        num_groups=num_groups,
+        transpose_rhs=transpose_rhs,
+        epilogue=epilogue,
     )
     kernel = plgpu.kernel(
         body,
@@ -317,7 +357,7 @@ def gmm(
         compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Warpgroup),
         interpret=interpret_params,
     )
-    return kernel(work_counts, work_group, work_tile, offsets, lhs, rhs)
+    return kernel(work_counts, work_group, work_tile, offsets, lhs, rhs, *epilogue_operands)
 
 
 @dataclasses.dataclass(frozen=True)

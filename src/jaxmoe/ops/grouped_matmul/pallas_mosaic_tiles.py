@@ -110,16 +110,20 @@ def _compute_capability() -> str | None:
     return getattr(device, "compute_capability", None)
 
 
-def check_tiles(cfg: MosaicTileConfig) -> None:
-    """Raises ``ValueError`` for block sizes the kernel cannot lower."""
+def check_tiles(cfg: MosaicTileConfig, operand_bytes: int = 2) -> None:
+    """Raises ``ValueError`` for block sizes the kernel cannot lower (``operand_bytes``: 2 for
+    bf16/fp16, 1 for FP8)."""
     bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
     problems = []
     if bm not in (64, 128):
         problems.append(f"block_m={bm} must be 64 or 128 (one wgmma M tile per warpgroup)")
     if bn not in (128, 256):
         problems.append(f"block_n={bn} must be 128 or 256 (each compute warpgroup takes half)")
-    if bk != 64:
-        problems.append(f"block_k={bk} must be 64 (one 128-byte swizzled bf16 row)")
+    if bk * operand_bytes != 128:
+        problems.append(
+            f"block_k={bk} must be {128 // operand_bytes} (one 128-byte swizzled row of "
+            f"{operand_bytes}-byte operands)"
+        )
     if cfg.stages < 2:
         problems.append(f"stages={cfg.stages} must be >= 2")
     if cfg.group_swizzle < 1:

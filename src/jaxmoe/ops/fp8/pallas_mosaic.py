@@ -1,0 +1,268 @@
+"""The FP8 grouped matmul on Hopper: the Mosaic GPU ``gmm`` on e4m3, scales in its epilogue.
+
+The kernel is :mod:`jaxmoe.ops.grouped_matmul.pallas_mosaic`'s (the same on-device work list,
+persistent warp-specialized schedule, TMA ring and group-boundary stores), run on float8 operands
+with an epilogue hook that applies the rowwise recipe's scales to the float32 accumulator before
+the cast::
+
+    out[m, n] = (sum_k lhs_q[m, k] * rhs_q[g, k, n]) * lhs_scale[m] * rhs_scale[g, n]
+
+Both scales are constant along K, so they are applied once per output, not per K step. Each
+compute warpgroup reads its rows' ``lhs_scale`` and its columns' ``rhs_scale[g]`` from GPU memory
+in the epilogue (``bm + bn / 2`` floats per tile, against ``bm * bn`` outputs).
+
+Layout: FP8 ``wgmma`` reads both operands K-major (only 16-bit types have a transposed operand),
+so the weights must be stored ``[G, N, K]`` (K contiguous). ``scaled_gmm`` takes them in the
+FP8 API's ``[G, K, N]`` and swaps the last two axes before the kernel; inside
+``fp8_grouped_matmul``'s jit that transpose fuses into the quantization pass that writes
+``rhs_q`` anyway. Callers that keep FP8 weights ``[G, N, K]`` (as ``torch._scaled_grouped_mm``
+wants them) call :func:`scaled_gmm_kn` with ``rhs_layout="gnk"`` and pay nothing. ``block_k`` is
+128: one 128-byte swizzled row of 1-byte elements (64 for bf16); the shared-memory ring holds
+the same bytes per stage as the bf16 kernel's.
+
+The dgrad of ``fp8_grouped_matmul`` is another ``scaled_gmm`` (``d out`` quantized per row against
+the weights re-quantized per input channel, contracted over N), so it runs in this kernel too.
+The wgrad is high precision (see :func:`jaxmoe.ops.fp8.fp8_grouped_matmul`): the Triton kernel.
+
+Limits: the rowwise recipe, e4m3 operands, a 2-byte result, ``M % block_m == 0``,
+``K % 128 == 0``, ``N % block_n == 0``, a Hopper GPU. On a CPU the kernel runs in Mosaic GPU's
+interpreter, which has no transposed ``wgmma`` operand but also no K-major rule, so there the
+weights go in as ``[G, K, N]`` and the same body (work list, schedule, epilogue) is exercised;
+the K-major path is proven by lowering for CUDA (tests) and on the device
+(``benchmarks/grouped_matmul_fp8.py``).
+
+Measured (H100, jax 0.11.2, torch 2.11, ``benchmarks/results/grouped_matmul-fp8-h100.json``,
+balanced groups, forward): 1170 TFLOP/s on Mixtral up, 1251 down; 0.99-1.04x
+``torch._scaled_grouped_mm`` (fast accumulation, the same accumulation as this kernel, and equal
+errors) on Mixtral and DeepSeek-V3, 0.93x / 0.76x on Qwen3 up / down; 1.79-1.91x the bf16 Mosaic
+kernel on Mixtral and DeepSeek-V3. Error against the float64 product of the dequantized operands:
+1.7e-3 (bf16 rounding) up to 3.3e-3 at K = 14336, identical to torch's fast accumulation; the
+wgmma accumulator of FP8 products is narrower than float32 (no promotion to a second float32
+accumulator yet, which torch's ``use_fast_accum=False`` does at 0.83-0.87x the speed).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import ClassVar
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+from jaxmoe.ops.fp8.base import ScaledGroupedMatmulBackend
+from jaxmoe.ops.fp8.quantize import E4M3
+from jaxmoe.ops.fp8.recipe import Fp8Recipe
+from jaxmoe.ops.grouped_matmul import pallas_mosaic, pallas_mosaic_tiles, pallas_triton
+from jaxmoe.ops.grouped_matmul.pallas_mosaic_tiles import MosaicTileConfig, check_tiles
+
+Array = jax.Array
+
+# One 128-byte swizzled row of FP8; everything else as the bf16 kernel's measured default.
+FP8_BLOCK_K = 128
+
+
+def default_fp8_tiles(m: int, k: int, n: int) -> MosaicTileConfig:
+    """The bf16 kernel's default tiles (H100 sweep) with ``block_k`` widened to 128 FP8 elements:
+    the same bytes per ring stage, so the same 4-deep ring and 64-row epilogue slab fit."""
+    bf16 = pallas_mosaic.default_mosaic_gmm_tiles(m, k, n)
+    return dataclasses.replace(bf16, block_k=FP8_BLOCK_K)
+
+
+def unsupported_reason(
+    lhs_shape,
+    rhs_shape,
+    lhs_dtype,
+    rhs_dtype,
+    out_dtype,
+    recipe: Fp8Recipe,
+    cfg: MosaicTileConfig,
+    interpret: bool = False,
+) -> str | None:
+    """Why the FP8 Mosaic kernel cannot take these operands (``rhs_shape`` ``[G, K, N]``), or
+    ``None`` if it can."""
+    (m, k), n = lhs_shape, rhs_shape[2]
+    reasons = []
+    if recipe.name != "rowwise":
+        reasons.append(f"the {recipe.name!r} recipe has no kernel yet (rowwise only)")
+    for name, dtype in (("lhs_q", lhs_dtype), ("rhs_q", rhs_dtype)):
+        if jnp.dtype(dtype) != E4M3:
+            reasons.append(f"{name} is {jnp.dtype(dtype)}, not float8_e4m3fn")
+    if jnp.dtype(out_dtype).itemsize != 2:
+        reasons.append(f"the result is {jnp.dtype(out_dtype)}, not a 2-byte type")
+    if m == 0 or m % cfg.block_m:
+        reasons.append(f"M={m} is not a positive multiple of block_m={cfg.block_m}")
+    if k % cfg.block_k:
+        reasons.append(f"K={k} is not a multiple of block_k={cfg.block_k}")
+    if n % cfg.block_n:
+        reasons.append(f"N={n} is not a multiple of block_n={cfg.block_n}")
+    if not interpret:
+        cc = pallas_mosaic_tiles._compute_capability()
+        if cc is not None and not cc.startswith("9."):
+            reasons.append(f"the GPU has compute capability {cc}; FP8 wgmma needs 9.x (Hopper)")
+    return "; ".join(reasons) or None
+
+
+def _rowwise_scale_epilogue(
+    acc, lhs_scale_gmem, rhs_scale_gmem, *, group, row0, col0, interpreted: bool
+):
+    """``acc[r, c] * lhs_scale[row0 + r] * rhs_scale[group, col0 + c]`` for one warpgroup's
+    ``[bm, wg_n]`` accumulator, the scales read from GPU memory in the accumulator's layout."""
+    bm, wg_n = acc.shape
+    rows, cols = lhs_scale_gmem.at[pl.ds(row0, bm)], rhs_scale_gmem.at[group, pl.ds(col0, wg_n)]
+    if interpreted:  # the interpreter knows plain reads only, and no layouts
+        row_scale, col_scale = rows[...], cols[...]
+    else:
+        # WGMMA.reduce(1): a [bm] vector laid out as the accumulator's rows (each thread loads
+        # the scales of the rows it owns), so the broadcasts below stay in registers. A strided
+        # register load, not a TMA: Mosaic has no "optimized" transfer for this layout, and it is
+        # a few hundred bytes per tile.
+        row_scale = plgpu.load(rows, (), layout=plgpu.Layout.WGMMA.reduce(1), optimized=False)
+        col_scale = plgpu.load(cols, (), layout=plgpu.Layout.WGMMA.reduce(0), optimized=False)
+    return (
+        acc
+        * lax.broadcast_in_dim(row_scale, acc.shape, [0])
+        * lax.broadcast_in_dim(col_scale, acc.shape, [1])
+    )
+
+
+def scaled_gmm_kn(
+    lhs_q: Array,
+    lhs_scale: Array,
+    rhs_q: Array,
+    rhs_scale: Array,
+    group_sizes: Array,
+    *,
+    rhs_layout: str = "gkn",
+    out_dtype=jnp.bfloat16,
+    tiles: MosaicTileConfig | None = None,
+    interpret: bool | None = None,
+) -> Array:
+    """The rowwise FP8 grouped matmul by the Mosaic kernel (no checks of the FP8 API's own).
+
+    Args:
+      lhs_q: ``[M, K]`` e4m3, rows sorted by group.
+      lhs_scale: float32 ``[M, 1]`` or ``[M]``.
+      rhs_q: e4m3 ``[G, K, N]`` (``rhs_layout="gkn"``, the FP8 API's) or ``[G, N, K]``
+        (``"gnk"``: K-major, what FP8 ``wgmma`` reads; no transpose is made).
+      rhs_scale: float32 ``[G, 1, N]`` or ``[G, N]``.
+      group_sizes: ``[G]`` int32, clipped to ``M``.
+      out_dtype: a 2-byte float (default bfloat16).
+      tiles: block sizes (``block_k`` must be 128); ``None``: :func:`default_fp8_tiles`.
+      interpret: ``None`` runs Mosaic GPU's interpreter when JAX's default backend is not a GPU.
+
+    Raises:
+      NotImplementedError: operands the kernel cannot take (see :func:`unsupported_reason`).
+    """
+    if rhs_layout not in ("gkn", "gnk"):
+        raise ValueError(f"scaled_gmm_kn: `rhs_layout` must be 'gkn' or 'gnk'; got {rhs_layout!r}")
+    if rhs_layout == "gnk":
+        num_groups, n, k = rhs_q.shape
+    else:
+        num_groups, k, n = rhs_q.shape
+    m = lhs_q.shape[0]
+    out_dtype = jnp.dtype(out_dtype)
+    cfg = tiles or default_fp8_tiles(m, k, n)
+    check_tiles(cfg, operand_bytes=1)
+    interpret_params = pallas_mosaic._interpret_params(interpret)
+    interpreted = interpret_params is not None
+    reason = unsupported_reason(
+        lhs_q.shape,
+        (num_groups, k, n),
+        lhs_q.dtype,
+        rhs_q.dtype,
+        out_dtype,
+        Fp8Recipe("rowwise"),
+        cfg,
+        interpreted,
+    )
+    if reason is not None:
+        raise NotImplementedError(
+            f"FP8 mosaic gmm: lhs_q {lhs_q.shape} {lhs_q.dtype}, rhs_q {rhs_q.shape} "
+            f"{rhs_q.dtype}, out {out_dtype}: {reason}."
+        )
+    # The GPU needs K-major weights; the interpreter cannot read a transposed operand at all.
+    transpose_rhs = not interpreted
+    if transpose_rhs and rhs_layout == "gkn":
+        rhs_q = jnp.swapaxes(rhs_q, 1, 2)
+    elif not transpose_rhs and rhs_layout == "gnk":
+        rhs_q = jnp.swapaxes(rhs_q, 1, 2)
+    return pallas_mosaic.launch_gmm(
+        lhs_q,
+        rhs_q,
+        group_sizes.astype(jnp.int32),
+        transpose_rhs=transpose_rhs,
+        out_dtype=out_dtype,
+        cfg=cfg,
+        interpret_params=interpret_params,
+        epilogue=functools.partial(_rowwise_scale_epilogue, interpreted=interpreted),
+        epilogue_operands=(
+            lhs_scale.reshape(m).astype(jnp.float32),
+            rhs_scale.reshape(num_groups, n).astype(jnp.float32),
+        ),
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class PallasMosaicScaledGroupedMatmul(ScaledGroupedMatmulBackend):
+    """``scaled_gmm`` (forward and dgrad) by the FP8 Mosaic kernel, ``tgmm`` by Triton.
+
+    Operands the kernel cannot take (the blockwise recipe, e5m2, unaligned shapes, a GPU other
+    than a Hopper): with ``fallback=None`` (``backend="pallas"``) ``NotImplementedError`` saying
+    why, never a silent switch; ``"auto"`` builds it with the XLA backend as ``fallback``.
+
+    Attributes:
+      tiles: block sizes; ``None``: :func:`default_fp8_tiles`.
+      fallback: the backend that takes what the kernel refuses, or ``None`` to refuse.
+      interpret: ``None`` runs the interpreters when JAX's default backend is not a GPU.
+    """
+
+    supports_check_vma: ClassVar[bool] = False  # Pallas outputs carry no vma types
+    name: str = dataclasses.field(default="pallas", init=False)
+    tiles: MosaicTileConfig | None = None
+    fallback: ScaledGroupedMatmulBackend | None = None
+    interpret: bool | None = None
+
+    def __post_init__(self):
+        if self.tiles is not None:
+            check_tiles(self.tiles, operand_bytes=1)
+
+    def unsupported_reason(self, lhs_q, rhs_q, recipe, out_dtype) -> str | None:
+        m, k = lhs_q.shape
+        cfg = self.tiles or default_fp8_tiles(m, k, rhs_q.shape[2])
+        interpreted = pallas_triton._use_interpret(self.interpret)
+        return unsupported_reason(
+            lhs_q.shape, rhs_q.shape, lhs_q.dtype, rhs_q.dtype, out_dtype, recipe, cfg, interpreted
+        )
+
+    def scaled_gmm(self, lhs_q, lhs_scale, rhs_q, rhs_scale, group_sizes, *, recipe, out_dtype):
+        reason = self.unsupported_reason(lhs_q, rhs_q, recipe, out_dtype)
+        if reason is None:
+            return scaled_gmm_kn(
+                lhs_q,
+                lhs_scale,
+                rhs_q,
+                rhs_scale,
+                group_sizes,
+                out_dtype=out_dtype,
+                tiles=self.tiles,
+                interpret=self.interpret,
+            )
+        if self.fallback is None:
+            raise NotImplementedError(
+                f"fp8 backend 'pallas' (Mosaic GPU): lhs_q {lhs_q.shape} {lhs_q.dtype}, rhs_q "
+                f"{rhs_q.shape} {rhs_q.dtype}, recipe {recipe.name!r}, out "
+                f"{jnp.dtype(out_dtype)}: {reason}. Use backend='xla', or 'auto', which takes "
+                "the XLA backend wherever the kernel does not apply."
+            )
+        return self.fallback.scaled_gmm(
+            lhs_q, lhs_scale, rhs_q, rhs_scale, group_sizes, recipe=recipe, out_dtype=out_dtype
+        )
+
+    def tgmm(self, lhs, rhs, group_sizes, *, out_dtype):
+        # The high-precision wgrad (float32 operands): the Triton kernel takes float32.
+        triton = pallas_triton.PallasTritonGroupedMatmul(interpret=self.interpret)
+        return triton.tgmm(lhs, rhs, group_sizes, out_dtype=out_dtype)

@@ -1,0 +1,176 @@
+"""The FP8 Mosaic GPU kernel (``jaxmoe.ops.fp8.pallas_mosaic``, ``backend="pallas"``) on CPU.
+
+On a CPU the kernel runs in Mosaic GPU's interpreter, which multiplies float8 operands (as
+float32 products, exactly) but has no transposed ``wgmma`` operand; there the weights go in
+``[G, K, N]`` and the same body (work list, schedule, group-boundary stores, scale epilogue) runs.
+The K-major ``[G, N, K]`` operand FP8 ``wgmma`` needs on the GPU is proven by lowering for CUDA
+here and on the device by ``benchmarks/grouped_matmul_fp8.py``.
+
+Bound: the kernel's float32 result (FP8 products are exact in float32; the sum and the two
+scale multiplies round) is cast to bf16, so each element is within one bf16 ulp (``2**-8``
+relative) of the float64 product of the dequantized operands.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxmoe.ops.fp8 import Fp8Recipe, dequantize, quantize, resolve_fp8_backend
+from jaxmoe.ops.fp8 import pallas_mosaic as fp8_mosaic
+from jaxmoe.ops.fp8.api import scaled_grouped_matmul
+from jaxmoe.ops.fp8.xla import XlaScaledGroupedMatmul
+from jaxmoe.ops.grouped_matmul import pallas_mosaic_tiles
+from jaxmoe.ops.grouped_matmul.pallas_mosaic import MosaicTileConfig
+
+ROWWISE = Fp8Recipe("rowwise")
+M, K, N = 256, 256, 256
+# Two K steps per tile, two N tiles, several M tiles, more work items than the two simulated SMs.
+SMALL = MosaicTileConfig(64, 128, 128, stages=2, group_swizzle=2)
+CHAINED = MosaicTileConfig(64, 128, 128, stages=2, group_swizzle=2, pipelined_tiles=True)
+
+
+def _quantized(group_count, m=M, k=K, n=N, seed=0):
+    rng = np.random.default_rng(seed)
+    lhs = rng.standard_normal((m, k)) * np.exp(rng.uniform(-3, 3, (m, 1)))  # rows of any scale
+    rhs = rng.standard_normal((group_count, k, n)) * np.exp(rng.uniform(-2, 2, (1, 1, n)))
+    lhs_q, lhs_scale = quantize(jnp.asarray(lhs, jnp.float32), ROWWISE.lhs_blocks)
+    rhs_q, rhs_scale = quantize(jnp.asarray(rhs, jnp.float32), ROWWISE.rhs_blocks)
+    return lhs_q, lhs_scale, rhs_q, rhs_scale
+
+
+def _reference64(lhs_q, lhs_scale, rhs_q, rhs_scale, group_sizes):
+    lhs = np.asarray(dequantize(lhs_q, lhs_scale, ROWWISE.lhs_blocks), np.float64)
+    rhs = np.asarray(dequantize(rhs_q, rhs_scale, ROWWISE.rhs_blocks), np.float64)
+    out, start = np.zeros((lhs.shape[0], rhs.shape[2])), 0
+    for g, size in enumerate(group_sizes):
+        size = min(size, lhs.shape[0] - start)
+        out[start : start + size] = lhs[start : start + size] @ rhs[g]
+        start += size
+    return out
+
+
+def _check_within_one_bf16_ulp(got, want):
+    got = np.asarray(jnp.asarray(got).astype(jnp.float32), np.float64)
+    assert np.all(np.abs(got - want) <= 2.0**-8 * np.abs(want) + 1e-30), (
+        f"max relative error {np.max(np.abs(got - want) / np.maximum(np.abs(want), 1e-30)):.3g}"
+    )
+
+
+@pytest.mark.parametrize("cfg", [SMALL, CHAINED], ids=["plain", "chained"])
+def test_forward_empty_groups_straddling_tiles_and_tail(cfg):
+    # Groups end at rows 70, 70, 73, 173, 213: an empty group, a 3-row group inside one tile,
+    # boundaries inside tiles and 43 tail rows, which must be zeros.
+    sizes = [70, 0, 3, 100, 40]
+    operands = _quantized(len(sizes))
+    got = fp8_mosaic.scaled_gmm_kn(*operands, jnp.asarray(sizes, jnp.int32), tiles=cfg)
+    assert got.shape == (M, N) and got.dtype == jnp.bfloat16
+    _check_within_one_bf16_ulp(got, _reference64(*operands, sizes))
+    assert np.all(np.asarray(got)[213:] == 0)
+
+
+def test_backend_matches_reference_backend_through_the_api_with_k_major_weights():
+    # The "gnk" entry (K-major weights, the GPU layout) and the API's backend="pallas".
+    sizes = [0, 130, 90]
+    lhs_q, lhs_scale, rhs_q, rhs_scale = _quantized(len(sizes), seed=1)
+    gs = jnp.asarray(sizes, jnp.int32)
+    want = np.asarray(
+        scaled_grouped_matmul(lhs_q, lhs_scale, rhs_q, rhs_scale, gs, backend="reference"),
+        np.float64,
+    )
+    backend = fp8_mosaic.PallasMosaicScaledGroupedMatmul(tiles=SMALL)
+    got = scaled_grouped_matmul(lhs_q, lhs_scale, rhs_q, rhs_scale, gs, backend=backend)
+    got_nk = fp8_mosaic.scaled_gmm_kn(
+        lhs_q, lhs_scale, jnp.swapaxes(rhs_q, 1, 2), rhs_scale, gs, rhs_layout="gnk", tiles=SMALL
+    )
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(got_nk))
+    _check_within_one_bf16_ulp(got, _reference64(lhs_q, lhs_scale, rhs_q, rhs_scale, sizes))
+    assert np.max(np.abs(np.asarray(got, np.float64) - want)) <= 2.0**-8 * np.max(np.abs(want))
+
+
+@pytest.mark.parametrize("rhs_layout", ["gkn", "gnk"])
+def test_lowers_for_cuda_with_k_major_weights(rhs_layout):
+    # No GPU needed: Mosaic GPU's lowering (run at .lower()) accepts the FP8 wgmma with the
+    # weights K-major (transposed in the kernel's terms) and the scale loads of the epilogue.
+    m, k, n, g = 256, 1024, 512, 5
+    rhs_shape = (g, n, k) if rhs_layout == "gnk" else (g, k, n)
+    fn = jax.jit(
+        functools.partial(fp8_mosaic.scaled_gmm_kn, rhs_layout=rhs_layout, interpret=False)
+    )
+    fp8 = jnp.float8_e4m3fn
+    lowered = fn.trace(
+        jax.ShapeDtypeStruct((m, k), fp8),
+        jax.ShapeDtypeStruct((m, 1), jnp.float32),
+        jax.ShapeDtypeStruct(rhs_shape, fp8),
+        jax.ShapeDtypeStruct((g, 1, n), jnp.float32),
+        jax.ShapeDtypeStruct((g,), jnp.int32),
+    ).lower(lowering_platforms=("cuda",))
+    assert "mosaic_gpu" in lowered.as_text()
+
+
+def test_default_tiles_are_the_bf16_kernels_with_128_wide_k_blocks():
+    for m, k, n in [(16384, 4096, 14336), (65536, 2048, 768), (32768, 2048, 7168)]:
+        cfg, bf16 = (
+            fp8_mosaic.default_fp8_tiles(m, k, n),
+            fp8_mosaic.pallas_mosaic.default_mosaic_gmm_tiles(m, k, n),
+        )
+        assert cfg.block_k == 128 and (cfg.block_m, cfg.block_n, cfg.stages) == (
+            bf16.block_m,
+            bf16.block_n,
+            bf16.stages,
+        )
+        pallas_mosaic_tiles.check_tiles(cfg, operand_bytes=1)
+    with pytest.raises(ValueError, match="block_k=64 must be 128"):
+        pallas_mosaic_tiles.check_tiles(MosaicTileConfig(), operand_bytes=1)
+
+
+# (what to change, the words of the reason)
+REFUSED = {
+    "blockwise": ({"recipe": Fp8Recipe("blockwise")}, "rowwise only"),
+    "e5m2": ({"rhs_dtype": jnp.float8_e5m2}, "not float8_e4m3fn"),
+    "f32 out": ({"out_dtype": jnp.float32}, "not a 2-byte type"),
+    "m": ({"m": 100}, "block_m"),
+    "k": ({"k": 192}, "block_k"),
+    "n": ({"n": 96}, "block_n"),
+}
+
+
+def _call_backend(backend, m=128, k=128, n=256, recipe=ROWWISE, rhs_dtype=None, out_dtype=None):
+    lhs_q, lhs_scale = quantize(jnp.ones((m, k)), recipe.lhs_blocks)
+    rhs_q, rhs_scale = quantize(jnp.ones((2, k, n)), recipe.rhs_blocks, rhs_dtype or recipe.dtype)
+    text = jax.make_jaxpr(
+        lambda *a: backend.scaled_gmm(
+            *a, jnp.array([40, 50], jnp.int32), recipe=recipe, out_dtype=out_dtype or jnp.bfloat16
+        )
+    )(lhs_q, lhs_scale, rhs_q, rhs_scale)
+    return "wgmma" in str(text)
+
+
+@pytest.mark.parametrize("change, why", list(REFUSED.values()), ids=list(REFUSED))
+def test_named_pallas_never_falls_back_silently(change, why):
+    with pytest.raises(NotImplementedError, match=why):
+        _call_backend(resolve_fp8_backend("pallas"), **change)
+
+
+def test_auto_on_a_gpu_takes_the_kernel_where_it_applies_and_xla_elsewhere():
+    auto = resolve_fp8_backend("auto", platform="gpu")
+    assert isinstance(auto, fp8_mosaic.PallasMosaicScaledGroupedMatmul)
+    assert isinstance(auto.fallback, XlaScaledGroupedMatmul)
+    assert isinstance(resolve_fp8_backend("auto", platform="cpu"), XlaScaledGroupedMatmul)
+    assert resolve_fp8_backend("pallas").fallback is None
+    assert _call_backend(auto)
+    for change, _ in REFUSED.values():
+        assert not _call_backend(auto, **change), change
+
+
+def test_a_gpu_other_than_hopper_is_refused(monkeypatch):
+    monkeypatch.setattr(pallas_mosaic_tiles, "_compute_capability", lambda: "8.0")
+    reason = fp8_mosaic.unsupported_reason(
+        (128, 128), (2, 128, 256), jnp.float8_e4m3fn, jnp.float8_e4m3fn, jnp.bfloat16,
+        ROWWISE, fp8_mosaic.default_fp8_tiles(128, 128, 256), interpret=False,
+    )  # fmt: skip
+    assert "compute capability 8.0" in reason
