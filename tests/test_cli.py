@@ -5,6 +5,7 @@ and keep each run tiny (a few steps, the ``tiny`` preset, few timing samples).
 """
 
 import argparse
+import importlib.util
 import json
 import math
 import subprocess
@@ -109,6 +110,27 @@ def test_bench_layer_tiny(tmp_path):
             continue
         assert row["ms"] > 0 and row["tflops"] > 0, row
         assert row["rel_err"] < 3e-2
+
+
+def test_bench_layer_torchtitan_is_skipped_with_a_reason(tmp_path):
+    """The opt-in torchtitan peer, where torch, CUDA or torchtitan is missing (as on CI), gives
+    skipped rows that say why, not errors, and the run still succeeds."""
+    if importlib.util.find_spec("torch") is not None and torch_cuda_available():
+        pytest.skip("torch with CUDA is here: the torchtitan peer may run")
+    out = tmp_path / "layer.json"
+    argv = ["bench", "layer", "--preset", "tiny", "--impls", "torchtitan,jaxmoe", "--pass", "fwd"]
+    assert main([*argv, "--repeats", "1", "--out", str(out)]) == 0
+    rows = {r["impl"]: r for r in _bench_rows(out)}
+    titan = rows["torchtitan"]
+    assert titan["ms"] is None and not titan.get("error"), titan
+    assert "torch" in titan["skipped"], titan
+    assert rows["jaxmoe"]["ms"] > 0
+
+
+def torch_cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def test_bench_gemm_tiny(tmp_path):

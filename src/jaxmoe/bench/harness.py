@@ -29,12 +29,17 @@ Column = tuple[str, str, str]
 RATIO_RULE = "ratio = baseline ms / ms (> 1 is faster), baseline = the first peer that ran"
 
 
-def torch_version() -> str | None:
-    """torch's version if it is installed (read from its metadata: importing torch is slow)."""
+def package_version(name: str) -> str | None:
+    """An installed distribution's version, read from its metadata (importing can be slow)."""
     try:
-        return importlib.metadata.version("torch")
+        return importlib.metadata.version(name)
     except importlib.metadata.PackageNotFoundError:
         return None
+
+
+def torch_version() -> str | None:
+    """torch's version if it is installed (read from its metadata: importing torch is slow)."""
+    return package_version("torch")
 
 
 def results_header(command: str, **extra: Any) -> dict[str, Any]:

@@ -10,6 +10,9 @@ Implementations (``impls`` names):
   (E/K times the useful work; skipped when its intermediates would not fit).
 - ``torch``: :class:`jaxmoe.bench.torch_layer.TorchMoELayer` (``torch._grouped_mm``; skipped
   when torch, CUDA or the op is missing).
+- ``torchtitan`` (opt-in): torchtitan's ``MoE`` module, one GPU, no expert parallelism
+  (:class:`jaxmoe.bench.torchtitan_layer.TorchTitanMoELayer`; bf16 only; skipped, with the exact
+  reason, when torch, CUDA or an importable torchtitan is missing).
 
 All get the same weights and inputs, and every output (and, for forward+backward, every input
 gradient) is checked against a float32 per-expert reference before anything is timed.
@@ -29,12 +32,19 @@ import jax
 import jax.numpy as jnp
 
 import jaxmoe
-from jaxmoe.bench.harness import fill_ratios, relative_error, release_torch_memory
+from jaxmoe.bench.harness import (
+    fill_ratios,
+    package_version,
+    relative_error,
+    release_torch_memory,
+)
 from jaxmoe.bench.presets import LAYER_PRESETS, LayerPreset
 from jaxmoe.bench.timing import _time_with_sync, time_jax, time_torch
 
 PASSES = ("fwd", "fwd+bwd")
 DEFAULT_IMPLS = ("torch", "jaxmoe", "jaxmoe-xla", "dense")
+# The PyTorch peers: run before the JAX ones, each followed by freeing torch's CUDA cache.
+TORCH_IMPLS = ("torch", "torchtitan")
 DTYPES = {
     "bf16": jnp.bfloat16,
     "bfloat16": jnp.bfloat16,
@@ -172,18 +182,29 @@ def _jax_case(layer_fn: Callable, params, x, dy, pass_: str):
     return fn, args, time_jax, outputs
 
 
-def _torch_case(params, x, dy, top_k: int, dtype, pass_: str):
+def _torch_case(params, x, dy, top_k: int, dtype, pass_: str, impl: str = "torch"):
+    """A PyTorch peer's case: ``impl`` ``"torch"`` (the plain layer) or ``"torchtitan"``."""
     # Optional and slow to import: only when torch is benchmarked (torch_layer needs torch).
     import torch
 
     from jaxmoe.bench.torch_layer import TorchMoELayer, grouped_mm_available, to_torch_input
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    ok, why = grouped_mm_available(device)
-    if not ok:
-        raise _Skip(why)
     torch_dtype = torch.bfloat16 if jnp.dtype(dtype) == jnp.bfloat16 else torch.float32
-    layer = TorchMoELayer(jax.device_get(params), top_k, torch_dtype, device)
+    if impl == "torchtitan":
+        from jaxmoe.bench import torchtitan_layer
+
+        if torch_dtype != torch.bfloat16:
+            raise _Skip("torchtitan's GroupedExperts computes in bf16 whatever the dtype: no fp32")
+        why = torchtitan_layer.unavailable_reason(device)
+        if why:
+            raise _Skip(why)
+        layer = torchtitan_layer.TorchTitanMoELayer(jax.device_get(params), top_k, device)
+    else:
+        ok, why = grouped_mm_available(device)
+        if not ok:
+            raise _Skip(why)
+        layer = TorchMoELayer(jax.device_get(params), top_k, torch_dtype, device)
     tx = to_torch_input(jax.device_get(x), torch_dtype, device)
     tdy = to_torch_input(jax.device_get(dy), torch_dtype, device)
     weights = list(layer.parameters())
@@ -238,17 +259,17 @@ def measure_dense_peak(dtype, size: int | None = None) -> dict[str, float]:
 
 
 def check_impls(impls: Sequence[str]) -> None:
-    """Raises ValueError on a name that is not ``torch``, ``dense``, ``jaxmoe`` or
-    ``jaxmoe-<backend>`` with a known grouped-matmul backend."""
+    """Raises ValueError on a name that is not ``torch``, ``torchtitan``, ``dense``, ``jaxmoe``
+    or ``jaxmoe-<backend>`` with a known grouped-matmul backend."""
     backends = jaxmoe.ops.grouped_matmul.BACKEND_NAMES
     for impl in impls:
-        known = impl in ("torch", "dense", "jaxmoe") or (
+        known = impl in (*TORCH_IMPLS, "dense", "jaxmoe") or (
             impl.startswith("jaxmoe-") and impl.removeprefix("jaxmoe-") in backends
         )
         if not known:
             raise ValueError(
-                f"unknown layer impl {impl!r}; use torch, dense, jaxmoe or jaxmoe-<backend> "
-                f"(backends: {', '.join(backends)})."
+                f"unknown layer impl {impl!r}; use torch, torchtitan, dense, jaxmoe or "
+                f"jaxmoe-<backend> (backends: {', '.join(backends)})."
             )
 
 
@@ -312,8 +333,8 @@ def run_layer_benchmark(
         want["y"] = ref_y
         if "fwd+bwd" in passes:
             want["dx"] = ref_vjp(dy.astype(jnp.float32))[1]
-        # torch first, then free its cache, so the two frameworks' allocators do not compete.
-        order = [i for i in impls if i == "torch"] + [i for i in impls if i != "torch"]
+        # torch peers first, then free its cache, so the two frameworks' allocators do not compete.
+        order = [i for i in impls if i in TORCH_IMPLS] + [i for i in impls if i not in TORCH_IMPLS]
         for impl in order:
             for pass_ in passes:
                 row = _run_case(impl, pass_, preset, cfg, params, x, dy, want, repeats)
@@ -327,7 +348,7 @@ def run_layer_benchmark(
                     progress(f"{preset.name} {impl} {pass_}")
                 if on_row:
                     on_row(rows)
-            if impl == "torch":
+            if impl in TORCH_IMPLS:
                 release_torch_memory()
     fill_ratios(rows, ("preset", "pass"), impls)
     return {"dense_peak": peak, "dtype": jdtype.name}, rows
@@ -347,12 +368,14 @@ def _run_case(impl, pass_, preset, cfg, params, x, dy, want, repeats) -> dict[st
         "ms": None,
     }
     try:
-        if impl == "torch":
+        if impl in TORCH_IMPLS:
             try:
                 import torch  # noqa: F401
             except ImportError as error:
                 raise _Skip(f"torch is not installed ({error})") from error
-            fn, args, timer, outputs = _torch_case(params, x, dy, cfg.top_k, cfg.dtype, pass_)
+            if impl == "torchtitan":
+                row["torchtitan"] = package_version("torchtitan")
+            fn, args, timer, outputs = _torch_case(params, x, dy, cfg.top_k, cfg.dtype, pass_, impl)
         elif impl == "dense":
             need = dense_bytes(preset, cfg.dtype.itemsize)
             have = device_memory_bytes()
@@ -396,6 +419,7 @@ def row_line(row: dict[str, Any]) -> str:
 __all__ = [
     "DEFAULT_IMPLS",
     "PASSES",
+    "TORCH_IMPLS",
     "COLUMNS",
     "check_impls",
     "dense_layer",

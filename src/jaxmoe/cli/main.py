@@ -203,12 +203,13 @@ def _add_gemm(kinds) -> None:
 
 
 def _add_layer(kinds) -> None:
-    text = "the whole MoE layer: jaxmoe (default / named backend), dense JAX, torch"
+    text = "the whole MoE layer: jaxmoe (default / named backend), dense JAX, torch, torchtitan"
     sub = kinds.add_parser("layer", help=text, description=text, formatter_class=Formatter)
     _add_common(sub, tuple(LAYER_PRESETS), BIG_PRESETS)
     _add_sizes(
         sub,
-        "torch, jaxmoe, jaxmoe-<backend>, dense; None: " + ",".join(layer.DEFAULT_IMPLS),
+        "torch, torchtitan (torchtitan's MoE module, opt-in), jaxmoe, jaxmoe-<backend>, dense; "
+        "None: " + ",".join(layer.DEFAULT_IMPLS),
         _layer_impls,
     )
 
