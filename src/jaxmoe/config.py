@@ -372,7 +372,7 @@ class MoEConfig:
         row per (token, expert) copy. ``"tokens"``: one row per (token, destination rank)
         pair with the token's local expert ids and weights; the expert rank sums the pair's
         outputs before sending one row back (``jaxmoe.parallel.dedup``; K=8 of E=32 at ep=4
-        sends ~2.1x fewer rows). Dropless only (no ``capacity_factor``, no
+        sends 2.25x fewer rows). Dropless only (no ``capacity_factor``, no
         ``ep_receive_factor``); ``ep_fast_slot_factor`` sizes its slots too.
       fsdp_expert_weights: also shard expert weights over ``data_axes`` (gathered just in time).
       fp8_recipe: ``None`` (default: expert matmuls in ``dtype``), ``"rowwise"`` or

@@ -66,8 +66,9 @@ def pair_slot_rows(
     ``T`` when ``factor`` is None (the worst case: every token has an expert on the receiver).
 
     E.g. K=8 of E=32 at ep=4: a uniformly routed token reaches a given rank with probability
-    0.930, so ``P_pairs = ceil(1.125 * 0.930 T) = 1.047 T`` rows where the copies path sends
-    ``P = ceil(1.125 * 2 T) = 2.25 T``.
+    0.930, so ``f * 0.930 T = 1.046 T`` is capped at ``P_pairs = T`` rows (no pair window can
+    overflow; only the copy bound ``Q`` can) where the copies path sends ``P = 2.25 T``. K=2 of
+    E=8 at ep=4: ``0.464 f T`` pairs against ``P = 0.5 f T`` copies.
     """
     if factor is None:
         return max(num_tokens, 1)
