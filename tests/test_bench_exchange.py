@@ -4,9 +4,14 @@ import math
 
 import numpy as np
 
-from jaxmoe.bench.exchange_bandwidth import TINY_EXCHANGE_SHAPE, _sent_rows, bench_exchange
+from jaxmoe.bench.exchange_bandwidth import (
+    TINY_EXCHANGE_SHAPE,
+    _sent_pair_bytes,
+    _sent_rows,
+    bench_exchange,
+)
 from jaxmoe.bench.sharded_correctness import check_correctness
-from jaxmoe.parallel import slot_rows
+from jaxmoe.parallel import layout, slot_rows
 
 EP, LOCAL, TOP_K, TOKENS = 4, 2, 2, 16  # 16 tokens per rank, 8 experts
 
@@ -40,6 +45,22 @@ def test_bounded_and_worst_case_slots_send_one_window():
     assert _sent_rows(experts, EP, LOCAL, TOP_K, None, None, 1) == (EP - 1) * worst
     per_chunk = slot_rows(TOKENS // 2, TOP_K, EP, LOCAL, receive_factor=1.125)
     assert _sent_rows(_balanced(), EP, LOCAL, TOP_K, None, 1.125, 2) == 2 * (EP - 1) * per_chunk
+
+
+def test_tokens_dispatch_sends_pair_slots():
+    """dispatch='tokens': whole P_pairs-row slots both ways plus 8*K_l bytes of ids and weights
+    per forward row, once per window; all copies to rank 0's two experts: 2 copies per pair,
+    Q = 9 copies a window, so 4 pairs a window and 16 / 4 windows."""
+    row_bytes = 64
+    pair_rows = layout.pair_slot_rows(TOKENS, TOP_K, EP * LOCAL, EP, 1.125)
+    assert pair_rows == math.ceil(1.125 * TOKENS * (1 - 15 / 28)) == 9
+    per_window = (EP - 1) * pair_rows * (2 * row_bytes + 8 * 2)
+    balanced = _sent_pair_bytes(_balanced(), EP, LOCAL, TOP_K, 1.125, 1, row_bytes)
+    assert balanced == per_window
+    experts = np.zeros((EP * TOKENS, TOP_K), np.int32)
+    experts[:, 1] = 1
+    assert layout.pair_copy_rows(TOKENS, TOP_K, EP * LOCAL, EP, 1.125) == 9
+    assert _sent_pair_bytes(experts, EP, LOCAL, TOP_K, 1.125, 1, row_bytes) == 4 * per_window
 
 
 def test_correctness_check_passes_through_the_overflow_windows():

@@ -45,6 +45,7 @@ NAMES = {
     "score": choices.SCORES,
     "grouped_matmul_backend": choices.GROUPED_MATMUL_BACKENDS,
     "ep_exchange": choices.EP_EXCHANGES,
+    "ep_dispatch": choices.EP_DISPATCHES,
     "fp8_recipe": choices.FP8_RECIPES,
 }
 FLAGS = ("pre_softmax", "use_expert_bias", "fsdp_expert_weights", "normalize_weights")

@@ -13,6 +13,7 @@ import numpy as np
 
 from jaxmoe.choices import (
     ACTIVATIONS,
+    EP_DISPATCHES,
     EP_EXCHANGES,
     FP8_RECIPES,
     GATED_ACTIVATIONS,
@@ -201,6 +202,10 @@ _FIELD_RULES: dict[str, Callable[[str, Any], Any]] = {
         optional=True,
     ),
     "ep_chunks": _positive_int(),
+    "ep_dispatch": _Name(
+        EP_DISPATCHES,
+        "Use 'copies' (one row per token copy) or 'tokens' (one row per token and rank).",
+    ),
     "fsdp_expert_weights": _Flag("Pass fsdp_expert_weights=True or False."),
     "fp8_recipe": _Name(
         FP8_RECIPES, "Pick a listed recipe, or None for expert matmuls in `dtype`.", optional=True
@@ -281,6 +286,15 @@ _CROSS_FIELD_RULES: tuple[tuple[str, Callable, Callable, Callable], ...] = (
         lambda c: "Set ep_chunks=1, or capacity_factor=None (dropless).",
     ),
     (
+        "ep_dispatch",
+        lambda c: (
+            c.ep_dispatch == "tokens"
+            and (c.capacity_factor is not None or c.ep_receive_factor is not None)
+        ),
+        lambda c: "'tokens' is dropless only (capacity_factor and ep_receive_factor must be None)",
+        lambda c: "Use ep_dispatch='copies' with a capacity or a receive bound.",
+    ),
+    (
         "data_axes",
         lambda c: c.ep_axis is not None and c.ep_axis in c.data_axes,
         lambda c: f"must not repeat ep_axis {c.ep_axis!r}",
@@ -354,6 +368,12 @@ class MoEConfig:
         exchange and expert matmuls, so that XLA can overlap one chunk's all-to-all with
         another's matmuls (GPU: needs ``--xla_gpu_enable_latency_hiding_scheduler=true``).
         Needs ``capacity_factor=None``; must divide the tokens per device.
+      ep_dispatch: what one expert-parallel exchange row holds. ``"copies"`` (default): one
+        row per (token, expert) copy. ``"tokens"``: one row per (token, destination rank)
+        pair with the token's local expert ids and weights; the expert rank sums the pair's
+        outputs before sending one row back (``jaxmoe.parallel.dedup``; K=8 of E=32 at ep=4
+        sends 2.25x fewer rows). Dropless only (no ``capacity_factor``, no
+        ``ep_receive_factor``); ``ep_fast_slot_factor`` sizes its slots too.
       fsdp_expert_weights: also shard expert weights over ``data_axes`` (gathered just in time).
       fp8_recipe: ``None`` (default: expert matmuls in ``dtype``), ``"rowwise"`` or
         ``"blockwise"``: the routed experts' grouped matmuls run in FP8 (e4m3) with that
@@ -390,6 +410,7 @@ class MoEConfig:
     ep_receive_factor: float | None = None
     ep_fast_slot_factor: float | None = 1.125
     ep_chunks: int = 1
+    ep_dispatch: str = "copies"
     fsdp_expert_weights: bool = False
     fp8_recipe: str | None = None
 

@@ -10,6 +10,12 @@ Two bandwidths per row, both per rank and against the bare dense all-to-all's:
   ``P``-row slots to every other rank, once per window, see ``jaxmoe.parallel.ep_apply_experts``)
   per second. Its ratio to the bare all-to-all says how well the exchange uses the wire for
   the bytes it chose to send; the payload ratio adds what padding costs.
+
+``dispatch="tokens"`` rows (the deduplicated dispatch, :mod:`jaxmoe.parallel.dedup`) send
+``P_pairs``-row slots of (token, destination rank) pairs plus their ids and weights
+(``8 * K_l`` bytes per row, forward only); their payload stays the copies of the same layer,
+so a higher payload GB/s means the same result sooner. ``sent_bytes_per_roundtrip`` is what one
+dispatch + combine (forward) puts on the wire to other ranks, per rank.
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ from jax.sharding import PartitionSpec as P
 
 from jaxmoe.bench.harness import first_devices_mesh
 from jaxmoe.bench.timing import time_jax
-from jaxmoe.parallel import ep_apply_experts, layout, slot_rows
+from jaxmoe.parallel import dedup, ep_apply_experts, layout, slot_rows
 
 EXCHANGE_SHAPE = {"tokens": 4096, "hidden": 7168, "top_k": 8, "experts_per_gpu": 8}
 TINY_EXCHANGE_SHAPE = {"tokens": 64, "hidden": 32, "top_k": 4, "experts_per_gpu": 2}
@@ -66,6 +72,30 @@ def _sent_rows(experts, ep, experts_per_rank, top_k, factor, fast, chunks) -> fl
     return float(sent)
 
 
+def _sent_pair_bytes(experts, ep, experts_per_rank, top_k, fast, chunks, row_bytes) -> float:
+    """Bytes each rank puts on the wire to other ranks in one dispatch + combine with
+    ``dispatch="tokens"``: per chunk and window, whole ``P_pairs``-row slots both ways plus the
+    ids and weights of the forward's pairs (the library's own sizes and window rule)."""
+    per_chunk = experts.shape[0] // ep // chunks
+    num_experts = ep * experts_per_rank
+    slots = dedup.PairSlots.for_layer(per_chunk, top_k, num_experts, ep, fast)
+    meta_bytes = 2 * slots.local_slots * 4  # float32 weights and ids
+    sent = 0.0
+    for chunk in experts.reshape(ep, chunks, per_chunk, top_k).swapaxes(0, 1):
+        windows = 1
+        if slots.may_overflow(per_chunk):
+            windows = max(
+                int(
+                    dedup.windows_needed_here(
+                        dedup.pair_prefix_counts(rank, slots.num_local_experts, ep), slots
+                    )
+                )
+                for rank in jnp.asarray(chunk)
+            )
+        sent += windows * (ep - 1) * slots.pair_rows * (2 * row_bytes + meta_bytes)
+    return sent
+
+
 def bench_exchange(
     ep: int,
     *,
@@ -75,8 +105,9 @@ def bench_exchange(
     log: Callable[[str], None] = print,
 ) -> list[dict[str, Any]]:
     """Times dispatch + combine (:func:`jaxmoe.parallel.ep_apply_experts` with identity experts)
-    per ``(exchange, receive_factor[, fast_slot_factor[, chunks]])`` (fast_slot_factor defaults
-    to the library default, 1.125, and acts only when dropless; chunks to 1), and the bare
+    per ``(exchange, receive_factor[, fast_slot_factor[, chunks[, dispatch]]])``
+    (fast_slot_factor defaults to the library default, 1.125, and acts only when dropless;
+    chunks to 1; dispatch to ``"copies"``, or ``"tokens"``, dropless only), and the bare
     baselines."""
 
     shape = TINY_EXCHANGE_SHAPE if tiny else EXCHANGE_SHAPE
@@ -172,8 +203,18 @@ def bench_exchange(
         impl, factor = spec[0], spec[1]
         fast = spec[2] if len(spec) > 2 else 1.125
         chunks = spec[3] if len(spec) > 3 else 1
+        dispatch = spec[4] if len(spec) > 4 else "copies"
 
-        def roundtrip(x, experts, weights, impl=impl, factor=factor, fast=fast, chunks=chunks):
+        def roundtrip(
+            x,
+            experts,
+            weights,
+            impl=impl,
+            factor=factor,
+            fast=fast,
+            chunks=chunks,
+            dispatch=dispatch,
+        ):
             y, _, dropped, _ = ep_apply_experts(
                 x,
                 experts,
@@ -186,6 +227,7 @@ def bench_exchange(
                 receive_factor=factor,
                 fast_slot_factor=fast,
                 num_chunks=chunks,
+                dispatch=dispatch,
             )
             return y.astype(x.dtype), dropped[None]
 
@@ -208,7 +250,14 @@ def bench_exchange(
             label = f"{impl} (dropless, worst-case slots)"
         if chunks > 1:
             label = label[:-1] + f", {chunks} chunks)"
-        sent_rows = _sent_rows(np.asarray(experts), ep, num_local, top_k, factor, fast, chunks)
+        routing = np.asarray(experts)
+        if dispatch == "tokens":
+            label = label[:-1] + ", tokens dispatch)"
+            sent_bytes = _sent_pair_bytes(routing, ep, num_local, top_k, fast, chunks, row_bytes)
+            sent_rows = sent_bytes / (2 * row_bytes)  # row-equivalents per exchange
+        else:
+            sent_rows = _sent_rows(routing, ep, num_local, top_k, factor, fast, chunks)
+            sent_bytes = 2 * sent_rows * row_bytes
         try:
             dropped = int(np.sum(np.asarray(fwd(x, experts, weights)[1])))
             for case, fn, args, exchanges in (
@@ -217,7 +266,7 @@ def bench_exchange(
             ):
                 timing = time_jax(fn, *args, repeats=5 if impl == "ragged_all_to_all" else 10)
                 gbps = exchanges * payload_rows * row_bytes / timing.median_ms / 1e6
-                sent_gbps = exchanges * sent_rows * row_bytes / timing.median_ms / 1e6
+                sent_gbps = exchanges / 2 * sent_bytes / timing.median_ms / 1e6
                 emit(
                     {
                         "case": case,
@@ -229,6 +278,7 @@ def bench_exchange(
                         "sent_gbps_per_rank": sent_gbps,
                         "sent_ratio_vs_dense_a2a": sent_gbps / dense_gbps,
                         "sent_rows_per_exchange": sent_rows,
+                        "sent_bytes_per_roundtrip": sent_bytes,
                         "payload_rows_per_exchange": payload_rows,
                         "dropped": dropped,
                     }

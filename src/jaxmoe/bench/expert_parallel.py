@@ -134,6 +134,8 @@ def run_ep_benchmark(
             return
         exchange_impls = [
             ("all_to_all", None, fast_slot_factor or 1.125),  # the default
+            # The deduplicated dispatch: one row per (token, destination rank).
+            ("all_to_all", None, fast_slot_factor or 1.125, 1, "tokens"),
             ("all_to_all", None, fast_slot_factor or 1.125, 2),
             ("all_to_all", None, fast_slot_factor or 1.125, 4),
             ("all_to_all", None, None),

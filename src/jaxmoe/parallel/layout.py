@@ -5,6 +5,8 @@ Every rank derives the whole layout from the all-gathered ``[ep, E]`` counts
 itself is described in :mod:`jaxmoe.parallel.dispatch`; this module holds its arithmetic:
 
 * :func:`slot_rows` / :func:`fast_slot_rows`: ``P``, the static rows per (sender, receiver) slot;
+* :func:`pair_slot_rows` / :func:`pair_copy_rows`: the static sizes of the deduplicated
+  (``ep_dispatch="tokens"``) slots, ``P_pairs`` rows and ``Q`` copies per slot and window;
 * :func:`slot_layout`: the copies kept in each slot and where they start;
 * :func:`send_plan`: my send buffer ``[ep*P]`` as a :class:`~jaxmoe.permutation.DispatchPlan`;
 * :func:`receive_plan`: the sort of my receive buffer into expert-major blocks.
@@ -47,6 +49,47 @@ def fast_slot_rows(
         return None
     rows = slot_rows(num_tokens, top_k, ep, num_local_experts, receive_factor=factor)
     return rows if rows < num_tokens * top_k else None
+
+
+def expected_pair_fraction(top_k: int, num_experts: int, num_local_experts: int) -> float:
+    """The chance that a token routed uniformly at random (``K`` distinct of ``E`` experts) has
+    at least one expert on a given rank of ``E_l`` experts: ``1 - C(E-E_l, K) / C(E, K)``."""
+    miss = math.comb(num_experts - num_local_experts, top_k) / math.comb(num_experts, top_k)
+    return 1.0 - miss
+
+
+def pair_slot_rows(
+    num_tokens: int, top_k: int, num_experts: int, ep: int, factor: float | None
+) -> int:
+    """``P_pairs``: rows per (sender, receiver) slot of the deduplicated dispatch (one row per
+    token with any expert on the receiver), ``min(T, ceil(f * T * expected_pair_fraction))``;
+    ``T`` when ``factor`` is None (the worst case: every token has an expert on the receiver).
+
+    E.g. K=8 of E=32 at ep=4: a uniformly routed token reaches a given rank with probability
+    0.930, so ``f * 0.930 T = 1.046 T`` is capped at ``P_pairs = T`` rows (no pair window can
+    overflow; only the copy bound ``Q`` can) where the copies path sends ``P = 2.25 T``. K=2 of
+    E=8 at ep=4: ``0.464 f T`` pairs against ``P = 0.5 f T`` copies.
+    """
+    if factor is None:
+        return max(num_tokens, 1)
+    fraction = expected_pair_fraction(top_k, num_experts, num_experts // ep)
+    return max(1, min(num_tokens, math.ceil(factor * num_tokens * fraction)))
+
+
+def pair_copy_rows(
+    num_tokens: int, top_k: int, num_experts: int, ep: int, factor: float | None
+) -> int:
+    """``Q``: the most copies one slot's pairs of one window may expand to on the receiver,
+    ``min(T*K_l, max(K_l, ceil(f*T*K / ep)))`` with ``K_l = min(K, E_l)`` the most copies one
+    pair holds (at least ``K_l``, so that every window takes at least one pair); ``T*K_l`` when
+    ``factor`` is None. The receiver's expert buffer holds ``ep * Q`` copies (plus alignment).
+    """
+    num_local = num_experts // ep
+    local_slots = min(top_k, num_local)
+    if factor is None:
+        return max(num_tokens * local_slots, 1)
+    balanced = math.ceil(math.ceil(factor * num_tokens * top_k) / ep)
+    return max(1, min(num_tokens * local_slots, max(local_slots, balanced)))
 
 
 def slot_layout(all_counts, num_local_experts: int, capacity: int | None, rows: int, window=0):

@@ -68,6 +68,7 @@ def sharded_experts_step(params, cfg: MoEConfig, expert_specs: dict, group_token
                 fast_slot_factor=cfg.ep_fast_slot_factor,
                 alignment=resolve_alignment(cfg),
                 num_chunks=cfg.ep_chunks,
+                dispatch=cfg.ep_dispatch,
             )
         )
 
