@@ -126,6 +126,15 @@ def run_ep_benchmark(
                 emit(check_correctness(ep, impl, tiny=tiny))
             except NotImplementedError as error:
                 emit({"case": "correctness", "ep": ep, "impl": impl, "skipped": str(error)})
+        # The deduplicated dispatch, with its fast window only and with overflow windows forced.
+        for factor in (1.125, 1.0):
+            if out_of_time(f"correctness ep={ep} tokens"):
+                return
+            emit(
+                check_correctness(
+                    ep, "all_to_all", tiny=tiny, fast_slot_factor=factor, ep_dispatch="tokens"
+                )
+            )
 
     def exchange():
         if jax.default_backend() == "cpu":

@@ -43,6 +43,8 @@ class EPLayerCase:
     # Forced-balanced routing (Megatron-Core's MoE baseline): inputs and router built so that the
     # real router sends token t to experts (t*K + j) mod E, every expert getting T*K/E copies.
     balanced: bool = False
+    # The layer's MoEConfig.ep_dispatch ("tokens": one row per token and destination rank).
+    ep_dispatch: str = "copies"
 
     def experts(self, ep: int) -> int:
         return self.num_experts if self.num_experts is not None else self.experts_per_gpu * ep
@@ -59,6 +61,7 @@ class EPLayerCase:
             num_groups=self.num_groups,
             group_top_k=self.group_top_k,
             use_expert_bias=self.use_expert_bias,
+            ep_dispatch=self.ep_dispatch,
             **overrides,
         )
 
@@ -106,20 +109,24 @@ TINY_LAYER_CASES = {
 }
 
 
-def _with_forced_balance(cases: dict) -> dict:
-    """``cases`` plus ``<name>-balanced`` for dsv3 and mixtral: the same layers with
-    forced-balanced routing (the plain ones keep the router's own routing)."""
-    balanced = {
-        f"{name}-balanced": dataclasses.replace(
-            cases[name], name=f"{cases[name].name}-balanced", balanced=True
+def _with_variants(cases: dict) -> dict:
+    """``cases`` plus, for dsv3 and mixtral, ``<name>-balanced`` (forced-balanced routing; the
+    plain ones keep the router's own routing) and ``<name>-tokens`` (deduplicated dispatch)."""
+    variants = {
+        f"{name}-{suffix}": dataclasses.replace(
+            cases[name], name=f"{cases[name].name}-{suffix}", **change
         )
         for name in ("dsv3", "mixtral")
+        for suffix, change in (
+            ("balanced", {"balanced": True}),
+            ("tokens", {"ep_dispatch": "tokens"}),
+        )
     }
-    return {**cases, **balanced}
+    return {**cases, **variants}
 
 
-LAYER_CASES = _with_forced_balance(LAYER_CASES)
-TINY_LAYER_CASES = _with_forced_balance(TINY_LAYER_CASES)
+LAYER_CASES = _with_variants(LAYER_CASES)
+TINY_LAYER_CASES = _with_variants(TINY_LAYER_CASES)
 
 
 def balanced_inputs(x, router_kernel, num_experts: int, top_k: int, scale: float = 30.0):

@@ -17,12 +17,19 @@ TOLERANCE = 1e-4
 
 
 def check_correctness(
-    ep: int, impl: str, *, tiny: bool = False, seed: int = 0, fast_slot_factor: float = 1.125
+    ep: int,
+    impl: str,
+    *,
+    tiny: bool = False,
+    seed: int = 0,
+    fast_slot_factor: float = 1.125,
+    ep_dispatch: str = "copies",
 ) -> dict[str, Any]:
     """Relative errors of the sharded layer against one device (float32, highest precision).
 
     ``fast_slot_factor`` sizes the dropless slots (the library default; 1.0 makes random
-    routing overflow into later windows, which this check then covers too)."""
+    routing overflow into later windows, which this check then covers too); ``ep_dispatch``
+    is the layer's (``"tokens"``: one row per token and destination rank)."""
 
     hidden, ffn, tokens = (32, 64, 32) if tiny else (256, 512, 256)
     base = jaxmoe.MoEConfig(
@@ -35,7 +42,11 @@ def check_correctness(
         seq_aux_loss_coef=0.01,
     )
     cfg = dataclasses.replace(
-        base, ep_axis="ep", ep_exchange=impl, ep_fast_slot_factor=fast_slot_factor
+        base,
+        ep_axis="ep",
+        ep_exchange=impl,
+        ep_fast_slot_factor=fast_slot_factor,
+        ep_dispatch=ep_dispatch,
     )
     mesh = first_devices_mesh(ep)
     k1, k2, k3 = jax.random.split(jax.random.key(seed), 3)
@@ -61,7 +72,8 @@ def check_correctness(
     row = {
         "case": "correctness",
         "ep": ep,
-        "impl": impl,
+        "impl": impl if ep_dispatch == "copies" else f"{impl} (dispatch={ep_dispatch})",
+        "fast_slot_factor": fast_slot_factor,
         "rel_err_y": relative_error(y_ep, y_ref),
         "max_rel_err_grad": max(grad_errs),
         "max_rel_err_stats": max(stat_errs),
