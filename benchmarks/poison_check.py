@@ -93,8 +93,9 @@ class Float64GroupedMatmul(GroupedMatmulBackend):
 
 
 def _float64_reference(cfg, params, x):
-    """The layer's results (float32 leaves) with float64 expert compute and parameters."""
-    with jax.enable_x64(True):
+    """The layer's results (float32 leaves) with float64 expert compute and parameters, on the
+    host CPU: XLA on CUDA 13 (jax 0.11.2) refuses float64 GEMMs ("not supported by cublasLt")."""
+    with jax.enable_x64(True), jax.default_device(jax.devices("cpu")[0]):
         cfg64 = dataclasses.replace(
             cfg, dtype=jnp.float64, grouped_matmul_backend=Float64GroupedMatmul()
         )
