@@ -56,7 +56,12 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 from jaxmoe.ops.fp8.base import ScaledGroupedMatmulBackend
 from jaxmoe.ops.fp8.quantize import E4M3
 from jaxmoe.ops.fp8.recipe import Fp8Recipe
-from jaxmoe.ops.grouped_matmul import pallas_mosaic, pallas_mosaic_tiles, pallas_triton
+from jaxmoe.ops.grouped_matmul import (
+    pallas_mosaic,
+    pallas_mosaic_common,
+    pallas_mosaic_tiles,
+    pallas_triton,
+)
 from jaxmoe.ops.grouped_matmul.pallas_mosaic_tiles import MosaicTileConfig, check_tiles
 
 Array = jax.Array
@@ -91,18 +96,7 @@ def unsupported_reason(
     for name, dtype in (("lhs_q", lhs_dtype), ("rhs_q", rhs_dtype)):
         if jnp.dtype(dtype) != E4M3:
             reasons.append(f"{name} is {jnp.dtype(dtype)}, not float8_e4m3fn")
-    if jnp.dtype(out_dtype).itemsize != 2:
-        reasons.append(f"the result is {jnp.dtype(out_dtype)}, not a 2-byte type")
-    if m == 0 or m % cfg.block_m:
-        reasons.append(f"M={m} is not a positive multiple of block_m={cfg.block_m}")
-    if k % cfg.block_k:
-        reasons.append(f"K={k} is not a multiple of block_k={cfg.block_k}")
-    if n % cfg.block_n:
-        reasons.append(f"N={n} is not a multiple of block_n={cfg.block_n}")
-    if not interpret:
-        cc = pallas_mosaic_tiles._compute_capability()
-        if cc is not None and not cc.startswith("9."):
-            reasons.append(f"the GPU has compute capability {cc}; FP8 wgmma needs 9.x (Hopper)")
+    reasons += pallas_mosaic_tiles.tile_shape_reasons(m, k, n, cfg, out_dtype, interpret)
     return "; ".join(reasons) or None
 
 
@@ -167,7 +161,7 @@ def scaled_gmm_kn(
     out_dtype = jnp.dtype(out_dtype)
     cfg = tiles or default_fp8_tiles(m, k, n)
     check_tiles(cfg, operand_bytes=1)
-    interpret_params = pallas_mosaic._interpret_params(interpret)
+    interpret_params = pallas_mosaic_common.interpret_params(interpret)
     interpreted = interpret_params is not None
     reason = unsupported_reason(
         lhs_q.shape,

@@ -44,7 +44,8 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from jaxmoe.ops.grouped_matmul import pallas_triton
+from jaxmoe.ops.grouped_matmul import pallas_mosaic_common as common
+from jaxmoe.ops.grouped_matmul import pallas_mosaic_wgrad, pallas_triton
 from jaxmoe.ops.grouped_matmul.base import GroupedMatmulBackend
 from jaxmoe.ops.grouped_matmul.pallas_mosaic_tiles import (
     MosaicTileConfig,
@@ -55,39 +56,6 @@ from jaxmoe.ops.grouped_matmul.pallas_mosaic_tiles import (
 from jaxmoe.ops.grouped_matmul.pallas_triton import gmm_work_items
 
 Array = jax.Array
-
-_NUM_COMPUTE_WARPGROUPS = 2
-# The memory warpgroup only issues TMA copies; giving it few registers leaves more to the
-# compute warpgroups' accumulators (Hopper redistributes registers between warpgroups).
-_MEMORY_REGISTERS = 40
-_H100_SMS = 132
-
-
-def _interpret_params(interpret: bool | None):
-    """``None`` on a GPU; Mosaic GPU's interpreter elsewhere (or when asked)."""
-    if not pallas_triton._use_interpret(interpret):
-        return None
-    # Not public API in jax 0.10-0.11; only the tests and CPU users reach this.
-    from jax._src.pallas.mosaic_gpu.interpret.params import InterpretGPUParams
-
-    return InterpretGPUParams()
-
-
-def _num_sms(interpret) -> int:
-    if interpret is not None:
-        return 2  # The interpreter simulates every CTA; two exercise the persistent loop.
-    # Lowering for a GPU from a CPU-only host (the tests do) has no GPU to ask: an H100's count.
-    return getattr(jax.devices()[0], "core_count", _H100_SMS)
-
-
-def _swizzle(index, num_rows: int, num_cols: int, group: int):
-    """Maps a flat index onto (row, col), walking ``group`` rows at a time along the cols."""
-    per_band = group * num_cols
-    band = index // per_band
-    first_row = band * group
-    rows_in_band = jnp.minimum(num_rows - first_row, group)
-    inner = index % per_band
-    return first_row + inner % rows_in_band, inner // rows_in_band
 
 
 def _jaxmoe_mosaic_gmm(
@@ -107,7 +75,7 @@ def _jaxmoe_mosaic_gmm(
     # ``[bm, bn / 2]`` accumulator (columns from ``col0``) before the cast: the FP8 kernel's scales.
     *epilogue_gmem, out_gmem = epilogue_and_out_gmem
     bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
-    wg_n = bn // _NUM_COMPUTE_WARPGROUPS
+    wg_n = bn // common.NUM_COMPUTE_WARPGROUPS
     stage_rows = cfg.epilogue_rows or bm
     k = lhs_gmem.shape[1]
     n = out_gmem.shape[1]
@@ -130,10 +98,10 @@ def _jaxmoe_mosaic_gmm(
         return plgpu.emit_pipeline_warp_specialized(
             body,
             grid=(k // bk,),
-            memory_registers=_MEMORY_REGISTERS,
+            memory_registers=common.MEMORY_REGISTERS,
             in_specs=[lhs_spec, rhs_spec],
             wg_axis="wg",
-            num_compute_wgs=_NUM_COMPUTE_WARPGROUPS,
+            num_compute_wgs=common.NUM_COMPUTE_WARPGROUPS,
             max_concurrent_steps=cfg.stages,
             compute_context=context,
             pipeline_state=state,
@@ -154,7 +122,7 @@ def _jaxmoe_mosaic_gmm(
         pl.run_scoped,
         pipeline_allocs=allocations,
         # Unswizzled so that a run may start at any row (group boundaries are arbitrary).
-        out_smem=plgpu.SMEM((_NUM_COMPUTE_WARPGROUPS, stage_rows, wg_n), out_dtype),
+        out_smem=plgpu.SMEM((common.NUM_COMPUTE_WARPGROUPS, stage_rows, wg_n), out_dtype),
         collective_axes="wg",
     )
     def _scope(pipeline_allocs, out_smem):
@@ -209,7 +177,7 @@ def _jaxmoe_mosaic_gmm(
             end = offsets_gmem[jnp.minimum(group + 1, num_groups + 1)]
             return group, row0, jnp.clip(start - row0, 0, bm), jnp.clip(end - row0, 0, bm)
 
-        @pl.when(wg < _NUM_COMPUTE_WARPGROUPS)
+        @pl.when(wg < common.NUM_COMPUTE_WARPGROUPS)
         def _zero_tail():  # rows at or past sum(group_sizes): GPU memory is uninitialised.
             @plgpu.nd_loop((num_tail_work * num_n_tiles,), collective_axes="sm")
             def _tail_loop(loop_info):
@@ -222,7 +190,7 @@ def _jaxmoe_mosaic_gmm(
         @plgpu.nd_loop((num_compute_work * num_n_tiles,), collective_axes="sm")
         def _tile_loop(loop_info):
             (index,) = loop_info.index
-            work, n_tile = _swizzle(index, num_compute_work, num_n_tiles, cfg.group_swizzle)
+            work, n_tile = common.swizzle(index, num_compute_work, num_n_tiles, cfg.group_swizzle)
             group, row0, lo, hi = tile_rows(work)
             col0 = n_tile * bn
 
@@ -266,7 +234,7 @@ def _jaxmoe_mosaic_gmm(
             def _chain():
                 make_pipeline(mma, context, state)(*operands, allocations=pipeline_allocs)
 
-        @pl.when(wg < _NUM_COMPUTE_WARPGROUPS)
+        @pl.when(wg < common.NUM_COMPUTE_WARPGROUPS)
         def _drain():
             plgpu.wait_smem_to_gmem(0)
 
@@ -297,7 +265,7 @@ def gmm(
     out_dtype = jnp.dtype(out_dtype or lhs.dtype)
     cfg = tiles or default_mosaic_gmm_tiles(m, k, n)
     check_tiles(cfg)
-    interpret_params = _interpret_params(interpret)
+    interpret_params = common.interpret_params(interpret)
     reason = unsupported_reason(
         lhs.shape, rhs.shape, lhs.dtype, out_dtype, transpose_rhs, cfg, interpret_params is not None
     )
@@ -350,9 +318,9 @@ def launch_gmm(
     kernel = plgpu.kernel(
         body,
         out_type=jax.ShapeDtypeStruct((m, n), out_dtype),
-        grid=(_num_sms(interpret_params),),
+        grid=(common.num_sms(interpret_params),),
         grid_names=("sm",),
-        num_threads=_NUM_COMPUTE_WARPGROUPS + 1,
+        num_threads=common.NUM_COMPUTE_WARPGROUPS + 1,
         thread_name="wg",
         compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Warpgroup),
         interpret=interpret_params,
@@ -455,7 +423,3 @@ class PallasMosaicGroupedMatmul(GroupedMatmulBackend):
             "backend='pallas_triton' (Triton kernels), or 'auto', which takes the Triton "
             "kernel wherever the Mosaic one does not apply."
         )
-
-
-# Imported last: the wgrad kernel shares this module's helpers (a cycle otherwise).
-from jaxmoe.ops.grouped_matmul import pallas_mosaic_wgrad  # noqa: E402

@@ -85,6 +85,17 @@ def unsupported_reason(
     reasons = []
     if jnp.dtype(dtype) not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
         reasons.append(f"operands are {jnp.dtype(dtype)}, not bf16/fp16")
+    reasons += tile_shape_reasons(m, k, n, cfg, out_dtype, interpret)
+    if interpret and transpose_rhs:
+        reasons.append("Mosaic GPU's interpreter has no transposed wgmma operand (dgrad)")
+    return "; ".join(reasons) or None
+
+
+def tile_shape_reasons(m: int, k: int, n: int, cfg, out_dtype, interpret: bool) -> list[str]:
+    """What every Mosaic kernel here needs of an ``[M, K] x [K, N]`` problem tiled by ``cfg``
+    (``block_m``, ``block_k``, ``block_n``): whole TMA boxes (no box crosses an array edge), a
+    2-byte result, and, unless interpreted, a Hopper GPU (``wgmma``)."""
+    reasons = []
     if jnp.dtype(out_dtype).itemsize != 2:
         reasons.append(f"the result is {jnp.dtype(out_dtype)}, not a 2-byte type")
     if m == 0 or m % cfg.block_m:
@@ -93,13 +104,11 @@ def unsupported_reason(
         reasons.append(f"K={k} is not a multiple of block_k={cfg.block_k}")
     if n % cfg.block_n:
         reasons.append(f"N={n} is not a multiple of block_n={cfg.block_n}")
-    if interpret and transpose_rhs:
-        reasons.append("Mosaic GPU's interpreter has no transposed wgmma operand (dgrad)")
     if not interpret:
         cc = _compute_capability()
         if cc is not None and not cc.startswith("9."):
             reasons.append(f"the GPU has compute capability {cc}; wgmma needs 9.x (Hopper)")
-    return "; ".join(reasons) or None
+    return reasons
 
 
 def _compute_capability() -> str | None:

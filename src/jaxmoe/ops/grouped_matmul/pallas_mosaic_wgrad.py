@@ -58,14 +58,8 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from jaxmoe.ops.grouped_matmul.pallas_mosaic import (
-    _MEMORY_REGISTERS,
-    _NUM_COMPUTE_WARPGROUPS,
-    _interpret_params,
-    _num_sms,
-    _swizzle,
-)
-from jaxmoe.ops.grouped_matmul.pallas_mosaic_tiles import _compute_capability
+from jaxmoe.ops.grouped_matmul import pallas_mosaic_common as common
+from jaxmoe.ops.grouped_matmul.pallas_mosaic_tiles import tile_shape_reasons
 
 Array = jax.Array
 
@@ -129,20 +123,9 @@ def unsupported_tgmm_reason(
     reasons = []
     if jnp.dtype(dtype) not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
         reasons.append(f"operands are {jnp.dtype(dtype)}, not bf16/fp16")
-    if jnp.dtype(out_dtype).itemsize != 2:
-        reasons.append(f"the result is {jnp.dtype(out_dtype)}, not a 2-byte type")
-    if m == 0 or m % cfg.block_m:
-        reasons.append(f"M={m} is not a positive multiple of block_m={cfg.block_m}")
-    if k % cfg.block_k:
-        reasons.append(f"K={k} is not a multiple of block_k={cfg.block_k}")
-    if n % cfg.block_n:
-        reasons.append(f"N={n} is not a multiple of block_n={cfg.block_n}")
+    reasons += tile_shape_reasons(m, k, n, cfg, out_dtype, interpret)
     if interpret:
         reasons.append("Mosaic GPU's interpreter has no transposed wgmma operand (wgrad)")
-    else:
-        cc = _compute_capability()
-        if cc is not None and not cc.startswith("9."):
-            reasons.append(f"the GPU has compute capability {cc}; wgmma needs 9.x (Hopper)")
     return "; ".join(reasons) or None
 
 
@@ -162,7 +145,7 @@ def _jaxmoe_mosaic_tgmm(
     group_order_gmem, offsets_gmem, lhs_gmem, rhs_gmem, out_gmem, *, cfg: MosaicTgmmTileConfig
 ):
     bm, bk, bn = cfg.block_m, cfg.block_k, cfg.block_n
-    wg_n = bn // _NUM_COMPUTE_WARPGROUPS
+    wg_n = bn // common.NUM_COMPUTE_WARPGROUPS
     num_groups, k, n = out_gmem.shape
     num_k_tiles, num_n_tiles = k // bk, n // bn
     tiles_per_group = num_k_tiles * num_n_tiles
@@ -179,13 +162,13 @@ def _jaxmoe_mosaic_tgmm(
         return plgpu.emit_pipeline_warp_specialized(
             body,
             grid=grid,
-            memory_registers=_MEMORY_REGISTERS,
+            memory_registers=common.MEMORY_REGISTERS,
             in_specs=[
                 plgpu.BlockSpec((bm, bk), lambda i: (first_block + i, 0), transforms=transforms),
                 plgpu.BlockSpec((bm, bn), lambda i: (first_block + i, 0), transforms=transforms),
             ],
             wg_axis="wg",
-            num_compute_wgs=_NUM_COMPUTE_WARPGROUPS,
+            num_compute_wgs=common.NUM_COMPUTE_WARPGROUPS,
             max_concurrent_steps=cfg.stages,
             compute_context=context,
         )
@@ -202,7 +185,9 @@ def _jaxmoe_mosaic_tgmm(
     @functools.partial(
         pl.run_scoped,
         pipeline_allocs=allocations,
-        out_smem=plgpu.SMEM((_NUM_COMPUTE_WARPGROUPS, bk, wg_n), out_dtype, transforms=transforms),
+        out_smem=plgpu.SMEM(
+            (common.NUM_COMPUTE_WARPGROUPS, bk, wg_n), out_dtype, transforms=transforms
+        ),
         collective_axes="wg",
     )
     def _scope(pipeline_allocs, out_smem):
@@ -213,7 +198,7 @@ def _jaxmoe_mosaic_tgmm(
         def _tile_loop(loop_info):
             (index,) = loop_info.index
             group = group_order_gmem[index // tiles_per_group]
-            k_tile, n_tile = _swizzle(
+            k_tile, n_tile = common.swizzle(
                 index % tiles_per_group, num_k_tiles, num_n_tiles, cfg.group_swizzle
             )
             k0, col0 = k_tile * bk, n_tile * bn
@@ -259,7 +244,7 @@ def _jaxmoe_mosaic_tgmm(
                 *operands(k0, col0), allocations=pipeline_allocs
             )
 
-        @pl.when(wg < _NUM_COMPUTE_WARPGROUPS)
+        @pl.when(wg < common.NUM_COMPUTE_WARPGROUPS)
         def _drain():
             plgpu.wait_smem_to_gmem(0)
 
@@ -292,7 +277,7 @@ def tgmm(
     out_dtype = jnp.dtype(out_dtype or lhs.dtype)
     cfg = tiles or default_mosaic_tgmm_tiles(m, k, n)
     check_tgmm_tiles(cfg)
-    interpret_params = _interpret_params(interpret)
+    interpret_params = common.interpret_params(interpret)
     reason = unsupported_tgmm_reason(
         lhs.shape, rhs.shape, lhs.dtype, out_dtype, cfg, interpret_params is not None
     )
@@ -309,9 +294,9 @@ def tgmm(
     kernel = plgpu.kernel(
         functools.partial(_jaxmoe_mosaic_tgmm, cfg=cfg),
         out_type=jax.ShapeDtypeStruct((num_groups, k, n), out_dtype),
-        grid=(_num_sms(interpret_params),),
+        grid=(common.num_sms(interpret_params),),
         grid_names=("sm",),
-        num_threads=_NUM_COMPUTE_WARPGROUPS + 1,
+        num_threads=common.NUM_COMPUTE_WARPGROUPS + 1,
         thread_name="wg",
         compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Warpgroup),
         interpret=interpret_params,
