@@ -125,7 +125,7 @@ def jax_case(impl: str, backend, shape: GemmShape, sizes: np.ndarray, pass_: str
 def jax_mosaic_peer():
     """A peer, not a jaxmoe backend: the Hopper Mosaic GPU kernels that ship with jax
     (``jax.experimental.pallas.ops.gpu.ragged_dot_mgpu`` / ``transposed_ragged_dot_mgpu``),
-    wrapped in jaxmoe's backend interface so that the same custom VJP drives them. Fixed tiles
+    wrapped in jaxmoe's backend interface so that the same primitives' rules drive them. Fixed tiles
     (128x128x64, 4 stages); measured to see what Mosaic GPU reaches on these shapes."""
     # Imported here, not at the top: these modules are GPU-only (Mosaic GPU).
     from jax.experimental.pallas.ops.gpu import ragged_dot_mgpu, transposed_ragged_dot_mgpu
