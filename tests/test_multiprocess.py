@@ -43,9 +43,15 @@ def _launch(out: Path, checkpoint_dir: Path) -> None:
     """Starts the workers, waits for all of them, kills the rest on any failure or timeout."""
     env = dict(os.environ)
     # The workers ask for their devices through jax.config; drop the 8-device flag of conftest.
-    env["XLA_FLAGS"] = env.get("XLA_FLAGS", "").replace(
-        "--xla_force_host_platform_device_count=8", ""
-    )
+    # (An XLA_FLAGS left blank would be read as a file name.)
+    flags = [
+        flag
+        for flag in env.get("XLA_FLAGS", "").split()
+        if not flag.startswith("--xla_force_host_platform_device_count")
+    ]
+    env["XLA_FLAGS"] = " ".join(flags)
+    if not flags:
+        del env["XLA_FLAGS"]
     env["PYTHONPATH"] = os.pathsep.join(
         p for p in (str(REPO), str(REPO / "src"), env.get("PYTHONPATH", "")) if p
     )

@@ -79,19 +79,16 @@ def run_both(mesh_name, **case):
 LAYER_CASES = [
     # (mesh, experts E, top_k K, routing, fast slot factor, overflow expected)
     ("ep2", 8, 2, "uniform", 1.125, None),
-    ("ep4", 8, 2, "skewed", 1.125, None),
-    ("ep8", 8, 2, "one_expert", 1.125, None),
     ("data2_ep4", 8, 2, "empty_ranks", 1.125, True),
-    ("ep4", 16, 4, "uniform", 1.125, None),  # K_l = 4 ids per pair
     ("ep2", 16, 8, "skewed", 1.125, None),  # K_l = 8: ~every token reaches both ranks
     ("ep4", 32, 8, "uniform", 1.125, None),  # the DeepSeek-like ratio, K=8 of E=32
     # Overflow windows forced on: slots of the balanced share (f=1), skewed routings.
     ("ep2", 8, 2, "one_expert", 1.0, True),
-    ("ep4", 16, 4, "one_expert", 1.0, True),
+    ("ep4", 16, 4, "one_expert", 1.0, True),  # K_l = 4 ids per pair
     ("ep8", 32, 8, "empty_ranks", 1.0, True),
     ("data2_ep4", 16, 4, "skewed", 1.0, True),
     # Forced off: worst-case slots (P_pairs = T, Q = T*K_l): one window, no loop.
-    ("ep4", 8, 2, "one_expert", None, False),
+    # (Every mesh, routing and K_l above appears at least once; the suite's time is shared.)
     ("data2_ep4", 32, 8, "empty_ranks", None, False),
 ]
 
