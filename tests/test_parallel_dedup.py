@@ -200,6 +200,25 @@ def test_hlo_forward_sends_pair_slots():
     assert sizes == {pair_rows * hidden, pair_rows * 2 * 8}, sizes
 
 
+def test_a_pair_that_can_only_be_one_copy_takes_the_copies_path():
+    """E=8 over 8 ranks: one local expert per rank, so a pair holds one copy (K_l = 1) and
+    "tokens" runs the copies path: the same exchanges, no ids and weights beside them."""
+    mesh, _ = MESHES["ep8"]
+    cfg = jaxmoe.MoEConfig(8, 2, 32, 16, ep_axis="ep", alignment=1)
+    params = jaxmoe.init_params(jax.random.key(0), cfg)
+    exchanges = {
+        dispatch: collectives(
+            _forward_hlo(dataclasses.replace(cfg, ep_dispatch=dispatch), mesh, 64, params).as_text()
+        )
+        for dispatch in ("tokens", "copies")
+    }
+    assert exchanges["tokens"] == exchanges["copies"]
+    wider = dataclasses.replace(cfg, num_experts=16)  # K_l = 2: the pair path, with metadata
+    wider_params = jaxmoe.init_params(jax.random.key(0), wider)
+    tokens = _forward_hlo(dataclasses.replace(wider, ep_dispatch="tokens"), mesh, 64, wider_params)
+    assert collectives(tokens.as_text()) != exchanges["copies"]
+
+
 # The tokens path holds pair-level buffers ([ep, P_pairs, H] each way, the pair sums in float32)
 # beside the same ep*Q-copy expert buffer as the copies path; its receive slots are smaller
 # (P_pairs <= P). Measured on CPU at this size (EP=8, T=64, H=64, K=8 of E=32): forward 0.998x,

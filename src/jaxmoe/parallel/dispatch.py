@@ -326,7 +326,8 @@ def ep_apply_experts(
       dispatch: ``"copies"`` (one row per (token, expert) copy on the wire) or ``"tokens"``
         (deduplicated: one row per (token, destination rank) pair, see
         :mod:`jaxmoe.parallel.dedup`; dropless only: needs ``capacity`` and
-        ``receive_factor`` None).
+        ``receive_factor`` None). Where a pair can only be one copy (``ep == 1``, or
+        ``min(K, E_l) == 1``) ``"tokens"`` runs the copies path, which sends the same rows.
       Others: as for :func:`ep_dispatch`.
 
     Returns:
@@ -349,6 +350,10 @@ def ep_apply_experts(
             f"ep_apply_experts: `dispatch` must be one of {DISPATCH_NAMES}; got {dispatch!r}."
         )
     chunk_tokens = num_tokens // num_chunks
+    # With one rank, or one local expert per token and rank (K_l = 1), a pair is a copy: the
+    # copies path sends the same rows without the ids and weights beside them.
+    if dispatch == "tokens" and (ep == 1 or min(top_k, num_experts // ep) == 1):
+        dispatch = "copies"
     if dispatch == "tokens":
         return EPExpertsResult(
             *dedup.apply_experts(

@@ -8,9 +8,10 @@ Every backend implements two primitives on already-validated arguments:
 * ``tgmm(lhs[M, K], rhs[M, N], group_sizes[G]) -> [G, K, N]``: for each group, ``lhs_g^T @ rhs_g``
   over that group's rows; an empty group gives zeros.
 
-``api.grouped_matmul`` binds them as JAX primitives (:mod:`.primitives`): the forward is ``gmm``,
-the input gradient is ``gmm`` with ``rhs`` transposed and the weight gradient is ``tgmm``. The group sizes reaching a
-backend always sum to at most ``M`` (``api`` clips them), are int32 and stay on the device.
+``api.grouped_matmul`` binds them as JAX primitives (:mod:`.primitives`): the forward is
+``gmm``, the input gradient is ``gmm`` with ``rhs`` transposed and the weight gradient is
+``tgmm``. The group sizes reaching a backend always sum to at most ``M`` (``api`` clips them),
+are int32 and stay on the device.
 """
 
 from __future__ import annotations
