@@ -4,7 +4,6 @@ size (SMs), the interpreter's parameters on a CPU, and the tile order (an L2 swi
 from __future__ import annotations
 
 import jax
-import jax.numpy as jnp
 
 from jaxmoe.ops.grouped_matmul import pallas_triton
 
@@ -33,11 +32,5 @@ def num_sms(interpret) -> int:
     return getattr(jax.devices()[0], "core_count", _H100_SMS)
 
 
-def swizzle(index, num_rows: int, num_cols: int, group: int):
-    """Maps a flat index onto (row, col), walking ``group`` rows at a time along the cols."""
-    per_band = group * num_cols
-    band = index // per_band
-    first_row = band * group
-    rows_in_band = jnp.minimum(num_rows - first_row, group)
-    inner = index % per_band
-    return first_row + inner % rows_in_band, inner // rows_in_band
+# One tile order for every Pallas kernel here (neighbouring tiles share their operands in L2).
+swizzle = pallas_triton.swizzle

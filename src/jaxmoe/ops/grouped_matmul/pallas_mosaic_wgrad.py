@@ -59,6 +59,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from jaxmoe.ops.grouped_matmul import pallas_mosaic_common as common
+from jaxmoe.ops.grouped_matmul.base import check_tgmm_operands
 from jaxmoe.ops.grouped_matmul.pallas_mosaic_tiles import tile_shape_reasons
 
 Array = jax.Array
@@ -263,14 +264,7 @@ def tgmm(
     Same contract as :func:`jaxmoe.ops.grouped_matmul.pallas_triton.tgmm`; the operands must pass
     :func:`unsupported_tgmm_reason` (bf16/fp16, dims divisible by the blocks, a Hopper GPU).
     """
-    if lhs.ndim != 2 or rhs.ndim != 2 or lhs.shape[0] != rhs.shape[0]:
-        raise ValueError(
-            f"tgmm: `lhs` [M, K] and `rhs` [M, N] expected; got {lhs.shape}, {rhs.shape}."
-        )
-    if lhs.dtype != rhs.dtype:
-        raise ValueError(f"tgmm: `lhs` ({lhs.dtype}) and `rhs` ({rhs.dtype}) dtypes differ.")
-    if group_sizes.ndim != 1:
-        raise ValueError(f"tgmm: `group_sizes` must be 1-D; got shape {group_sizes.shape}.")
+    check_tgmm_operands(lhs, rhs, group_sizes)
     m, k = lhs.shape
     n = rhs.shape[1]
     num_groups = group_sizes.shape[0]

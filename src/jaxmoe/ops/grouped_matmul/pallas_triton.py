@@ -39,7 +39,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from jaxmoe.ops.grouped_matmul.base import GroupedMatmulBackend
+from jaxmoe.ops.grouped_matmul.base import GroupedMatmulBackend, check_tgmm_operands
 
 Array = jax.Array
 
@@ -139,8 +139,9 @@ def default_tgmm_tiles(m: int, k: int, n: int, num_groups: int, dtype) -> TileCo
 # --------------------------------------------------------------------------------------------------
 
 
-def _swizzle(pid, num_rows: int, num_cols: int, group: int):
-    """Maps a 1-D program id onto (row, col), walking ``group`` rows at a time along the cols."""
+def swizzle(pid, num_rows: int, num_cols: int, group: int):
+    """Maps a 1-D program id onto (row, col), walking ``group`` rows at a time along the cols
+    (the tile order of every Pallas kernel here, Triton and Mosaic: neighbours share L2)."""
     per_band = group * num_cols
     band = pid // per_band
     first_row = band * group
@@ -171,7 +172,7 @@ def _gmm_kernel(
     bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
     m, k = lhs_ref.shape
     n = out_ref.shape[1]
-    work, n_tile = _swizzle(pl.program_id(0), num_work, num_n_tiles, cfg.group_swizzle)
+    work, n_tile = swizzle(pl.program_id(0), num_work, num_n_tiles, cfg.group_swizzle)
     group = work_group_ref[work]
     row0 = work_tile_ref[work] * bm
     col0 = n_tile * bn
@@ -254,7 +255,7 @@ def _tgmm_kernel(
     per_group = num_k_tiles * num_n_tiles
     pid = pl.program_id(0)
     group = pid // per_group
-    k_tile, n_tile = _swizzle(pid % per_group, num_k_tiles, num_n_tiles, cfg.group_swizzle)
+    k_tile, n_tile = swizzle(pid % per_group, num_k_tiles, num_n_tiles, cfg.group_swizzle)
     k0, col0 = k_tile * bk, n_tile * bn
     kcols = k0 + jnp.arange(bk, dtype=jnp.int32)
     cols = col0 + jnp.arange(bn, dtype=jnp.int32)
@@ -422,14 +423,7 @@ def tgmm(
     Returns:
       ``[G, K, N]``.
     """
-    if lhs.ndim != 2 or rhs.ndim != 2 or lhs.shape[0] != rhs.shape[0]:
-        raise ValueError(
-            f"tgmm: `lhs` [M, K] and `rhs` [M, N] expected; got {lhs.shape}, {rhs.shape}."
-        )
-    if lhs.dtype != rhs.dtype:
-        raise ValueError(f"tgmm: `lhs` ({lhs.dtype}) and `rhs` ({rhs.dtype}) dtypes differ.")
-    if group_sizes.ndim != 1:
-        raise ValueError(f"tgmm: `group_sizes` must be 1-D; got shape {group_sizes.shape}.")
+    check_tgmm_operands(lhs, rhs, group_sizes)
     m, k = lhs.shape
     n = rhs.shape[1]
     num_groups = group_sizes.shape[0]
