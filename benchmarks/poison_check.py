@@ -6,7 +6,11 @@ For each config and dtype, runs the layer forward and backward (jit) and checks:
     bitwise identical to the run without it, and finite;
   * exactness: in float32 the default backend matches a float64 run of the same layer (float64
     expert matmuls, ``jax.enable_x64`` around that run only; the router computes in float32 in
-    both, so both route alike), in bfloat16 the plain reference grouped matmul within a bf16
+    both, so both route alike; every float32 dot in full float32, not XLA's GPU default TF32):
+    each leaf within the tolerance, or within twice the error of the same float32 layer on the
+    same device with the plain ``reference`` grouped matmul (an ill-conditioned leaf, such as
+    the skewed case's output and input gradient, has a float32 error above the tolerance
+    however exact the kernels are); in bfloat16 the plain reference grouped matmul within a bf16
     tolerance (relative error, stated);
   * with --ep N (N devices): the sharded layer with poison on matches the single-device one.
 
@@ -37,6 +41,7 @@ from jaxmoe.ops.grouped_matmul import GroupedMatmulBackend
 from jaxmoe.ops.grouped_matmul.base import group_ids
 
 TOLERANCE = {"float32": 1e-5, "bfloat16": 2e-2}
+PRECISION = {"float32": "highest", "bfloat16": "default"}
 
 
 def _configs(small: bool):
@@ -105,6 +110,24 @@ def _float64_reference(cfg, params, x):
         return _leaves(_step(cfg64)(params64, x64))
 
 
+def _float32_floor(cfg, params, x):
+    """The same float32 layer on the same device with the plain ``reference`` grouped matmul,
+    every dot in full float32: what float32 rounding alone costs each leaf against the float64
+    run. It shares the router's float32 logits (and their summation order) with the checked run;
+    the float64 run, on the host CPU, does not, which on the skewed case (logits ~4e3, softmax
+    of their ~1e0 differences) moves the combine weights by ~1e-4 whatever the kernels do."""
+    with jax.default_matmul_precision("highest"):
+        floor_cfg = dataclasses.replace(cfg, grouped_matmul_backend="reference")
+        return _leaves(_step(floor_cfg)(params, x))
+
+
+def _within_floor(errors, floor_errors, tolerance):
+    """Every leaf within ``tolerance`` or within twice float32's own error on it (a leaf that is
+    a sum of nearly cancelling terms has a float32 error far above ``tolerance`` however exact
+    the kernels are)."""
+    return all(err <= max(tolerance, 2 * floor_errors[name]) for name, err in errors.items())
+
+
 def _inputs(name, cfg, tokens, dtype):
     params = jaxmoe.init_params(jax.random.key(0), cfg)
     if name == "skewed-all-to-one":
@@ -127,31 +150,48 @@ def _step(cfg, mesh=None):
 
 
 def _leaves(result):
+    """``{name: float32 numpy array}`` of the loss, output, stats and every gradient."""
     (value, (y, stats)), grads = result
-    return [np.asarray(a.astype(jnp.float32)) for a in jax.tree.leaves((value, y, stats, grads))]
+    named = jax.tree_util.tree_flatten_with_path(
+        {"loss": value, "y": y, "stats": stats, "grads": grads}
+    )[0]
+    return {
+        jax.tree_util.keystr(path): np.asarray(leaf.astype(jnp.float32)) for path, leaf in named
+    }
 
 
 def _bitwise_equal(a, b):
-    return all(np.array_equal(u, v, equal_nan=False) for u, v in zip(a, b, strict=True))
+    return all(np.array_equal(a[name], b[name], equal_nan=False) for name in a)
 
 
 def _relative_error(a, b):
     """The largest relative error over the leaves."""
-    return max(relative_error(u, v) for u, v in zip(a, b, strict=True))
+    return max(_leaf_errors(a, b).values())
 
 
-def check(small: bool, ep: int | None, names=None, on_row=None):
+def _leaf_errors(a, b):
+    return {name: float(relative_error(a[name], b[name])) for name in a}
+
+
+def _worst_leaf(a, b):
+    errors = _leaf_errors(a, b)
+    return max(errors, key=errors.get)
+
+
+def check(small: bool, ep: int | None, names=None, on_row=None, dtypes=("float32", "bfloat16")):
     rows = []
     for name, (cfg, tokens) in _configs(small).items():
         if names and name not in names:
             continue
-        for dtype in ("float32", "bfloat16"):
+        for dtype in dtypes:
             cfg_d = dataclasses.replace(cfg, dtype=dtype)
             params, x = _inputs(name, cfg_d, tokens, jnp.dtype(dtype))
-            with debug.poison_buffers(False):
+            # XLA's GPU default for float32 dots is TF32 (the router, the shared expert): the
+            # float32 check runs every dot in full float32, as the float64 side does.
+            with debug.poison_buffers(False), jax.default_matmul_precision(PRECISION[dtype]):
                 first = _leaves(_step(cfg_d)(params, x))
                 second = _leaves(_step(cfg_d)(params, x))
-            with debug.poison_buffers(True):
+            with debug.poison_buffers(True), jax.default_matmul_precision(PRECISION[dtype]):
                 poisoned = _leaves(_step(cfg_d)(params, x))
             if dtype == "float32":
                 reference_name = "float64"
@@ -167,9 +207,11 @@ def check(small: bool, ep: int | None, names=None, on_row=None):
                 "backend": jaxmoe.ops.grouped_matmul.default_backend_name(),
                 "deterministic": _bitwise_equal(first, second),
                 "poison_bitwise_equal": _bitwise_equal(first, poisoned),
-                "poison_finite": all(np.all(np.isfinite(a)) for a in poisoned),
+                "poison_finite": all(np.all(np.isfinite(a)) for a in poisoned.values()),
                 "reference": reference_name,
                 "rel_err_vs_reference": _relative_error(poisoned, reference),
+                "worst_leaf": _worst_leaf(poisoned, reference),
+                "leaf_errors": _leaf_errors(poisoned, reference),
                 "tolerance": TOLERANCE[dtype],
             }
             if ep:
@@ -179,12 +221,17 @@ def check(small: bool, ep: int | None, names=None, on_row=None):
                     sharded = _leaves(_step(ep_cfg, mesh)(params, x))
                 row["ep"] = ep
                 row["ep_rel_err_vs_single"] = _relative_error(sharded, first)
-                row["ep_finite"] = all(np.all(np.isfinite(a)) for a in sharded)
+                row["ep_finite"] = all(np.all(np.isfinite(a)) for a in sharded.values())
+            exact = row["rel_err_vs_reference"] <= row["tolerance"]
+            if dtype == "float32":
+                floor = _leaf_errors(_float32_floor(cfg_d, params, x), reference)
+                row["float32_floor_worst_leaf"] = floor[row["worst_leaf"]]
+                exact = _within_floor(row["leaf_errors"], floor, row["tolerance"])
             row["ok"] = (
                 row["deterministic"]
                 and row["poison_bitwise_equal"]
                 and row["poison_finite"]
-                and row["rel_err_vs_reference"] <= row["tolerance"]
+                and exact
                 and (
                     not ep or (row["ep_finite"] and row["ep_rel_err_vs_single"] <= row["tolerance"])
                 )
@@ -204,9 +251,11 @@ def main(argv=None):
     )
     parser.add_argument("--small", action="store_true", help="small shapes (CPU smoke test)")
     parser.add_argument("--configs", default="", help="comma list of config names (default: all)")
+    parser.add_argument("--dtypes", default="float32,bfloat16", help="comma list of dtypes")
     args = parser.parse_args(argv)
     names = [n for n in args.configs.split(",") if n]
-    rows = check(args.small, args.ep, names, on_row=lambda rows: _write(rows, args))
+    dtypes = tuple(d for d in args.dtypes.split(",") if d)
+    rows = check(args.small, args.ep, names, lambda rows: _write(rows, args), dtypes)
     return 0 if rows and all(r["ok"] for r in rows) else 1
 
 
@@ -233,7 +282,14 @@ def _write(rows, args):
             f"| {r['config']} | {r['dtype']} | {r['backend']} | {r['deterministic']} | "
             f"{r['poison_bitwise_equal']} | {r['poison_finite']} | {r['reference']} | "
             f"{r['rel_err_vs_reference']:.2e} "
-            f"(tol {r['tolerance']:.0e}) | {r.get('ep_rel_err_vs_single', float('nan')):.2e} | "
+            f"(tol {r['tolerance']:.0e}, worst `{r['worst_leaf']}`"
+            + (
+                f", f32 floor {r['float32_floor_worst_leaf']:.1e}"
+                if "float32_floor_worst_leaf" in r
+                else ""
+            )
+            + ") | "
+            f"{r.get('ep_rel_err_vs_single', float('nan')):.2e} | "
             f"{r['ok']} |"
         )
     (out / f"poison{suffix}.md").write_text("\n".join(lines) + "\n")

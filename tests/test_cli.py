@@ -109,7 +109,22 @@ def test_bench_layer_tiny(tmp_path):
             assert row["skipped"] or row["error"]  # torch missing: says why
             continue
         assert row["ms"] > 0 and row["tflops"] > 0, row
+        assert row["ms_per_call"] > 0, row  # each call also timed on its own
         assert row["rel_err"] < 3e-2
+
+
+def test_bench_layer_fp8_recipe_rows(tmp_path):
+    from jaxmoe.bench import layer
+
+    out = tmp_path / "layer.json"
+    argv = ["bench", "layer", "--impls", "jaxmoe,jaxmoe-fp8-rowwise", "--pass", "fwd"]
+    assert main([*argv, "--repeats", "1", "--out", str(out)]) == 0
+    fp8 = [r for r in _bench_rows(out) if r["impl"] == "jaxmoe-fp8-rowwise"]
+    assert len(fp8) == 1 and fp8[0]["fp8_recipe"] == "rowwise" and fp8[0]["ms"] > 0, fp8
+    # FP8 rounding shows (it is not the bf16 layer) but stays within the FP8 tolerance.
+    assert 3e-3 < fp8[0]["rel_err"] < layer.FP8_REL_TOL
+    with pytest.raises(ValueError, match="jaxmoe-fp8-<recipe>"):
+        layer.check_impls(["jaxmoe-fp8-tensorwise"])
 
 
 def test_bench_layer_torchtitan_is_skipped_with_a_reason(tmp_path):

@@ -27,6 +27,7 @@ from jaxmoe.ops.fp8 import (
     E5M2,
     SCALE_EPS,
     Fp8Recipe,
+    XlaScaledGroupedMatmul,
     dequantize,
     fp8_grouped_matmul,
     quantize,
@@ -215,6 +216,24 @@ def test_the_xla_backend_multiplies_float8_operands():
         assert len(fp8_dots) == dots  # one per K block (K = 40 in blocks of 16: 3)
         assert all(line.endswith("xf32>") for line in fp8_dots)  # float32 accumulation
         assert np.all(np.isfinite(np.asarray(step(lhs, rhs))))
+
+
+def test_bf16_wgrad_runs_on_bf16_operands():
+    """The high-precision wgrad takes the gradient's dtype (bf16: tensor cores), not float32."""
+    lhs, rhs = (a.astype(jnp.bfloat16) for a in _operands(3, k=40))
+    seen = []
+
+    class Recording(XlaScaledGroupedMatmul):
+        def tgmm(self, lhs, rhs, group_sizes, *, out_dtype):
+            seen.append((lhs.dtype, rhs.dtype, jnp.dtype(out_dtype)))
+            return super().tgmm(lhs, rhs, group_sizes, out_dtype=out_dtype)
+
+    def loss(b):
+        out = fp8_grouped_matmul(lhs, b, jnp.full(4, 10), backend=Recording())
+        return jnp.sum(out.astype(jnp.float32))
+
+    grad = jax.grad(loss)(rhs)
+    assert seen == [(jnp.dtype(jnp.bfloat16),) * 3] and grad.dtype == jnp.bfloat16
 
 
 # ----------------------------------------------------------------------------- VJP

@@ -68,7 +68,8 @@ def relative_error(got, want) -> float:
 def fill_ratios(rows: list[dict[str, Any]], group_by: Sequence[str], order: Sequence[str]) -> None:
     """The ratio rule, in place: per case (rows equal on ``group_by``), ``baseline`` is the first
     impl in ``order`` that has a time, ``ratio`` its ms over the row's ms (> 1: faster than the
-    baseline) and ``ratio_vs_torch`` torch's ms over the row's ms (None where either is missing).
+    baseline) and ``ratio_vs_torch`` torch's ms over the row's ms (None where either is missing);
+    rows timed one call at a time too (``ms_per_call``) also get ``ratio_vs_torch_per_call``.
     """
     cases: dict[tuple, dict[str, dict[str, Any]]] = {}
     for row in rows:
@@ -82,6 +83,9 @@ def fill_ratios(rows: list[dict[str, Any]], group_by: Sequence[str], order: Sequ
             row["baseline"] = timed[0] if timed else None
             row["ratio"] = base_ms / ms if base_ms and ms else None
             row["ratio_vs_torch"] = torch_ms / ms if torch_ms and ms else None
+            torch_single = (case.get("torch") or {}).get("ms_per_call")
+            if row.get("ms_per_call") and torch_single:
+                row["ratio_vs_torch_per_call"] = torch_single / row["ms_per_call"]
 
 
 def release_torch_memory() -> None:

@@ -257,6 +257,6 @@ class PallasMosaicScaledGroupedMatmul(ScaledGroupedMatmulBackend):
         )
 
     def tgmm(self, lhs, rhs, group_sizes, *, out_dtype):
-        # The high-precision wgrad (float32 operands): the Triton kernel takes float32.
+        # The high-precision wgrad (the gradient's dtype, float32 accumulation): Triton's.
         triton = pallas_triton.PallasTritonGroupedMatmul(interpret=self.interpret)
         return triton.tgmm(lhs, rhs, group_sizes, out_dtype=out_dtype)
