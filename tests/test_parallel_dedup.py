@@ -219,6 +219,40 @@ def test_a_pair_that_can_only_be_one_copy_takes_the_copies_path():
     assert collectives(tokens.as_text()) != exchanges["copies"]
 
 
+def test_auto_dispatch_rule():
+    """Copies per pair under uniform routing, and what "auto" picks from them."""
+    cases = {  # (K, E, ep): (copies per pair, auto's choice)
+        (8, 32, 2): (4.0, "tokens"),
+        (8, 32, 4): (2.15, "tokens"),
+        (8, 32, 8): (1.42, "copies"),
+        (2, 8, 2): (1.27, "copies"),
+        (8, 256, 8): (1.51, "tokens"),
+        (8, 8, 8): (1.0, "copies"),  # one local expert: a pair is one copy
+    }
+    for (top_k, num_experts, ep), (copies, choice) in cases.items():
+        assert layout.copies_per_pair(top_k, num_experts, ep) == pytest.approx(copies, abs=5e-3)
+        assert layout.auto_dispatch(top_k, num_experts, ep, dropless=True) == choice
+        assert layout.auto_dispatch(top_k, num_experts, ep, dropless=False) == "copies"
+
+
+def test_auto_is_the_default_and_compiles_to_the_chosen_path():
+    """The default config at K=8 of E=32 on EP=4 sends pairs (the "tokens" HLO), at K=2 of E=8
+    copies; with a capacity it sends copies."""
+    mesh, _ = MESHES["ep4"]
+    for top_k, num_experts, choice in ((8, 32, "tokens"), (2, 8, "copies")):
+        cfg = jaxmoe.MoEConfig(num_experts, top_k, 32, 16, ep_axis="ep", alignment=1)
+        assert cfg.ep_dispatch == "auto"
+        params = jaxmoe.init_params(jax.random.key(0), cfg)
+        auto = collectives(_forward_hlo(cfg, mesh, 64, params).as_text())
+        chosen = _forward_hlo(dataclasses.replace(cfg, ep_dispatch=choice), mesh, 64, params)
+        assert auto == collectives(chosen.as_text()), (top_k, num_experts)
+    capped = jaxmoe.MoEConfig(32, 8, 32, 16, ep_axis="ep", alignment=1, capacity_factor=2.0)
+    params = jaxmoe.init_params(jax.random.key(0), capped)
+    auto = collectives(_forward_hlo(capped, mesh, 64, params).as_text())
+    copies = _forward_hlo(dataclasses.replace(capped, ep_dispatch="copies"), mesh, 64, params)
+    assert auto == collectives(copies.as_text())
+
+
 # The tokens path holds pair-level buffers ([ep, P_pairs, H] each way, the pair sums in float32)
 # beside the same ep*Q-copy expert buffer as the copies path; its receive slots are smaller
 # (P_pairs <= P). Measured on CPU at this size (EP=8, T=64, H=64, K=8 of E=32): forward 0.998x,

@@ -21,7 +21,7 @@ FP8_RECIPES = ("rowwise", "blockwise")
 EP_EXCHANGES = ("all_to_all", "all_to_all_chunked", "all_gather", "ragged_all_to_all")
 # ``jaxmoe.parallel.dispatch``: what an expert-parallel exchange row holds (one per (token,
 # expert) copy, or one per (token, destination rank) pair: ``jaxmoe.parallel.dedup``).
-EP_DISPATCHES = ("copies", "tokens")
+EP_DISPATCHES = ("auto", "copies", "tokens")
 
 
 def check_registry(listed_as: str, listed: tuple[str, ...], implemented: Iterable[str]) -> None:

@@ -204,7 +204,8 @@ _FIELD_RULES: dict[str, Callable[[str, Any], Any]] = {
     "ep_chunks": _positive_int(),
     "ep_dispatch": _Name(
         EP_DISPATCHES,
-        "Use 'copies' (one row per token copy) or 'tokens' (one row per token and rank).",
+        "Use 'auto', 'copies' (one row per token copy) or 'tokens' (one row per token and "
+        "rank).",
     ),
     "fsdp_expert_weights": _Flag("Pass fsdp_expert_weights=True or False."),
     "fp8_recipe": _Name(
@@ -375,12 +376,16 @@ class MoEConfig:
         exchange and expert matmuls, so that XLA can overlap one chunk's all-to-all with
         another's matmuls (GPU: needs ``--xla_gpu_enable_latency_hiding_scheduler=true``).
         Needs ``capacity_factor=None``; must divide the tokens per device.
-      ep_dispatch: what one expert-parallel exchange row holds. ``"copies"`` (default): one
-        row per (token, expert) copy. ``"tokens"``: one row per (token, destination rank)
-        pair with the token's local expert ids and weights; the expert rank sums the pair's
-        outputs before sending one row back (``jaxmoe.parallel.dedup``; K=8 of E=32 at ep=4
-        sends 2.25x fewer rows). Dropless only (no ``capacity_factor``, no
-        ``ep_receive_factor``); ``ep_fast_slot_factor`` sizes its slots too.
+      ep_dispatch: what one expert-parallel exchange row holds. ``"copies"``: one row per
+        (token, expert) copy. ``"tokens"``: one row per (token, destination rank) pair with
+        the token's local expert ids and weights; the expert rank sums the pair's outputs
+        before sending one row back (``jaxmoe.parallel.dedup``; K=8 of E=32 at ep=4 sends
+        2.25x fewer rows). Dropless only (no ``capacity_factor``, no ``ep_receive_factor``);
+        ``ep_fast_slot_factor`` sizes its slots too. ``"auto"`` (default): ``"tokens"`` where
+        the layer is dropless and a pair averages at least 1.5 copies under uniform routing
+        (``K / (ep * (1 - C(E-E_l, K) / C(E, K)))``: K=8 of E=32 at ep 2/4/8: 4.0/2.2/1.4;
+        K=2 of E=8 at ep=2: 1.3), else ``"copies"``
+        (:func:`jaxmoe.parallel.layout.auto_dispatch`).
       fsdp_expert_weights: also shard expert weights over ``data_axes`` (gathered just in time).
       fp8_recipe: ``None`` (default: expert matmuls in ``dtype``), ``"rowwise"`` or
         ``"blockwise"``: the routed experts' grouped matmuls run in FP8 (e4m3) with that
@@ -419,7 +424,7 @@ class MoEConfig:
     ep_receive_factor: float | None = None
     ep_fast_slot_factor: float | None = 1.125
     ep_chunks: int = 1
-    ep_dispatch: str = "copies"
+    ep_dispatch: str = "auto"
     fsdp_expert_weights: bool = False
     fp8_recipe: str | None = None
 

@@ -73,7 +73,7 @@ from jaxmoe.parallel.overflow import overflow_windows
 
 #: ``ep_apply_experts(dispatch=...)``: one row per (token, expert) copy on the wire, or one per
 #: (token, destination rank) pair (:mod:`jaxmoe.parallel.dedup`).
-DISPATCH_NAMES = ("copies", "tokens")
+DISPATCH_NAMES = ("auto", "copies", "tokens")
 check_registry("EP_DISPATCHES", EP_DISPATCHES, DISPATCH_NAMES)
 
 
@@ -323,10 +323,11 @@ def ep_apply_experts(
       num_chunks: split the ``T`` tokens into this many equal chunks, each its own dispatch,
         experts and combine (slots sized per chunk), so that the scheduler may overlap one
         chunk's exchange with another's matmuls. Needs ``capacity=None``.
-      dispatch: ``"copies"`` (one row per (token, expert) copy on the wire) or ``"tokens"``
+      dispatch: ``"copies"`` (one row per (token, expert) copy on the wire), ``"tokens"``
         (deduplicated: one row per (token, destination rank) pair, see
         :mod:`jaxmoe.parallel.dedup`; dropless only: needs ``capacity`` and
-        ``receive_factor`` None). Where a pair can only be one copy (``ep == 1``, or
+        ``receive_factor`` None) or ``"auto"`` (:func:`jaxmoe.parallel.layout.auto_dispatch`:
+        ``"tokens"`` where dropless and a pair averages >= 1.5 copies). Where a pair can only be one copy (``ep == 1``, or
         ``min(K, E_l) == 1``) ``"tokens"`` runs the copies path, which sends the same rows.
       Others: as for :func:`ep_dispatch`.
 
@@ -350,6 +351,9 @@ def ep_apply_experts(
             f"ep_apply_experts: `dispatch` must be one of {DISPATCH_NAMES}; got {dispatch!r}."
         )
     chunk_tokens = num_tokens // num_chunks
+    if dispatch == "auto":
+        dropless = capacity is None and receive_factor is None
+        dispatch = layout.auto_dispatch(top_k, num_experts, ep, dropless)
     # With one rank, or one local expert per token and rank (K_l = 1), a pair is a copy: the
     # copies path sends the same rows without the ids and weights beside them.
     if dispatch == "tokens" and (ep == 1 or min(top_k, num_experts // ep) == 1):

@@ -58,6 +58,29 @@ def expected_pair_fraction(top_k: int, num_experts: int, num_local_experts: int)
     return 1.0 - miss
 
 
+# ``ep_dispatch="auto"`` deduplicates where a (token, rank) pair carries at least this many
+# copies on average. Measured on 2 H200s (EP=2, fwd+bwd): K=8 of E=32 (4.0 copies per pair) ran
+# 11% faster deduplicated, K=2 of E=8 (1.27) 4% slower; the gain, roughly linear in the share of
+# rows saved, crosses zero near 1.5.
+AUTO_DEDUP_MIN_COPIES_PER_PAIR = 1.5
+
+
+def copies_per_pair(top_k: int, num_experts: int, ep: int) -> float:
+    """Expected (token, expert) copies per (token, destination rank) pair under uniform routing:
+    ``K / (ep * (1 - C(E - E_l, K) / C(E, K)))`` (1 where a pair can only be one copy)."""
+    num_local = num_experts // ep
+    if ep == 1 or min(top_k, num_local) == 1:
+        return 1.0
+    return top_k / (ep * expected_pair_fraction(top_k, num_experts, num_local))
+
+
+def auto_dispatch(top_k: int, num_experts: int, ep: int, dropless: bool) -> str:
+    """What ``ep_dispatch="auto"`` runs: ``"tokens"`` where the layer is dropless and a pair
+    averages at least :data:`AUTO_DEDUP_MIN_COPIES_PER_PAIR` copies, else ``"copies"``."""
+    many = copies_per_pair(top_k, num_experts, ep) >= AUTO_DEDUP_MIN_COPIES_PER_PAIR
+    return "tokens" if dropless and many else "copies"
+
+
 def pair_slot_rows(
     num_tokens: int, top_k: int, num_experts: int, ep: int, factor: float | None
 ) -> int:
