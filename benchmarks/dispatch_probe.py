@@ -1,6 +1,6 @@
 """Host milliseconds to launch one jitted op (no sync), per op kind: which launch is slow.
 
-    PYTHONPATH=src python3 benchmarks/dispatch_probe.py --out-dir $OUT
+PYTHONPATH=src python3 benchmarks/dispatch_probe.py --out-dir $OUT
 """
 
 from __future__ import annotations

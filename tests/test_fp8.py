@@ -218,6 +218,41 @@ def test_the_xla_backend_multiplies_float8_operands():
         assert np.all(np.isfinite(np.asarray(step(lhs, rhs))))
 
 
+@pytest.mark.parametrize("shape", [(2, 40, 24), (3, 33, 50), (1, 16, 16)])
+def test_square_blocks_quantize_the_transpose_to_the_transposed_values(shape):
+    """What the blockwise dgrad's reuse of the forward's FP8 weights rests on: with b x b
+    blocks (ragged edge blocks included) quantize(w^T) == quantize(w)^T, bit for bit."""
+    recipe = Fp8Recipe("blockwise", block_size=16)
+    weights = jnp.asarray(np.random.default_rng(0).standard_normal(shape), jnp.float32)
+    q, scale = quantize(weights, recipe.rhs_blocks, recipe.dtype)
+    q_t, scale_t = quantize(jnp.swapaxes(weights, 1, 2), recipe.rhs_blocks, recipe.dtype)
+    np.testing.assert_array_equal(np.asarray(jnp.swapaxes(q, 1, 2)), np.asarray(q_t))
+    np.testing.assert_array_equal(np.asarray(jnp.swapaxes(scale, 1, 2)), np.asarray(scale_t))
+
+
+def test_blockwise_backward_quantizes_the_weights_once(monkeypatch):
+    """A training step quantizes the weights once with blockwise (the dgrad reuses them,
+    transposed) and twice with rowwise (a contraction over N needs per-k scales)."""
+    from jaxmoe.ops.fp8 import api
+
+    lhs, rhs = _operands(4, k=40)
+    weight_passes = []
+
+    def counting_quantize(x, blocks, *args, **kwargs):
+        weight_passes.append(x.ndim == 3)
+        return quantize(x, blocks, *args, **kwargs)
+
+    monkeypatch.setattr(api, "quantize", counting_quantize)
+    for recipe, expected in ((Fp8Recipe("blockwise", 16), 1), ("rowwise", 2)):
+        weight_passes.clear()
+
+        def loss(a, b, r=recipe):
+            return jnp.sum(fp8_grouped_matmul(a, b, jnp.full(4, 10), recipe=r, backend="xla"))
+
+        jax.grad(loss, argnums=(0, 1))(lhs, rhs)
+        assert sum(weight_passes) == expected, (recipe, weight_passes)
+
+
 def test_bf16_wgrad_runs_on_bf16_operands():
     """The high-precision wgrad takes the gradient's dtype (bf16: tensor cores), not float32."""
     lhs, rhs = (a.astype(jnp.bfloat16) for a in _operands(3, k=40))

@@ -204,8 +204,7 @@ _FIELD_RULES: dict[str, Callable[[str, Any], Any]] = {
     "ep_chunks": _positive_int(),
     "ep_dispatch": _Name(
         EP_DISPATCHES,
-        "Use 'auto', 'copies' (one row per token copy) or 'tokens' (one row per token and "
-        "rank).",
+        "Use 'auto', 'copies' (one row per token copy) or 'tokens' (one row per token and rank).",
     ),
     "fsdp_expert_weights": _Flag("Pass fsdp_expert_weights=True or False."),
     "fp8_recipe": _Name(

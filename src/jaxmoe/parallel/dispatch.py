@@ -327,8 +327,9 @@ def ep_apply_experts(
         (deduplicated: one row per (token, destination rank) pair, see
         :mod:`jaxmoe.parallel.dedup`; dropless only: needs ``capacity`` and
         ``receive_factor`` None) or ``"auto"`` (:func:`jaxmoe.parallel.layout.auto_dispatch`:
-        ``"tokens"`` where dropless and a pair averages >= 1.5 copies). Where a pair can only be one copy (``ep == 1``, or
-        ``min(K, E_l) == 1``) ``"tokens"`` runs the copies path, which sends the same rows.
+        ``"tokens"`` where dropless and a pair averages >= 1.5 copies). Where a pair can only
+        be one copy (``ep == 1``, or ``min(K, E_l) == 1``) ``"tokens"`` runs the copies path,
+        which sends the same rows.
       Others: as for :func:`ep_dispatch`.
 
     Returns:
