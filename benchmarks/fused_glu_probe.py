@@ -7,9 +7,10 @@ One device call, each row appended to ``$OUT/fused-glu-probe.json`` as it comes:
    kernel (``backend=None``, ``auto``) and of the unfused path (two Mosaic ``gmm`` and the product
    in XLA, ``backend=resolve_backend("auto")``) against a float32 reference (``ragged_dot``
    accumulating in float32, the product in float32); tail rows must be zero. The gradients
-   (``d lhs``, ``d gate``, ``d up``) of the fused and unfused paths against each other;
+   (``d lhs``, ``d gate``, ``d up``) of the fused and unfused paths against each other, with the
+   default backend (``residuals_from_kernel=False``) and with the kernel writing the residuals;
 2. timing (balanced, same run, interleaved per shape): fused vs unfused forward, and fwd+bwd
-   (``jax.vjp`` and its cotangent pass);
+   (``jax.vjp`` and its cotangent pass) for the default and for ``residuals_from_kernel=True``;
 3. the whole layer (``jaxmoe.moe``, presets mixtral/dsv3/qwen3, bf16): ``grouped_matmul_backend``
    None (fused where it applies; the row says whether the jaxpr holds the fused primitive) vs
    the resolved ``auto`` backend object (the same grouped matmul kernels, unfused), fwd and
@@ -54,6 +55,7 @@ def main() -> None:
     from jaxmoe.bench.presets import LAYER_PRESETS
     from jaxmoe.bench.timing import time_jax
     from jaxmoe.ops.gated_grouped_matmul import gated_grouped_matmul
+    from jaxmoe.ops.gated_grouped_matmul.pallas_mosaic import PallasMosaicGatedGroupedMatmul
     from jaxmoe.ops.grouped_matmul import resolve_backend
 
     os.makedirs(args.out_dir, exist_ok=True)
@@ -90,8 +92,13 @@ def main() -> None:
 
         return jax.jit(run)
 
+    # The fused kernel writing h, gate and up under differentiation (run1's fused fwd+bwd).
+    kernel_residuals = PallasMosaicGatedGroupedMatmul(
+        grouped=unfused_backend, residuals_from_kernel=True
+    )
     fused_fwd, unfused_fwd = op(None), op(unfused_backend)
     fused_train, unfused_train = fwd_bwd(None), fwd_bwd(unfused_backend)
+    residual_train = fwd_bwd(kernel_residuals)
 
     def sizes_for(m, g, routing):
         if routing == "balanced":
@@ -139,6 +146,13 @@ def main() -> None:
                 want = reference(x, wg, wu, gs)
                 h_fused, *g_fused = fused_train(x, wg, wu, gs, ct)
                 h_unfused, *g_unfused = unfused_train(x, wg, wu, gs, ct)
+                h_residual, *g_residual = residual_train(x, wg, wu, gs, ct)
+                row["rel_err_fused_with_kernel_residuals"] = rel(h_residual, want)
+                row["grad_bitwise_with_kernel_residuals"] = all(
+                    bool(jnp.all(a == b)) for a, b in zip(g_residual, g_unfused, strict=True)
+                )
+                del h_residual, g_residual
+                h_fused = fused_fwd(x, wg, wu, gs)  # the kernel (nothing differentiated)
                 row["rel_err_fused"] = rel(h_fused, want)
                 row["rel_err_unfused"] = rel(h_unfused, want)
                 row["fused_tail_zero"] = bool(jnp.all(h_fused[end:] == 0))
@@ -167,6 +181,7 @@ def main() -> None:
                 ("unfused_fwd", unfused_fwd, (x, wg, wu, gs)),
                 ("fused_fwd_bwd", fused_train, (x, wg, wu, gs, ct)),
                 ("unfused_fwd_bwd", unfused_train, (x, wg, wu, gs, ct)),
+                ("kernel_residuals_fwd_bwd", residual_train, (x, wg, wu, gs, ct)),
                 ("fused_fwd_again", fused_fwd, (x, wg, wu, gs)),
             ):
                 timing = time_jax(fn, *fargs, repeats=7)
@@ -176,6 +191,9 @@ def main() -> None:
                 row[f"{label}_tflops"] = mult * flops / timing.median_ms / 1e9
             row["fwd_speedup"] = row["unfused_fwd_ms"] / row["fused_fwd_ms"]
             row["fwd_bwd_speedup"] = row["unfused_fwd_bwd_ms"] / row["fused_fwd_bwd_ms"]
+            row["kernel_residuals_fwd_bwd_speedup"] = (
+                row["unfused_fwd_bwd_ms"] / row["kernel_residuals_fwd_bwd_ms"]
+            )
         except Exception as error:  # noqa: BLE001
             row["error"] = f"{type(error).__name__}: {error}"[:2000]
             traceback.print_exc()

@@ -8,6 +8,7 @@ matmuls run on the reference backend (only the forward is the kernel's). On the 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax
@@ -76,12 +77,15 @@ def test_forward_one_group_holds_every_row():
     assert _relative(hidden, want) <= TOL["bfloat16"]
 
 
-@pytest.mark.parametrize("activation", ["swiglu", "geglu"])
-def test_vjp_matches_the_unfused_path_within_bf16_rounding(activation):
+@pytest.mark.parametrize(
+    "activation, residuals_from_kernel", [("swiglu", True), ("geglu", True), ("swiglu", False)]
+)
+def test_vjp_matches_the_unfused_path_within_bf16_rounding(activation, residuals_from_kernel):
     sizes = [70, 0, 30]
     lhs, gate_w, up_w, cotangent = _inputs(sizes, seed=3)
     gs = jnp.array(sizes, jnp.int32)
-    fused = functools.partial(gated_grouped_matmul, activation=activation, backend=KERNEL)
+    kernel = dataclasses.replace(KERNEL, residuals_from_kernel=residuals_from_kernel)
+    fused = functools.partial(gated_grouped_matmul, activation=activation, backend=kernel)
     got = jax.vjp(lambda *w: fused(*w, gs), lhs, gate_w, up_w)
     want = jax.vjp(composition(gs, activation), lhs, gate_w, up_w)
     (out, vjp), (want_out, want_vjp) = got, want

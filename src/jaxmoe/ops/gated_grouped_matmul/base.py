@@ -58,9 +58,14 @@ class GatedGroupedMatmulBackend(abc.ABC):
     Attributes:
       grouped: the grouped matmul backend of the derivative's products (and of everything a
         backend leaves to the unfused composition); ``None``: ``grouped_matmul``'s ``"auto"``.
+      residuals_from_kernel: under differentiation, whether ``fused`` writes ``h``, ``gate`` and
+        ``up`` in one call (``True``), or the unfused composition on ``grouped`` computes them
+        (``False``: the kernel then runs only where nothing is differentiated). Either way the
+        derivatives are the unfused path's; it is a speed choice (see :mod:`.primitives`).
     """
 
     grouped: GroupedMatmulBackend | None = None
+    residuals_from_kernel: bool = True
     name: str = dataclasses.field(default="", init=False)
 
     def __post_init__(self):

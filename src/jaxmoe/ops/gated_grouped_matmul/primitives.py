@@ -12,17 +12,20 @@ which are linear and transposable, so reverse mode, forward mode and every highe
     d gate = gmm(dx, Wg) + gmm(x, dWg)      d up = gmm(dx, Wu) + gmm(x, dWu)
     d h    = act'(gate) d gate * up + act(gate) * d up
 
-Under ``jax.grad`` the forward runs the kernel once, writing ``h`` and the residuals ``gate``
-and ``up``; the backward is the transpose of the tangent lines: ``d gate = dh * up *
+Under ``jax.grad`` the forward computes ``h`` and the residuals ``gate`` and ``up`` once (see
+below); the backward is the transpose of the tangent lines: ``d gate = dh * up *
 act'(gate)``, ``d up = dh * act(gate)`` (XLA elementwise), ``dx = gmm(d gate, Wg^T) + gmm(d up,
 Wu^T)`` and ``dWg = tgmm(x, d gate)``, ``dWu = tgmm(x, d up)`` on ``kernel.grouped``. These are
 the very operations reverse mode runs through the unfused composition ``act(gmm(x, Wg)) *
 gmm(x, Wu)`` (``act``'s own JVP included), so the gradients equal the unfused ones given equal
 ``gate`` and ``up``.
 
-Residuals written by the kernel, not recomputed: recomputing ``gate`` and ``up`` with two plain
-``gmm`` calls in the forward of a training step would run every forward FLOP twice; writing them
-from the epilogue costs two ``[M, F]`` stores the unfused path makes anyway.
+Where ``gate`` and ``up`` come from (``kernel.residuals_from_kernel``): never from the fused
+``h`` plus two more ``gmm`` calls (every forward FLOP twice). Either the kernel writes them from
+its epilogue beside ``h`` (two ``[M, F]`` stores the unfused path makes anyway), or the unfused
+composition computes all three (``_composition``), and the kernel runs only when nothing is
+differentiated. The Mosaic backend takes the second by measurement (see its docstring); the
+derivatives are the same either way.
 
 **Batching** (``jax.vmap``): the unfused composition on ``kernel.grouped``, whose grouped
 matmuls batch by their own rule (one grouped matmul over the batch's groups). The fused kernel
@@ -83,6 +86,17 @@ gated_gmm_p.def_impl(_kernel_call)
 mlir.register_lowering(gated_gmm_p, mlir.lower_fun(_kernel_call, multiple_results=True))
 
 
+def _composition(lhs, rhs_gate, rhs_up, group_sizes, *, kernel, activation, residuals):
+    gate, up = (
+        gmm_primitives.gmm(
+            lhs, rhs, group_sizes, impl=kernel.grouped, transpose_rhs=False, out_dtype=lhs.dtype
+        )
+        for rhs in (rhs_gate, rhs_up)
+    )
+    hidden = unfused(gate, up, activation).astype(lhs.dtype)
+    return (hidden, gate, up) if residuals else (hidden,)
+
+
 # --- differentiation: the product rule on grouped matmul primitives ---------------------------
 
 
@@ -104,7 +118,8 @@ def _product_tangent(lhs, rhs, lhs_dot, rhs_dot, group_sizes, grouped, like):
 def _jvp(primals, tangents, *, kernel, activation, residuals):
     lhs, rhs_gate, rhs_up, group_sizes = primals
     lhs_dot, gate_w_dot, up_w_dot, _ = tangents
-    hidden, gate, up = gated_gmm(
+    primal = gated_gmm if kernel.residuals_from_kernel else _composition
+    hidden, gate, up = primal(
         lhs, rhs_gate, rhs_up, group_sizes, kernel=kernel, activation=activation, residuals=True
     )
     tangent = functools.partial(
@@ -124,17 +139,6 @@ ad.primitive_jvps[gated_gmm_p] = _jvp
 
 
 # --- batching: the unfused composition, batched by the grouped matmul's rule ------------------
-
-
-def _composition(lhs, rhs_gate, rhs_up, group_sizes, *, kernel, activation, residuals):
-    gate, up = (
-        gmm_primitives.gmm(
-            lhs, rhs, group_sizes, impl=kernel.grouped, transpose_rhs=False, out_dtype=lhs.dtype
-        )
-        for rhs in (rhs_gate, rhs_up)
-    )
-    hidden = unfused(gate, up, activation).astype(lhs.dtype)
-    return (hidden, gate, up) if residuals else (hidden,)
 
 
 def _batch(args, dims, **params):
