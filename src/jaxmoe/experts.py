@@ -6,6 +6,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxmoe.ops.fp8 import fp8_grouped_matmul
+from jaxmoe.ops.gated_grouped_matmul import gated_grouped_matmul
 from jaxmoe.ops.grouped_matmul import grouped_matmul
 
 
@@ -38,6 +39,9 @@ def routed_experts(
 
     Gated: ``(act(x @ w_gate[e]) * (x @ w_up[e])) @ w_down[e]``; plain:
     ``act(x @ w_up[e]) @ w_down[e]``. Zero rows stay zero (act(0) = 0 for every activation).
+    The gated half of the grouped (not capacity-block, not FP8) path is
+    :func:`jaxmoe.ops.gated_grouped_matmul.gated_grouped_matmul`: one fused kernel on a Hopper GPU
+    with ``backend`` None/``"auto"``, the same two grouped matmuls and product otherwise.
 
     Args:
       buffer: ``[R, H]`` rows sorted expert-major.
@@ -80,6 +84,17 @@ def routed_experts(
 
         def matmul(lhs, rhs):
             return grouped_matmul(lhs, rhs.astype(dtype), group_sizes, backend=backend)
+
+        if _gated(activation):  # one op, fused into one kernel where it applies
+            hidden = gated_grouped_matmul(
+                blocks,
+                weights["w_gate"].astype(dtype),
+                weights["w_up"].astype(dtype),
+                group_sizes,
+                activation=activation,
+                backend=backend,
+            )
+            return matmul(hidden, weights["w_down"])
 
     up = matmul(blocks, weights["w_up"])
     hidden = act(matmul(blocks, weights["w_gate"])) * up if _gated(activation) else act(up)

@@ -64,16 +64,24 @@ def _jaxmoe_mosaic_gmm(
     work_tile_gmem,
     offsets_gmem,
     lhs_gmem,
-    rhs_gmem,
-    *epilogue_and_out_gmem,
+    *rhs_epilogue_and_out_gmem,
     cfg: MosaicTileConfig,
     num_groups: int,
     transpose_rhs: bool,
     epilogue=None,
+    num_rhs: int = 1,
+    combine=None,
+    num_outputs: int = 1,
 ):
     # ``epilogue(acc, *epilogue_gmem, group=, row0=, col0=)`` maps a compute warpgroup's float32
     # ``[bm, bn / 2]`` accumulator (columns from ``col0``) before the cast: the FP8 kernel's scales.
-    *epilogue_gmem, out_gmem = epilogue_and_out_gmem
+    # ``num_rhs`` weights share each lhs block (one accumulator each, same columns); ``combine``
+    # maps the accumulators to the ``num_outputs`` float32 results (the fused gated kernel's
+    # ``act(gate) * up``); without it the one accumulator is the one result.
+    rhs_gmems = rhs_epilogue_and_out_gmem[:num_rhs]
+    epilogue_gmem = rhs_epilogue_and_out_gmem[num_rhs:-num_outputs]
+    out_gmems = rhs_epilogue_and_out_gmem[-num_outputs:]
+    out_gmem = out_gmems[0]
     bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
     wg_n = bn // common.NUM_COMPUTE_WARPGROUPS
     stage_rows = cfg.epilogue_rows or bm
@@ -99,7 +107,7 @@ def _jaxmoe_mosaic_gmm(
             body,
             grid=(k // bk,),
             memory_registers=common.MEMORY_REGISTERS,
-            in_specs=[lhs_spec, rhs_spec],
+            in_specs=[lhs_spec] + [rhs_spec] * num_rhs,
             wg_axis="wg",
             num_compute_wgs=common.NUM_COMPUTE_WARPGROUPS,
             max_concurrent_steps=cfg.stages,
@@ -107,7 +115,7 @@ def _jaxmoe_mosaic_gmm(
             pipeline_state=state,
         )
 
-    def rhs_block_source(group, col0):
+    def rhs_block_source(rhs_gmem, group, col0):
         rhs_g = rhs_gmem.at[group]
         return rhs_g.at[pl.ds(col0, bn), :] if transpose_rhs else rhs_g.at[:, pl.ds(col0, bn)]
 
@@ -115,7 +123,7 @@ def _jaxmoe_mosaic_gmm(
         del args, kwargs
 
     allocations = make_pipeline(unused, unused).get_allocations(
-        lhs_gmem.at[pl.ds(0, bm), :], rhs_block_source(0, 0)
+        lhs_gmem.at[pl.ds(0, bm), :], *(rhs_block_source(rhs, 0, 0) for rhs in rhs_gmems)
     )
 
     @functools.partial(
@@ -131,7 +139,7 @@ def _jaxmoe_mosaic_gmm(
         num_compute_work = work_counts_gmem[0]
         num_tail_work = work_counts_gmem[1]
 
-        def store(values, row0, col0, lo, hi):
+        def store(values, out_gmem, row0, col0, lo, hi):
             """A compute warpgroup's ``[bm, wg_n]`` result, rows ``[lo, hi)`` of the tile only."""
             for part in range(bm // stage_rows):
                 first_row = part * stage_rows
@@ -184,7 +192,8 @@ def _jaxmoe_mosaic_gmm(
                 (index,) = loop_info.index
                 _, row0, lo, hi = tile_rows(num_compute_work + index // num_n_tiles)
                 col0 = (index % num_n_tiles) * bn
-                store(jnp.zeros((bm, wg_n), out_dtype), row0, col0, lo, hi)
+                for out in out_gmems:
+                    store(jnp.zeros((bm, wg_n), out_dtype), out, row0, col0, lo, hi)
 
         # The compute work items come first in gmm_work_items' list: [0, num_compute_work).
         @plgpu.nd_loop((num_compute_work * num_n_tiles,), collective_axes="sm")
@@ -195,26 +204,39 @@ def _jaxmoe_mosaic_gmm(
             col0 = n_tile * bn
 
             def context(eval_pipeline):
-                @functools.partial(pl.run_scoped, acc_ref=plgpu.ACC((bm, wg_n), jnp.float32))
-                def _acc_scope(acc_ref):
-                    eval_pipeline(acc_ref)
-                    acc = acc_ref[...]
-                    if epilogue is not None:
-                        wg_col0 = col0 + wg * wg_n
-                        acc = epilogue(acc, *epilogue_gmem, group=group, row0=row0, col0=wg_col0)
-                    store(acc.astype(out_dtype), row0, col0, lo, hi)
+                def acc_scope(*acc_refs):
+                    eval_pipeline(acc_refs)
+                    if combine is not None:
+                        results = combine(*(acc[...] for acc in acc_refs))
+                    else:
+                        (acc,) = (acc_ref[...] for acc_ref in acc_refs)
+                        if epilogue is not None:
+                            wg_col0 = col0 + wg * wg_n
+                            acc = epilogue(
+                                acc, *epilogue_gmem, group=group, row0=row0, col0=wg_col0
+                            )
+                        results = (acc,)
+                    for result, out in zip(results, out_gmems, strict=True):
+                        store(result.astype(out_dtype), out, row0, col0, lo, hi)
 
-            def mma(indices, lhs_smem, rhs_smem, acc_ref):
+                pl.run_scoped(acc_scope, *[plgpu.ACC((bm, wg_n), jnp.float32)] * num_rhs)
+
+            def mma(indices, lhs_smem, *rhs_smems_and_accs):
                 del indices
-                if transpose_rhs:
-                    rhs_block = plgpu.transpose_ref(rhs_smem.at[wg_cols, :], (1, 0))
-                else:
-                    rhs_block = rhs_smem.at[:, wg_cols]
-                plgpu.wgmma(acc_ref, lhs_smem, rhs_block)
+                *rhs_smems, acc_refs = rhs_smems_and_accs
+                for rhs_smem, acc_ref in zip(rhs_smems, acc_refs, strict=True):
+                    if transpose_rhs:
+                        rhs_block = plgpu.transpose_ref(rhs_smem.at[wg_cols, :], (1, 0))
+                    else:
+                        rhs_block = rhs_smem.at[:, wg_cols]
+                    plgpu.wgmma(acc_ref, lhs_smem, rhs_block)
                 plgpu.wgmma_wait(0)
-                return acc_ref
+                return acc_refs
 
-            operands = (lhs_gmem.at[pl.ds(row0, bm), :], rhs_block_source(group, col0))
+            operands = (
+                lhs_gmem.at[pl.ds(row0, bm), :],
+                *(rhs_block_source(rhs, group, col0) for rhs in rhs_gmems),
+            )
             if not chained:
                 make_pipeline(mma, context)(*operands, allocations=pipeline_allocs)
                 return
@@ -296,10 +318,15 @@ def launch_gmm(
     interpret_params,
     epilogue=None,
     epilogue_operands=(),
-) -> Array:
+    more_rhs=(),
+    combine=None,
+    num_outputs: int = 1,
+):
     """The kernel on checked operands: builds the work list and launches one CTA per SM.
 
     ``epilogue`` and ``epilogue_operands`` (GPU memory refs it reads): see the kernel body.
+    ``more_rhs`` (weights shaped like ``rhs``, multiplied by the same lhs blocks), ``combine``
+    and ``num_outputs`` (then a tuple of ``[M, N]`` results is returned): see the kernel body.
     """
     m = lhs.shape[0]
     num_groups = rhs.shape[0]
@@ -314,10 +341,14 @@ def launch_gmm(
         num_groups=num_groups,
         transpose_rhs=transpose_rhs,
         epilogue=epilogue,
+        num_rhs=1 + len(more_rhs),
+        combine=combine,
+        num_outputs=num_outputs,
     )
+    out_type = jax.ShapeDtypeStruct((m, n), out_dtype)
     kernel = plgpu.kernel(
         body,
-        out_type=jax.ShapeDtypeStruct((m, n), out_dtype),
+        out_type=out_type if num_outputs == 1 else (out_type,) * num_outputs,
         grid=(common.num_sms(interpret_params),),
         grid_names=("sm",),
         num_threads=common.NUM_COMPUTE_WARPGROUPS + 1,
@@ -325,7 +356,9 @@ def launch_gmm(
         compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Warpgroup),
         interpret=interpret_params,
     )
-    return kernel(work_counts, work_group, work_tile, offsets, lhs, rhs, *epilogue_operands)
+    return kernel(
+        work_counts, work_group, work_tile, offsets, lhs, rhs, *more_rhs, *epilogue_operands
+    )
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,0 +1,12 @@
+"""The gated grouped matmul op (``act(x Wg) * (x Wu)`` per group): one API, a backend per file."""
+
+from jaxmoe.ops.gated_grouped_matmul.api import gated_grouped_matmul
+from jaxmoe.ops.gated_grouped_matmul.base import GATE_ACTIVATIONS, GatedGroupedMatmulBackend
+from jaxmoe.ops.gated_grouped_matmul.reference import ReferenceGatedGroupedMatmul
+
+__all__ = [
+    "GATE_ACTIVATIONS",
+    "GatedGroupedMatmulBackend",
+    "ReferenceGatedGroupedMatmul",
+    "gated_grouped_matmul",
+]

@@ -1,0 +1,83 @@
+"""Shared pieces of the gated grouped matmul op: the gate activations, argument checks and the
+backend interface.
+
+A backend implements one function on already-validated arguments::
+
+    fused(lhs [M, K], rhs_gate [G, K, F], rhs_up [G, K, F], group_sizes [G], activation,
+          residuals) -> (h,) or (h, gate, up)
+
+    gate = gmm(lhs, rhs_gate), up = gmm(lhs, rhs_up), h = act(gate) * up   ([M, F] each)
+
+with rows at or past ``sum(group_sizes)`` zero in every output (act(0) * 0 = 0). ``residuals``
+asks for ``gate`` and ``up`` as well: the derivative needs them (:mod:`.primitives`). Each
+backend names the grouped matmul backend (``grouped``) that runs the derivative's products.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+
+import jax
+import numpy as np
+
+from jaxmoe.ops.grouped_matmul.api import resolve_backend
+from jaxmoe.ops.grouped_matmul.base import GroupedMatmulBackend, check_grouped_matmul_args
+
+Array = jax.Array
+
+
+def _gelu_tanh(x):
+    return jax.nn.gelu(x, approximate=True)
+
+
+# The nonlinearity of each gated activation (GELU is the tanh approximation).
+GATE_ACTIVATIONS = {"swiglu": jax.nn.silu, "geglu": _gelu_tanh}
+
+
+def check_gated_args(lhs, rhs_gate, rhs_up, group_sizes, activation) -> None:
+    """Raises ValueError, naming the argument, for anything the op cannot take."""
+    if activation not in GATE_ACTIVATIONS:
+        raise ValueError(
+            f"gated_grouped_matmul: `activation` must be one of {tuple(GATE_ACTIVATIONS)}; got "
+            f"{activation!r}. Plain activations (gelu, relu) have no gate: use grouped_matmul."
+        )
+    if np.shape(rhs_gate) != np.shape(rhs_up):
+        raise ValueError(
+            f"gated_grouped_matmul: `rhs_gate` {np.shape(rhs_gate)} and `rhs_up` "
+            f"{np.shape(rhs_up)} must have one shape [G, K, F]."
+        )
+    check_grouped_matmul_args(lhs, rhs_gate, group_sizes)
+    check_grouped_matmul_args(lhs, rhs_up, group_sizes)
+
+
+@dataclasses.dataclass(frozen=True)
+class GatedGroupedMatmulBackend(abc.ABC):
+    """One implementation of ``fused`` (see the module docstring).
+
+    Attributes:
+      grouped: the grouped matmul backend of the derivative's products (and of everything a
+        backend leaves to the unfused composition); ``None``: ``grouped_matmul``'s ``"auto"``.
+      residuals_from_kernel: under differentiation, whether ``fused`` writes ``h``, ``gate`` and
+        ``up`` in one call (``True``), or the unfused composition on ``grouped`` computes them
+        (``False``: the kernel then runs only where nothing is differentiated). Either way the
+        derivatives are the unfused path's; it is a speed choice (see :mod:`.primitives`).
+    """
+
+    grouped: GroupedMatmulBackend | None = None
+    residuals_from_kernel: bool = True
+    name: str = dataclasses.field(default="", init=False)
+
+    def __post_init__(self):
+        if self.grouped is None:  # frozen dataclass: fill the default in place
+            object.__setattr__(self, "grouped", resolve_backend("auto"))
+
+    @abc.abstractmethod
+    def unsupported_reason(self, lhs, rhs_gate, group_sizes) -> str | None:
+        """Why ``fused`` cannot take these operands (``None`` if it can); decided before
+        tracing, from shapes and dtypes."""
+
+    @abc.abstractmethod
+    def fused(
+        self, lhs, rhs_gate, rhs_up, group_sizes, *, activation: str, residuals: bool
+    ) -> tuple[Array, ...]: ...

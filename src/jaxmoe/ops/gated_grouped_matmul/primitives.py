@@ -1,0 +1,149 @@
+r"""The fused gated grouped matmul as a JAX primitive whose derivatives are grouped matmuls.
+
+``gated_gmm_p(lhs, rhs_gate, rhs_up, group_sizes) -> (h,)`` or ``(h, gate, up)`` (with
+``residuals``); the ``kernel`` parameter (a :class:`.base.GatedGroupedMatmulBackend`) computes
+it. Why a primitive with a JVP rule rather than a ``jax.custom_vjp``: a custom VJP has no
+forward mode and is differentiable again only through its own rules, whereas the layer is
+differentiated to any order (``tests/test_higher_order.py``). The JVP rule below is the product
+rule written with the grouped matmul primitives (:mod:`jaxmoe.ops.grouped_matmul.primitives`),
+which are linear and transposable, so reverse mode, forward mode and every higher order follow::
+
+    (h, gate, up) = gated_gmm_p(x, Wg, Wu, residuals=True)        the kernel, once
+    d gate = gmm(dx, Wg) + gmm(x, dWg)      d up = gmm(dx, Wu) + gmm(x, dWu)
+    d h    = act'(gate) d gate * up + act(gate) * d up
+
+Under ``jax.grad`` the forward computes ``h`` and the residuals ``gate`` and ``up`` once (see
+below); the backward is the transpose of the tangent lines: ``d gate = dh * up *
+act'(gate)``, ``d up = dh * act(gate)`` (XLA elementwise), ``dx = gmm(d gate, Wg^T) + gmm(d up,
+Wu^T)`` and ``dWg = tgmm(x, d gate)``, ``dWu = tgmm(x, d up)`` on ``kernel.grouped``. These are
+the very operations reverse mode runs through the unfused composition ``act(gmm(x, Wg)) *
+gmm(x, Wu)`` (``act``'s own JVP included), so the gradients equal the unfused ones given equal
+``gate`` and ``up``.
+
+Where ``gate`` and ``up`` come from (``kernel.residuals_from_kernel``): never from the fused
+``h`` plus two more ``gmm`` calls (every forward FLOP twice). Either the kernel writes them from
+its epilogue beside ``h`` (two ``[M, F]`` stores the unfused path makes anyway), or the unfused
+composition computes all three (``_composition``), and the kernel runs only when nothing is
+differentiated. The Mosaic backend takes the second by measurement (see its docstring); the
+derivatives are the same either way.
+
+**Batching** (``jax.vmap``): the unfused composition on ``kernel.grouped``, whose grouped
+matmuls batch by their own rule (one grouped matmul over the batch's groups). The fused kernel
+is not run under ``vmap``; the layer calls this op unbatched.
+
+**shard_map**: the operands are cast to vary over the same manual axes before binding, as for
+the grouped matmul primitives.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.extend.core import Primitive
+from jax.interpreters import ad, batching, mlir
+
+from jaxmoe import compat
+from jaxmoe.ops.gated_grouped_matmul.base import GATE_ACTIVATIONS
+from jaxmoe.ops.gated_grouped_matmul.reference import unfused
+from jaxmoe.ops.grouped_matmul import primitives as gmm_primitives
+
+Array = jax.Array
+
+gated_gmm_p = Primitive("jaxmoe_gated_grouped_matmul")
+gated_gmm_p.multiple_results = True
+
+
+def gated_gmm(lhs, rhs_gate, rhs_up, group_sizes, *, kernel, activation: str, residuals: bool):
+    """``(h,)`` or ``(h, gate, up)``; see the module docstring."""
+    operands = (lhs, rhs_gate, rhs_up, group_sizes)
+    axes = set()
+    for value in operands:
+        axes |= compat.varying_axes(value) or frozenset()
+    operands = tuple(compat.vary(value, tuple(axes)) for value in operands)
+    return tuple(
+        gated_gmm_p.bind(*operands, kernel=kernel, activation=activation, residuals=residuals)
+    )
+
+
+def _kernel_call(lhs, rhs_gate, rhs_up, group_sizes, *, kernel, activation, residuals):
+    return kernel.fused(
+        lhs, rhs_gate, rhs_up, group_sizes, activation=activation, residuals=residuals
+    )
+
+
+def _abstract(lhs, rhs_gate, rhs_up, group_sizes, *, kernel, activation, residuals):
+    shape = (lhs.shape[0], rhs_gate.shape[2])
+    out = gmm_primitives._out_aval(lhs, shape, lhs.dtype, leading_from_like=True)
+    return [out] * (3 if residuals else 1)
+
+
+gated_gmm_p.def_effectful_abstract_eval(
+    gmm_primitives._with_kernel_effects(_abstract, _kernel_call)
+)
+gated_gmm_p.def_impl(_kernel_call)
+mlir.register_lowering(gated_gmm_p, mlir.lower_fun(_kernel_call, multiple_results=True))
+
+
+def _composition(lhs, rhs_gate, rhs_up, group_sizes, *, kernel, activation, residuals):
+    gate, up = (
+        gmm_primitives.gmm(
+            lhs, rhs, group_sizes, impl=kernel.grouped, transpose_rhs=False, out_dtype=lhs.dtype
+        )
+        for rhs in (rhs_gate, rhs_up)
+    )
+    hidden = unfused(gate, up, activation).astype(lhs.dtype)
+    return (hidden, gate, up) if residuals else (hidden,)
+
+
+# --- differentiation: the product rule on grouped matmul primitives ---------------------------
+
+
+def _product_tangent(lhs, rhs, lhs_dot, rhs_dot, group_sizes, grouped, like):
+    """``gmm(lhs_dot, rhs) + gmm(lhs, rhs_dot)``, skipping symbolic zeros."""
+    gmm = functools.partial(
+        gmm_primitives.gmm, impl=grouped, transpose_rhs=False, out_dtype=lhs.dtype
+    )
+    terms = []
+    if type(lhs_dot) is not ad.Zero:
+        terms.append(gmm(lhs_dot, rhs, group_sizes))
+    if type(rhs_dot) is not ad.Zero:
+        terms.append(gmm(lhs, rhs_dot, group_sizes))
+    if not terms:
+        return jnp.zeros_like(like)
+    return functools.reduce(jnp.add, terms)
+
+
+def _jvp(primals, tangents, *, kernel, activation, residuals):
+    lhs, rhs_gate, rhs_up, group_sizes = primals
+    lhs_dot, gate_w_dot, up_w_dot, _ = tangents
+    primal = gated_gmm if kernel.residuals_from_kernel else _composition
+    hidden, gate, up = primal(
+        lhs, rhs_gate, rhs_up, group_sizes, kernel=kernel, activation=activation, residuals=True
+    )
+    tangent = functools.partial(
+        _product_tangent, group_sizes=group_sizes, grouped=kernel.grouped, like=gate
+    )
+    gate_dot = tangent(lhs, rhs_gate, lhs_dot, gate_w_dot)
+    up_dot = tangent(lhs, rhs_up, lhs_dot, up_w_dot)
+    # act's own JVP, as reverse mode applies it to the unfused act(gate) * up.
+    activated, activated_dot = jax.jvp(GATE_ACTIVATIONS[activation], (gate,), (gate_dot,))
+    hidden_dot = activated_dot * up + activated * up_dot
+    if residuals:
+        return (hidden, gate, up), (hidden_dot, gate_dot, up_dot)
+    return (hidden,), (hidden_dot,)
+
+
+ad.primitive_jvps[gated_gmm_p] = _jvp
+
+
+# --- batching: the unfused composition, batched by the grouped matmul's rule ------------------
+
+
+def _batch(args, dims, **params):
+    outs = jax.vmap(functools.partial(_composition, **params), in_axes=tuple(dims))(*args)
+    return outs, [0] * len(outs)
+
+
+batching.primitive_batchers[gated_gmm_p] = _batch

@@ -1,0 +1,135 @@
+"""The fused Mosaic GPU gated kernel against the float64 NumPy reference, forward and VJP.
+
+On a CPU the kernel runs in Mosaic GPU's interpreter (seconds a call), so shapes are the
+smallest with two M tiles, two N tiles and two K steps per tile; the derivative's grouped
+matmuls run on the reference backend (only the forward is the kernel's). On the device,
+``benchmarks/fused_glu_probe.py`` checks it at the benchmark shapes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from test_gated_grouped_matmul import _np_act, composition
+from test_grouped_matmul import np_bounds, np_gmm, random_inputs
+
+from jaxmoe.ops.gated_grouped_matmul import gated_grouped_matmul
+from jaxmoe.ops.gated_grouped_matmul import pallas_mosaic as fused_mosaic
+from jaxmoe.ops.gated_grouped_matmul.pallas_mosaic import PallasMosaicGatedGroupedMatmul
+from jaxmoe.ops.grouped_matmul import ReferenceGroupedMatmul
+from jaxmoe.ops.grouped_matmul.pallas_mosaic import MosaicTileConfig
+
+M, K, F = 128, 128, 256
+SMALL = MosaicTileConfig(block_m=64, block_n=128, block_k=64, stages=2, group_swizzle=2)
+CHAINED = MosaicTileConfig(64, 128, 64, stages=2, group_swizzle=2, pipelined_tiles=True)
+KERNEL = PallasMosaicGatedGroupedMatmul(grouped=ReferenceGroupedMatmul(), tiles=SMALL)
+TOL = {"bfloat16": 1.6e-2, "float16": 2e-3}
+
+
+def _inputs(group_sizes, dtype="bfloat16", seed=0):
+    lhs, gate_w, _ = random_inputs(M, K, F, len(group_sizes), dtype, seed)
+    _, up_w, cotangent = random_inputs(M, K, F, len(group_sizes), dtype, seed + 1)
+    return lhs, gate_w, up_w, cotangent
+
+
+def _relative(got, want):
+    got = np.asarray(jnp.asarray(got, jnp.float32), np.float64)
+    return float(np.max(np.abs(got - want))) / max(float(np.max(np.abs(want))), 1e-6)
+
+
+@pytest.mark.parametrize(
+    "activation, dtype, cfg",
+    [("swiglu", "bfloat16", SMALL), ("geglu", "bfloat16", CHAINED), ("swiglu", "float16", SMALL)],
+)
+def test_forward_empty_groups_straddling_tiles_and_tail(activation, dtype, cfg):
+    # Groups end at rows 50, 50, 53, 100: an empty group, a 3-row group inside a tile, a boundary
+    # inside each tile, and 28 tail rows that must be zero in all three outputs.
+    sizes = [50, 0, 3, 47]
+    lhs, gate_w, up_w, _ = _inputs(sizes, dtype)
+    hidden, gate, up = fused_mosaic.fused_gmm(
+        lhs,
+        gate_w,
+        up_w,
+        jnp.array(sizes, jnp.int32),
+        activation=activation,
+        residuals=True,
+        tiles=cfg,
+    )
+    want_gate, want_up = np_gmm(lhs, gate_w, sizes), np_gmm(lhs, up_w, sizes)
+    assert _relative(gate, want_gate) <= TOL[dtype] and _relative(up, want_up) <= TOL[dtype]
+    assert _relative(hidden, _np_act(want_gate, activation) * want_up) <= TOL[dtype]
+    for out in (hidden, gate, up):
+        assert out.dtype == jnp.dtype(dtype) and np.all(np.asarray(out[100:]) == 0)
+
+
+def test_forward_one_group_holds_every_row():
+    sizes = [0, M, 0]
+    lhs, gate_w, up_w, _ = _inputs(sizes, seed=2)
+    (hidden,) = fused_mosaic.fused_gmm(
+        lhs, gate_w, up_w, jnp.array(sizes, jnp.int32), activation="swiglu", tiles=SMALL
+    )
+    want = _np_act(np_gmm(lhs, gate_w, sizes), "swiglu") * np_gmm(lhs, up_w, sizes)
+    assert _relative(hidden, want) <= TOL["bfloat16"]
+
+
+@pytest.mark.parametrize(
+    "activation, residuals_from_kernel", [("swiglu", True), ("geglu", True), ("swiglu", False)]
+)
+def test_vjp_matches_the_unfused_path_within_bf16_rounding(activation, residuals_from_kernel):
+    sizes = [70, 0, 30]
+    lhs, gate_w, up_w, cotangent = _inputs(sizes, seed=3)
+    gs = jnp.array(sizes, jnp.int32)
+    kernel = dataclasses.replace(KERNEL, residuals_from_kernel=residuals_from_kernel)
+    fused = functools.partial(gated_grouped_matmul, activation=activation, backend=kernel)
+    got = jax.vjp(lambda *w: fused(*w, gs), lhs, gate_w, up_w)
+    want = jax.vjp(composition(gs, activation), lhs, gate_w, up_w)
+    (out, vjp), (want_out, want_vjp) = got, want
+    f64 = lambda a: np.asarray(jnp.asarray(a, jnp.float32), np.float64)  # noqa: E731
+    assert _relative(out, f64(want_out)) <= TOL["bfloat16"]
+    for name, a, b in zip(("lhs", "gate", "up"), vjp(cotangent), want_vjp(cotangent), strict=True):
+        assert _relative(a, f64(b)) <= 2 * TOL["bfloat16"], name
+    end = np_bounds(sizes, M)[-1]
+    assert np.all(np.asarray(vjp(cotangent)[0][end:]) == 0)
+
+
+@pytest.mark.parametrize("residuals", [False, True])
+@pytest.mark.parametrize("k", [2048, 512], ids=["plain", "chained"])
+def test_default_tiles_lower_for_cuda(residuals, k):
+    # No GPU needed: the two-accumulator kernel passes Mosaic GPU's lowering with the default
+    # tiles (a 4-deep ring; at K = 512 one pipeline across a CTA's tiles).
+    fn = jax.jit(
+        functools.partial(
+            fused_mosaic.fused_gmm, activation="geglu", residuals=residuals, interpret=False
+        )
+    )
+    lowered = fn.trace(
+        jax.ShapeDtypeStruct((256, k), jnp.bfloat16),
+        jax.ShapeDtypeStruct((4, k, 512), jnp.bfloat16),
+        jax.ShapeDtypeStruct((4, k, 512), jnp.bfloat16),
+        jax.ShapeDtypeStruct((4,), jnp.int32),
+    ).lower(lowering_platforms=("cuda",))
+    assert "mosaic_gpu" in lowered.as_text()
+
+
+def test_default_tiles_take_block_n_128_and_fit():
+    cfg = fused_mosaic.default_gated_tiles(16384, 4096, 14336)
+    assert (cfg.block_m, cfg.block_n, cfg.block_k, cfg.stages) == (128, 128, 64, 4)
+    assert fused_mosaic.default_gated_tiles(65536, 2048, 768).pipelined_tiles
+
+
+@pytest.mark.parametrize(
+    "shape, dtype, why",
+    [((128, 64, 128), "float32", "bf16/fp16"), ((128, 64, 96), "bfloat16", "block_n")],
+)
+def test_unsupported_operands_raise_not_implemented(shape, dtype, why):
+    m, k, n = shape
+    lhs, rhs, _ = random_inputs(m, k, n, 2, dtype)
+    with pytest.raises(NotImplementedError, match=why):
+        fused_mosaic.fused_gmm(
+            lhs, rhs, rhs, jnp.array([64, 64], jnp.int32), activation="swiglu", tiles=SMALL
+        )
