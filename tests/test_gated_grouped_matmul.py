@@ -176,6 +176,8 @@ def test_auto_fuses_on_a_hopper_only_where_the_kernel_applies(monkeypatch):
     assert "jaxmoe_gated" not in _ops_in(op(jnp.float32), lhs, gate_w, up_w)  # fp32: unfused
     for named in ("xla", "pallas_triton", ReferenceGroupedMatmul()):  # a named backend stays
         assert "jaxmoe_gated" not in _ops_in(op(jnp.bfloat16, named), lhs, gate_w, up_w)
+    monkeypatch.setattr(api, "AUTO_FUSED_MAX_K", 32)  # K = 64 is past it: unfused (measured)
+    assert "jaxmoe_gated" not in _ops_in(op(jnp.bfloat16), lhs, gate_w, up_w)
 
 
 def test_a_named_fused_backend_never_falls_back():
