@@ -8,26 +8,14 @@ from __future__ import annotations
 import argparse
 import json
 import pathlib
-import statistics
 import sys
-import time
 
 import jax
 import jax.numpy as jnp
 
 from jaxmoe.bench.harness import results_header
+from jaxmoe.bench.timing import host_launch_ms
 from jaxmoe.ops.grouped_matmul import grouped_matmul
-
-
-def host_dispatch_ms(fn, *args, repeats=50):
-    samples = []
-    for _ in range(repeats):
-        jax.block_until_ready(fn(*args))
-        t0 = time.perf_counter()
-        out = fn(*args)
-        samples.append((time.perf_counter() - t0) * 1e3)
-        jax.block_until_ready(out)
-    return statistics.median(samples)
 
 
 def main(argv=None) -> int:
@@ -49,7 +37,7 @@ def main(argv=None) -> int:
     rows = []
     for name, (fn, fn_args) in cases.items():
         try:
-            rows.append({"op": name, "host_dispatch_ms": host_dispatch_ms(fn, *fn_args)})
+            rows.append({"op": name, "host_dispatch_ms": host_launch_ms(fn, *fn_args)})
         except Exception as error:  # noqa: BLE001 - record and go on
             rows.append({"op": name, "error": f"{type(error).__name__}: {error}"[:300]})
         print(json.dumps(rows[-1]), flush=True)

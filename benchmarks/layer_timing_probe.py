@@ -36,7 +36,7 @@ import jaxmoe
 from jaxmoe.bench.harness import results_header
 from jaxmoe.bench.layer import layer_config
 from jaxmoe.bench.presets import LAYER_PRESETS
-from jaxmoe.bench.timing import time_jax
+from jaxmoe.bench.timing import host_launch_ms, time_jax
 
 
 def per_call_sync_ms(fn, *args, repeats=30):
@@ -47,17 +47,6 @@ def per_call_sync_ms(fn, *args, repeats=30):
         t0 = time.perf_counter()
         jax.block_until_ready(fn(*args))
         samples.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(samples)
-
-
-def host_dispatch_ms(fn, *args, repeats=20):
-    samples = []
-    for _ in range(repeats):
-        jax.block_until_ready(fn(*args))
-        t0 = time.perf_counter()
-        out = fn(*args)
-        samples.append((time.perf_counter() - t0) * 1e3)
-        jax.block_until_ready(out)
     return statistics.median(samples)
 
 
@@ -136,7 +125,7 @@ def main(argv=None) -> int:
             try:
                 pipelined = time_jax(fn, *fn_args).median_ms
                 synced = per_call_sync_ms(fn, *fn_args)
-                dispatch = host_dispatch_ms(fn, *fn_args)
+                dispatch = host_launch_ms(fn, *fn_args)
                 record(
                     preset=name,
                     case=case,

@@ -120,3 +120,18 @@ def time_torch(
         max_inner=max_inner,
         per_call=per_call,
     )
+
+
+def host_launch_ms(fn: Callable[..., Any], *args, repeats: int = 20) -> float:
+    """Median host milliseconds for ``fn(*args)`` (jitted) to return, the device idle before each
+    call: the launch cost a one-call-at-a-time loop pays on top of the device's time."""
+    import jax
+
+    samples = []
+    for _ in range(repeats):
+        jax.block_until_ready(fn(*args))
+        t0 = time.perf_counter()
+        out = fn(*args)
+        samples.append((time.perf_counter() - t0) * 1e3)
+        jax.block_until_ready(out)
+    return statistics.median(samples)
