@@ -1,0 +1,80 @@
+"""How long the FP8 layer's weight quantization takes on the GPU, and which layout is cheapest.
+
+For one Mixtral-sized expert weight ``[G, K, N] = [8, 4096, 14336]`` bf16 (and the layer's
+activations ``[8192, 4096]``), times under ``jit``: the rowwise quantization as
+``fp8_grouped_matmul`` runs it for the Mosaic kernel (amax over K, cast, then the K-major copy
+``[G, N, K]``), the same from a bf16 transpose first (amax over the last axis), and the amax and
+the cast alone, with the bytes each moves and the GB/s that makes. Writes
+``fp8-quantize.json`` under ``--out-dir``.
+    PYTHONPATH=src python3 benchmarks/fp8_quantize_probe.py --out-dir $OUT
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import sys
+
+import jax
+import jax.numpy as jnp
+
+from jaxmoe.bench.harness import results_header
+from jaxmoe.bench.timing import time_jax
+from jaxmoe.ops.fp8 import E4M3, quantize
+
+
+def cases(groups=8, k=4096, n=14336, tokens=8192):
+    weight = jax.random.normal(jax.random.key(0), (groups, k, n), jnp.bfloat16)
+    acts = jax.random.normal(jax.random.key(1), (tokens, k), jnp.bfloat16)
+    elements = weight.size
+
+    def kmajor_after(w):  # what the layer runs today: quantize [G, K, N], then swap to K-major
+        q, scale = quantize(w, (1, None, 1))
+        return jnp.swapaxes(q, 1, 2), scale
+
+    def kmajor_before(w):  # transpose in bf16 first, then amax along the (now last) K axis
+        return quantize(jnp.swapaxes(w, 1, 2), (1, 1, None))
+
+    return {
+        # (fn, args, bytes moved at best: reads + writes)
+        "weight_quantize_then_transpose": (kmajor_after, (weight,), elements * (2 + 2 + 1)),
+        "weight_transpose_then_quantize": (kmajor_before, (weight,), elements * (2 + 2 + 1)),
+        "weight_quantize_no_transpose": (
+            lambda w: quantize(w, (1, None, 1)),
+            (weight,),
+            elements * (2 + 2 + 1),
+        ),
+        "weight_amax_only": (
+            lambda w: jnp.max(jnp.abs(w), axis=1),
+            (weight,),
+            elements * 2,
+        ),
+        "weight_cast_only": (lambda w: w.astype(E4M3), (weight,), elements * 3),
+        "weight_transpose_bf16_only": (
+            lambda w: jnp.swapaxes(w, 1, 2),
+            (weight,),
+            elements * 4,
+        ),
+        "activation_quantize": (lambda a: quantize(a, (1, None)), (acts,), acts.size * 5),
+    }
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out-dir", default="fp8-quantize-probe")
+    args = parser.parse_args(argv)
+    rows = []
+    for name, (fn, fn_args, nbytes) in cases().items():
+        ms = time_jax(jax.jit(fn), *fn_args).median_ms
+        rows.append({"case": name, "ms": ms, "bytes": nbytes, "gbps": nbytes / ms / 1e6})
+        print(json.dumps(rows[-1]), flush=True)
+    out = pathlib.Path(args.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    header = results_header("python3 benchmarks/fp8_quantize_probe.py")
+    (out / "fp8-quantize.json").write_text(json.dumps({"header": header, "rows": rows}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
