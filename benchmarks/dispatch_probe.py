@@ -13,7 +13,7 @@ import sys
 import jax
 import jax.numpy as jnp
 
-from jaxmoe.bench.harness import results_header
+from jaxmoe.bench.harness import results_header, write_results
 from jaxmoe.bench.timing import host_launch_ms
 from jaxmoe.ops.grouped_matmul import grouped_matmul
 
@@ -41,10 +41,11 @@ def main(argv=None) -> int:
         except Exception as error:  # noqa: BLE001 - record and go on
             rows.append({"op": name, "error": f"{type(error).__name__}: {error}"[:300]})
         print(json.dumps(rows[-1]), flush=True)
-    out = pathlib.Path(args.out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    header = results_header("python3 benchmarks/dispatch_probe.py")
-    (out / "dispatch.json").write_text(json.dumps({"header": header, "rows": rows}, indent=1))
+    write_results(
+        pathlib.Path(args.out_dir) / "dispatch.json",
+        results_header("python3 benchmarks/dispatch_probe.py"),
+        rows,
+    )
     return 0
 
 

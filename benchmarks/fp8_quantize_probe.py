@@ -22,7 +22,7 @@ import sys
 import jax
 import jax.numpy as jnp
 
-from jaxmoe.bench.harness import results_header
+from jaxmoe.bench.harness import results_header, write_results
 from jaxmoe.bench.timing import time_jax
 from jaxmoe.ops.fp8 import E4M3, quantize
 
@@ -89,10 +89,11 @@ def main(argv=None) -> int:
         ms = time_jax(jax.jit(fn), *fn_args).median_ms
         rows.append({"case": name, "ms": ms, "bytes": nbytes, "gbps": nbytes / ms / 1e6})
         print(json.dumps(rows[-1]), flush=True)
-    out = pathlib.Path(args.out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    header = results_header("python3 benchmarks/fp8_quantize_probe.py")
-    (out / "fp8-quantize.json").write_text(json.dumps({"header": header, "rows": rows}, indent=1))
+    write_results(
+        pathlib.Path(args.out_dir) / "fp8-quantize.json",
+        results_header("python3 benchmarks/fp8_quantize_probe.py"),
+        rows,
+    )
     return 0
 
 
