@@ -317,7 +317,10 @@ def gmm_work_items(group_sizes: Array, num_rows: int, block_m: int):
     item_end = jnp.cumsum(counts)
     num_work = pl.cdiv(num_rows, block_m) + num_groups
     work = jnp.arange(num_work, dtype=jnp.int32)
-    work_group = jnp.searchsorted(item_end, work, side="right").astype(jnp.int32)  # G+1: unused
+    # compare_all: one small fused comparison ([W, G + 1], a few thousand elements) where the
+    # default binary search is a loop of log2(G) steps, each its own kernel launches on a GPU.
+    work_group = jnp.searchsorted(item_end, work, side="right", method="compare_all")
+    work_group = work_group.astype(jnp.int32)  # G + 1: unused
     g = jnp.minimum(work_group, num_groups)
     work_tile = first_tile[g] + work - (item_end[g] - counts[g])
     work_tile = jnp.where(work_group <= num_groups, work_tile, 0).astype(jnp.int32)
