@@ -49,10 +49,12 @@ def routing_bias(kind: str, ep: int) -> np.ndarray:
     return bias
 
 
-def make_case(routing="uniform", batch=8, seq=4, **cfg_kwargs):
+def make_case(
+    routing="uniform", batch=8, seq=4, num_experts=NUM_EXPERTS, top_k=TOP_K, **cfg_kwargs
+):
     cfg = jaxmoe.MoEConfig(
-        num_experts=NUM_EXPERTS,
-        top_k=TOP_K,
+        num_experts=num_experts,
+        top_k=top_k,
         hidden_size=HIDDEN,
         ffn_size=FFN,
         score="sigmoid",

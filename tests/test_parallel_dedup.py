@@ -17,30 +17,19 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from test_parallel import MESHES, assert_same_layer, value_and_grads
+from test_parallel import make_case as base_case
 from test_parallel_exchange import collectives
 
 import jaxmoe
 from jaxmoe import debug
 from jaxmoe.parallel import layout
 
-HIDDEN, FFN = 8, 16
-
 
 def make_case(num_experts=8, top_k=2, routing="uniform", ep=4, batch=8, seq=4, **cfg_kwargs):
-    cfg = jaxmoe.MoEConfig(
-        num_experts=num_experts,
-        top_k=top_k,
-        hidden_size=HIDDEN,
-        ffn_size=FFN,
-        score="sigmoid",
-        use_expert_bias=True,
-        aux_loss_coef=0.01,
-        seq_aux_loss_coef=0.02,
-        z_loss_coef=0.001,
-        **cfg_kwargs,
+    """``test_parallel.make_case`` with any E and K, and routings that need the rank count."""
+    cfg, params, x, cotangent = base_case(
+        batch=batch, seq=seq, num_experts=num_experts, top_k=top_k, **cfg_kwargs
     )
-    k1, k2, k3 = jax.random.split(jax.random.key(0), 3)
-    params = jaxmoe.init_params(k1, cfg)
     # Selection bias (sigmoid scores lie in (0, 1), so +10 decides the choice).
     bias = np.zeros(num_experts, np.float32)
     if routing == "skewed":
@@ -49,10 +38,7 @@ def make_case(num_experts=8, top_k=2, routing="uniform", ep=4, batch=8, seq=4, *
         bias[3] = 10.0  # every token's first choice is expert 3
     elif routing == "empty_ranks":
         bias[: max(top_k, num_experts // ep)] = 10.0  # only rank 0's experts: others get nothing
-    params = {**params, "expert_bias": jnp.asarray(bias)}
-    x = jax.random.normal(k2, (batch, seq, HIDDEN), jnp.float32)
-    cotangent = jax.random.normal(k3, x.shape, jnp.float32)
-    return cfg, params, x, cotangent
+    return cfg, {**params, "expert_bias": jnp.asarray(bias)}, x, cotangent
 
 
 def run_both(mesh_name, **case):
