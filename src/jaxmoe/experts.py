@@ -7,15 +7,16 @@ import jax.numpy as jnp
 
 from jaxmoe.ops.fp8 import fp8_grouped_matmul
 from jaxmoe.ops.gated_grouped_matmul import gated_grouped_matmul
+from jaxmoe.ops.gated_grouped_matmul.base import GATE_ACTIVATIONS
 from jaxmoe.ops.grouped_matmul import grouped_matmul
 
 
 def activation_fn(name: str):
     """The nonlinearity of an activation name (GELU is the tanh approximation)."""
-    if name in ("swiglu",):
-        return jax.nn.silu
-    if name in ("geglu", "gelu"):
-        return lambda h: jax.nn.gelu(h, approximate=True)
+    if name in GATE_ACTIVATIONS:
+        return GATE_ACTIVATIONS[name]
+    if name == "gelu":  # geglu's nonlinearity, ungated
+        return GATE_ACTIVATIONS["geglu"]
     if name == "relu":
         return jax.nn.relu
     raise ValueError(f"unknown activation {name!r}")
