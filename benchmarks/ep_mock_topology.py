@@ -62,6 +62,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--ep", type=int, default=4)
     parser.add_argument("--tokens", type=int, default=4096, help="tokens per GPU")
+    parser.add_argument("--hidden", type=int, default=7168)
+    parser.add_argument("--ffn", type=int, default=2048)
+    parser.add_argument("--variants", default="default,chunks2,worst_case_slots,fast_slots_alone")
+    parser.add_argument("--tag", default="", help="suffix of the output files (e.g. the flags)")
     parser.add_argument("--out-dir", default=os.environ.get("OUT", "/tmp"))
     args = parser.parse_args()
 
@@ -73,13 +77,15 @@ def main() -> None:
 
     import jaxmoe
 
+    started = time.perf_counter()
     devices = jax.devices()
+    print(f"{len(devices)} devices in {time.perf_counter() - started:.1f} s: {devices}", flush=True)
     mesh = jax.sharding.Mesh(np.array(devices[: args.ep]), ("ep",))
     base = jaxmoe.MoEConfig(
         num_experts=32,
         top_k=8,
-        hidden_size=7168,
-        ffn_size=2048,
+        hidden_size=args.hidden,
+        ffn_size=args.ffn,
         score="sigmoid",
         use_expert_bias=True,
         dtype=jnp.bfloat16,
@@ -89,6 +95,8 @@ def main() -> None:
     variants = {
         "default": base,
         "chunks2": dataclasses.replace(base, ep_chunks=2),
+        "chunks2_copies": dataclasses.replace(base, ep_chunks=2, ep_dispatch="copies"),
+        "copies": dataclasses.replace(base, ep_dispatch="copies"),
         "worst_case_slots": dataclasses.replace(base, ep_fast_slot_factor=None),
         "fast_slots_alone": dataclasses.replace(base, ep_receive_factor=1.125),
     }
@@ -102,8 +110,9 @@ def main() -> None:
         "xla_flags": os.environ.get("XLA_FLAGS", ""),
         "variants": {},
     }
-    for name, cfg in variants.items():
-        row = {}
+    for name in args.variants.split(","):
+        cfg, row = variants[name], {}
+        print(f"compiling {name}", flush=True)
         try:
             loss = lambda p, x, cfg=cfg: jnp.sum(
                 jaxmoe.moe(p, x, cfg, mesh=mesh)[0].astype(jnp.float32)
@@ -116,7 +125,7 @@ def main() -> None:
             row["argument_gb"] = memory.argument_size_in_bytes / 1e9
             hlo = compiled.as_text()
             row.update(overlap_report(hlo))
-            with open(os.path.join(args.out_dir, f"hlo-{name}.txt"), "w") as f:
+            with open(os.path.join(args.out_dir, f"hlo-{name}{args.tag}.txt"), "w") as f:
                 f.write(hlo)
         except Exception as error:  # noqa: BLE001 - a variant's failure is a result
             row["error"] = f"{type(error).__name__}: {str(error)[:400]}"
@@ -124,7 +133,7 @@ def main() -> None:
         print(name, json.dumps({k: v for k, v in row.items() if k != "exchanges"}), flush=True)
         for exchange in row.get("exchanges", []):
             print("   ", exchange, flush=True)
-    with open(os.path.join(args.out_dir, f"ep-mock-topology-ep{args.ep}.json"), "w") as f:
+    with open(os.path.join(args.out_dir, f"ep-mock-topology-ep{args.ep}{args.tag}.json"), "w") as f:
         json.dump(results, f, indent=1)
 
 

@@ -107,6 +107,11 @@ def main() -> None:
         "s2chain": cfg(128, 256, 64, 2, 8, pipelined_tiles=True),
         "n128s4": cfg(128, 128, 64, 4, 8),
         "n128s4chain": cfg(128, 128, 64, 4, 8, pipelined_tiles=True),
+        # The L2 swizzle width (work items walked together along N), never swept before run 8.
+        "s4e64g4": cfg(128, 256, 64, 4, 4, epilogue_rows=64),
+        "s4e64g16": cfg(128, 256, 64, 4, 16, epilogue_rows=64),
+        "s4e64g32": cfg(128, 256, 64, 4, 32, epilogue_rows=64),
+        "s4e64chaing16": cfg(128, 256, 64, 4, 16, pipelined_tiles=True, epilogue_rows=64),
     }
     if args.variants != "all":
         variants = {k: variants[k] for k in args.variants.split(",")}
