@@ -31,3 +31,24 @@ def test_per_call_timing_waits_for_every_call():
 def test_host_launch_ms_is_a_positive_duration():
     fn = jax.jit(lambda x: x * 2)
     assert 0 < timing.host_launch_ms(fn, jnp.ones(8), repeats=3) < 1e3
+
+
+def test_interleaved_timing_rotates_the_contenders_every_round():
+    order = []
+
+    def contender(name, ms):
+        def call():
+            order.append(name)
+            time.sleep(ms / 1e3)
+            return name
+
+        return call, lambda out: None, 2
+
+    timings = timing.time_interleaved(
+        {"a": contender("a", 1.0), "b": contender("b", 3.0), "c": contender("c", 2.0)}, rounds=3
+    )
+    # One sample (two calls) of every contender per round, starting one later each round.
+    assert "".join(order) == "aabbcc" + "bbccaa" + "ccaabb"
+    assert {name: t.samples for name, t in timings.items()} == {"a": 3, "b": 3, "c": 3}
+    assert timings["a"].median_ms < timings["c"].median_ms < timings["b"].median_ms
+    assert timings["a"].median_ms >= 1.0 and timings["b"].inner == 2

@@ -230,6 +230,26 @@ def test_square_blocks_quantize_the_transpose_to_the_transposed_values(shape):
     np.testing.assert_array_equal(np.asarray(jnp.swapaxes(scale, 1, 2)), np.asarray(scale_t))
 
 
+@pytest.mark.parametrize("recipe", [Fp8Recipe("rowwise"), Fp8Recipe("blockwise", block_size=16)])
+def test_k_major_weight_quantization_is_the_same_bits_in_its_own_transpose_pass(recipe):
+    """The K-major weights an FP8 ``wgmma`` reads: a bf16 transpose kept out of the cast's
+    fusion (an optimization barrier), then the quantization along K; the same bits as
+    quantizing ``[G, K, N]`` (ragged edge blocks included)."""
+    from jaxmoe.ops.fp8 import api
+
+    weights = jnp.asarray(np.random.default_rng(1).standard_normal((3, 40, 24)), jnp.bfloat16)
+    want = quantize(weights, recipe.rhs_blocks, recipe.dtype)
+    got = api.quantize_weights(weights, recipe, k_major=True)
+    for a, b in zip(got, want, strict=True):
+        assert a.shape == b.shape and a.dtype == b.dtype
+        np.testing.assert_array_equal(np.asarray(a.astype(jnp.float32)), b.astype(jnp.float32))
+    jaxpr = str(jax.make_jaxpr(lambda w: api.quantize_weights(w, recipe, k_major=True))(weights))
+    lines = jaxpr.splitlines()
+    barrier = next(i for i, line in enumerate(lines) if "optimization_barrier" in line)
+    assert "bf16[3,24,40]" in lines[barrier]  # the bf16 weights, transposed, behind the barrier
+    assert any("transpose" in line for line in lines[:barrier])
+
+
 def test_blockwise_backward_quantizes_the_weights_once(monkeypatch):
     """A training step quantizes the weights once with blockwise (the dgrad reuses them,
     transposed) and twice with rowwise (a contraction over N needs per-k scales)."""

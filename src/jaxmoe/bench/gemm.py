@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxmoe.bench import gemm_cases
+from jaxmoe.bench import gemm_cases, timing
 from jaxmoe.bench.harness import fill_ratios, release_torch_memory
 from jaxmoe.bench.presets import GEMM_SHAPES, LAYER_PRESETS, GemmShape
 from jaxmoe.bench.timing import Timing
@@ -40,8 +40,9 @@ REL_TOL = {"bfloat16": 1e-2, "float32": 1e-4}
 # What the results header says about the numbers.
 HEADER_FACTS = {
     "flops": "useful only: fwd 2*M*K*N, fwd+bwd 3x that",
-    "timing": "median ms per call over >= 10 samples after warm-up (ragged_dot: 3 "
-    "when one call > 50 ms); each sample = several back-to-back calls then a device sync",
+    "timing": "median ms per call over 10 samples after warm-up (ragged_dot: 3 when one call "
+    "> 50 ms); each sample = several back-to-back calls then a device sync; the impls of one "
+    "(shape, routing, pass) sampled in interleaved rounds, one sample of each per round",
     "impls": IMPL_LABELS,
 }
 # The table ``jaxmoe bench gemm`` prints (see jaxmoe.bench.harness.format_table).
@@ -117,13 +118,15 @@ def run_gemm_benchmark(
 ) -> list[dict[str, Any]]:
     """Checks then times every (shape, impl, routing, pass); returns one row per combination.
 
-    Shape by shape, every implementation back to back: peers are timed minutes apart at most,
-    under the same clocks and temperature. torch's cache is freed after each torch block (so
-    that the two frameworks' memory pools do not fight). An impl that cannot run on this
-    platform gives rows with ``"skipped"`` (the reason); a failure (e.g. out of memory) a row
-    with ``"error"``, and the run goes on. No new case starts after ``budget_s`` seconds.
-    ``on_row(rows)`` is called after every row (to save partial results). ``xla_ragged_dot``
-    gets ``slow_impl_repeats`` timed runs when one call takes over 50 ms.
+    Per (shape, routing, pass), every implementation is checked, then all are timed together in
+    ``repeats`` interleaved rounds (:func:`jaxmoe.bench.timing.time_interleaved`): one sample of
+    each per round, so that peers share the GPU's clocks and temperature. torch's cache is freed
+    after each (shape, routing, pass) so that the two frameworks' memory pools do not fight. An
+    impl that cannot run on this platform gives rows with ``"skipped"`` (the reason); a failure
+    (e.g. out of memory) a row with ``"error"``, and the run goes on. No new case starts after
+    ``budget_s`` seconds. ``on_row(rows)`` is called after every (shape, routing, pass) (to save
+    partial results). An impl whose call takes over 50 ms (``xla_ragged_dot``) is timed on its
+    own afterwards with ``slow_impl_repeats`` samples.
 
     Returns:
       rows ``{"shape", "pass", "routing", "impl", "ms", "tflops", "ratio", "baseline",
@@ -139,66 +142,95 @@ def run_gemm_benchmark(
     started = time.perf_counter()
     rows: list[dict[str, Any]] = []
     for shape in shapes:
-        for impl in impls:
-            for routing in routings:
-                sizes = group_sizes_for(shape, routing, seed)
-                for pass_ in passes:
-                    row = {
-                        "shape": shape.name,
-                        "pass": pass_,
-                        "routing": routing,
-                        "impl": impl,
-                        "m": shape.m,
-                        "k": shape.k,
-                        "n": shape.n,
-                        "groups": shape.groups,
-                        "ms": None,
-                        "tflops": None,
-                    }
+        for routing in routings:
+            sizes = group_sizes_for(shape, routing, seed)
+            for pass_ in passes:
+                here = [_row(shape, routing, pass_, impl) for impl in impls]
+                contenders, slow = {}, {}
+                for row in here:
+                    impl = row["impl"]
                     if skip[impl]:
                         row["skipped"] = skip[impl]
                     elif time.perf_counter() - started > budget_s:
                         row["skipped"] = f"time budget of {budget_s} s spent"
                     else:
                         case = (impl, jaxmoe_backend, shape, sizes, pass_, dtype, seed)
-                        _measure(row, case, repeats, slow_impl_repeats)
-                    rows.append(row)
-                    log(_row_line(row))
-                    if on_row is not None:
-                        fill_ratios(rows, ("shape", "pass", "routing"), impls)
-                        on_row(rows)
-            if impl == "torch":
+                        prepared = _prepare(row, case)
+                        if prepared is not None:
+                            (slow if prepared[2] == 1 else contenders)[impl] = prepared
+                _time_rows(here, contenders, slow, repeats, slow_impl_repeats, shape.flops)
+                contenders = slow = None  # free this case's buffers before the next one
                 release_torch_memory()
-    fill_ratios(rows, ("shape", "pass", "routing"), impls)
+                rows.extend(here)
+                for row in here:
+                    log(_row_line(row))
+                fill_ratios(rows, ("shape", "pass", "routing"), impls)
+                if on_row is not None:
+                    on_row(rows)
     return rows
 
 
-def _measure(row, case, repeats: int, slow_repeats: int) -> None:
-    """Checks then times one case into ``row`` (``error`` on any failure)."""
+def _row(shape: GemmShape, routing: str, pass_: str, impl: str) -> dict[str, Any]:
+    return {
+        "shape": shape.name,
+        "pass": pass_,
+        "routing": routing,
+        "impl": impl,
+        "m": shape.m,
+        "k": shape.k,
+        "n": shape.n,
+        "groups": shape.groups,
+        "ms": None,
+        "tflops": None,
+    }
+
+
+def _prepare(row, case):
+    """Builds and checks one case, then warms it up: ``(call, sync, inner)``, or ``None`` with
+    ``row["error"]`` set on any failure (wrong result, out of memory, ...). ``inner`` is 1 for a
+    call of over 50 ms (the slow ``xla_ragged_dot``)."""
     impl, jaxmoe_backend, shape, sizes, pass_, dtype, seed = case
-    flops = shape.flops * (1 if pass_ == "fwd" else 3)
     try:
         if impl == "torch":
-            fn, args, check, timer = gemm_cases.torch_case(shape, sizes, pass_, dtype, seed)
+            fn, args, check, sync = gemm_cases.torch_case(shape, sizes, pass_, dtype, seed)
         else:
-            fn, args, check, timer = gemm_cases.jax_case(
+            fn, args, check, sync = gemm_cases.jax_case(
                 impl, jaxmoe_backend, shape, sizes, pass_, jnp.dtype(dtype), seed
             )
         err = check()
         row["rel_err"] = err
         if not err <= REL_TOL[dtype]:
             raise AssertionError(f"wrong result: rel err {err:.3g}")
-        n_rep = repeats
-        if impl == "xla_ragged_dot":
-            one = timer(fn, *args, warmup=1, repeats=1, max_inner=1)
-            if one.median_ms > 50:
-                n_rep = slow_repeats
-        t: Timing = timer(fn, *args, repeats=n_rep, warmup=1 if n_rep < 10 else 3)
+
+        def call():
+            return fn(*args)
+
+        one_ms = timing.take_sample(call, sync, 1)
+        if one_ms > 50:
+            return call, sync, 1
+        return call, sync, timing.warm_up(call, sync)
+    except Exception as e:  # noqa: BLE001 - record and go on (OOM, slow impls)
+        row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+        return None
+
+
+def _time_rows(rows, contenders, slow, repeats: int, slow_repeats: int, fwd_flops: int) -> None:
+    """Times the prepared cases into their rows: the fast ones interleaved, the slow ones alone."""
+    by_impl = {row["impl"]: row for row in rows}
+    timings: dict[str, Timing] = {}
+    try:
+        timings.update(timing.time_interleaved(contenders, rounds=repeats))
+    except Exception as e:  # noqa: BLE001 - e.g. out of memory while both frameworks hold buffers
+        for impl in contenders:
+            by_impl[impl]["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+    for impl, prepared in slow.items():
+        timings.update(timing.time_interleaved({impl: prepared}, rounds=slow_repeats))
+    for impl, t in timings.items():
+        row = by_impl[impl]
+        flops = fwd_flops * (1 if row["pass"] == "fwd" else 3)
         row["ms"] = t.median_ms
         row["tflops"] = flops / (t.median_ms * 1e-3) / 1e12
         row["timing"] = t.as_dict()
-    except Exception as e:  # noqa: BLE001 - record and go on (OOM, slow impls)
-        row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
 
 
 def _row_line(r) -> str:

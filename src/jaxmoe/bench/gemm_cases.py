@@ -2,9 +2,9 @@
 checked, timeable call per implementation (jaxmoe's backends and jax's Mosaic GPU kernels through
 ``grouped_matmul``; ``torch._grouped_mm``).
 
-Each case returns ``(fn, args, check, timer)``: ``check()`` runs ``fn`` once and returns the
-largest relative error of its outputs (and gradients) against the reference; ``timer(fn, *args)``
-times it (:mod:`jaxmoe.bench.timing`).
+Each case returns ``(fn, args, check, sync)``: ``check()`` runs ``fn`` once and returns the
+largest relative error of its outputs (and gradients) against the reference; ``sync(out)`` waits
+for a result of ``fn`` (:mod:`jaxmoe.bench.timing` times with it).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import numpy as np
 
 from jaxmoe.bench.harness import relative_error
 from jaxmoe.bench.presets import GemmShape
-from jaxmoe.bench.timing import time_jax, time_torch
+from jaxmoe.bench.timing import jax_sync, torch_sync
 from jaxmoe.ops.grouped_matmul import api
 from jaxmoe.ops.grouped_matmul.base import GroupedMatmulBackend
 
@@ -119,7 +119,7 @@ def jax_case(impl: str, backend, shape: GemmShape, sizes: np.ndarray, pass_: str
             return relative_error(got.astype(jnp.float32), ref[0])
         return max(relative_error(a.astype(jnp.float32), b) for a, b in zip(got, ref, strict=True))
 
-    return fn, args, check, time_jax
+    return fn, args, check, jax_sync
 
 
 def jax_mosaic_peer():
@@ -229,7 +229,7 @@ def torch_case(shape: GemmShape, sizes: np.ndarray, pass_: str, dtype_name: str,
             )  # [G, N, K] like dw_nk
             return max(err(out, ref_out), err(dx, ref_dx), err(dw_nk, ref_dw))
 
-    return fn, (), check, time_torch
+    return fn, (), check, torch_sync
 
 
 def torch_unavailable() -> str | None:

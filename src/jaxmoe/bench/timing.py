@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 
@@ -36,6 +36,41 @@ class Timing:
         return dataclasses.asdict(self)
 
 
+def warm_up(
+    call: Callable[[], Any],
+    sync: Callable[[Any], None],
+    *,
+    warmup: int = 3,
+    target_sample_ms: float = 20.0,
+    max_inner: int = 50,
+) -> int:
+    """Runs ``call`` ``warmup`` times, then once timed; returns how many back-to-back calls make a
+    sample of about ``target_sample_ms``."""
+    out = None
+    for _ in range(max(1, warmup)):
+        out = call()
+    sync(out)
+    t0 = time.perf_counter()
+    sync(call())
+    probe_ms = (time.perf_counter() - t0) * 1e3
+    return int(max(1, min(max_inner, target_sample_ms // max(probe_ms, 1e-3))))
+
+
+def take_sample(call: Callable[[], Any], sync: Callable[[Any], None], inner: int) -> float:
+    """Milliseconds per call of ``inner`` calls launched back to back, then one device sync."""
+    t0 = time.perf_counter()
+    for _ in range(inner):
+        out = call()
+    sync(out)
+    return (time.perf_counter() - t0) * 1e3 / inner
+
+
+def _timing(samples: list[float], inner: int, per_call_ms: float | None = None) -> Timing:
+    return Timing(
+        statistics.median(samples), min(samples), max(samples), len(samples), inner, per_call_ms
+    )
+
+
 def _time_with_sync(
     call: Callable[[], Any],
     sync: Callable[[Any], None],
@@ -46,22 +81,10 @@ def _time_with_sync(
     max_inner: int,
     per_call: bool = False,
 ) -> Timing:
-    out = None
-    for _ in range(max(1, warmup)):
-        out = call()
-    sync(out)
-    # One probe call fixes how many calls make a sample.
-    t0 = time.perf_counter()
-    sync(call())
-    probe_ms = (time.perf_counter() - t0) * 1e3
-    inner = int(max(1, min(max_inner, target_sample_ms // max(probe_ms, 1e-3))))
-    samples = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        for _ in range(inner):
-            out = call()
-        sync(out)
-        samples.append((time.perf_counter() - t0) * 1e3 / inner)
+    inner = warm_up(
+        call, sync, warmup=warmup, target_sample_ms=target_sample_ms, max_inner=max_inner
+    )
+    samples = [take_sample(call, sync, inner) for _ in range(repeats)]
     per_call_ms = None
     if per_call:
         single = []
@@ -70,9 +93,40 @@ def _time_with_sync(
             sync(call())
             single.append((time.perf_counter() - t0) * 1e3)
         per_call_ms = statistics.median(single)
-    return Timing(
-        statistics.median(samples), min(samples), max(samples), len(samples), inner, per_call_ms
-    )
+    return _timing(samples, inner, per_call_ms)
+
+
+def time_interleaved(
+    contenders: Mapping[str, tuple[Callable[[], Any], Callable[[Any], None], int]],
+    rounds: int = 10,
+) -> dict[str, Timing]:
+    """Times several callables against each other: each round takes one sample of every
+    contender (``(call, sync, inner)``, ``inner`` from :func:`warm_up`), starting one contender
+    later each round. Peers sampled seconds apart share the GPU's clock and temperature, which
+    drift by up to 15% over a long run on an H100 (session 7's probe: torch's own forward
+    1.28 ms, then 1.48 ms a minute later), so their ratio is far steadier than that of timings
+    taken one after the other."""
+    names = list(contenders)
+    samples: dict[str, list[float]] = {name: [] for name in names}
+    for index in range(rounds):
+        for name in names[index % len(names) :] + names[: index % len(names)]:
+            call, sync, inner = contenders[name]
+            samples[name].append(take_sample(call, sync, inner))
+    return {name: _timing(samples[name], contenders[name][2]) for name in names}
+
+
+def jax_sync(out: Any) -> None:
+    """Waits for a JAX result."""
+    import jax
+
+    jax.block_until_ready(out)
+
+
+def torch_sync(_: Any) -> None:
+    """Waits for everything queued on the current CUDA device."""
+    import torch
+
+    torch.cuda.synchronize()
 
 
 def time_jax(
@@ -85,11 +139,9 @@ def time_jax(
     per_call: bool = False,
 ) -> Timing:
     """Median ms per call of ``fn(*args)`` (jitted), synced by ``block_until_ready``."""
-    import jax
-
     return _time_with_sync(
         lambda: fn(*args),
-        jax.block_until_ready,
+        jax_sync,
         warmup=warmup,
         repeats=repeats,
         target_sample_ms=target_sample_ms,
@@ -109,11 +161,9 @@ def time_torch(
 ) -> Timing:
     """Median ms per call of ``fn(*args)`` on the current CUDA device, synced by
     ``torch.cuda.synchronize``."""
-    import torch
-
     return _time_with_sync(
         lambda: fn(*args),
-        lambda _: torch.cuda.synchronize(),
+        torch_sync,
         warmup=warmup,
         repeats=repeats,
         target_sample_ms=target_sample_ms,

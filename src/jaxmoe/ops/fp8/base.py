@@ -62,6 +62,12 @@ class ScaledGroupedMatmulBackend(abc.ABC):
 
     name: str = dataclasses.field(default="", init=False)
 
+    @property
+    def k_major_weights(self) -> bool:
+        """Whether ``scaled_gmm`` reads the weights K-major (``[G, N, K]`` in memory): then
+        :func:`jaxmoe.ops.fp8.api.quantize_weights` writes them so."""
+        return False
+
     @abc.abstractmethod
     def scaled_gmm(
         self, lhs_q, lhs_scale, rhs_q, rhs_scale, group_sizes, *, recipe: Fp8Recipe, out_dtype

@@ -224,6 +224,11 @@ class PallasMosaicScaledGroupedMatmul(ScaledGroupedMatmulBackend):
         if self.tiles is not None:
             check_tiles(self.tiles, operand_bytes=1)
 
+    @property
+    def k_major_weights(self) -> bool:
+        # On a GPU the kernel swaps the weights to K-major; the interpreter reads [G, K, N].
+        return not pallas_triton._use_interpret(self.interpret)
+
     def unsupported_reason(self, lhs_q, rhs_q, recipe, out_dtype) -> str | None:
         m, k = lhs_q.shape
         cfg = self.tiles or default_fp8_tiles(m, k, rhs_q.shape[2])
