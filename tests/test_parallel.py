@@ -8,6 +8,7 @@ that runs on CPU. Shapes are tiny: the cost is compilation.
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import jax
 import jax.numpy as jnp
@@ -211,6 +212,90 @@ def test_chunked_layer_matches_single_device(routing, factor):
     sharded = dataclasses.replace(cfg, ep_axis="ep", ep_chunks=2, ep_fast_slot_factor=factor)
     reference = value_and_grads(cfg, params, x, cotangent)
     assert_same_layer(value_and_grads(sharded, params, x, cotangent, mesh), reference)
+
+
+def chunk_windows_numpy(experts: np.ndarray, ep: int, chunks: int, rows: int) -> list[int]:
+    """Windows of ``rows`` each chunk's fullest (sender, receiver) slot needs (one ep group)."""
+    dest = experts.reshape(ep, chunks, -1) // (NUM_EXPERTS // ep)  # ranks own contiguous tokens
+    fullest = [max(np.sum(dest[:, c] == d, axis=1).max() for d in range(ep)) for c in range(chunks)]
+    return [max(1, math.ceil(int(copies) / rows)) for copies in fullest]
+
+
+@pytest.mark.parametrize("dispatch", ["copies", "tokens"])
+def test_chunks_needing_different_windows_match_single_device(dispatch):
+    """One overflow loop runs every chunk's window ``w`` up to the most windows any chunk needs:
+    here each rank's second chunk (zero tokens: every copy to experts 0 and 1, both on rank 0)
+    needs more windows than its first, whose later windows must add exact zeros."""
+    mesh, _ = MESHES["ep4"]
+    cfg, params, x, cotangent = make_case()
+    x = x.at[1::2].set(0.0)  # rank r holds batch rows 2r, 2r+1: its second chunk is zeros
+    tokens = x.reshape(-1, HIDDEN)
+    logits = tokens @ params["router"]["kernel"]
+    experts = np.asarray(jaxmoe.route(logits, cfg, params["expert_bias"]).experts)
+    rows = slot_rows(tokens.shape[0] // 8, TOP_K, 4, NUM_EXPERTS // 4, receive_factor=1.0)
+    first, second = chunk_windows_numpy(experts, 4, 2, rows)
+    assert 1 < first < second, (first, second)
+    sharded = dataclasses.replace(
+        cfg, ep_axis="ep", ep_chunks=2, ep_dispatch=dispatch, ep_fast_slot_factor=1.0
+    )
+    result = value_and_grads(sharded, params, x, cotangent, mesh)
+    assert_same_layer(result, value_and_grads(cfg, params, x, cotangent))
+    assert int(result[1][1].dropped_tokens) == 0
+    assert int(result[1][1].overflow_tokens) > 0
+
+
+def _sub_jaxprs(eqn):
+    for value in eqn.params.values():
+        for item in value if isinstance(value, (list, tuple)) else (value,):
+            if isinstance(item, jax.extend.core.ClosedJaxpr):
+                yield item.jaxpr
+            elif isinstance(item, jax.extend.core.Jaxpr):
+                yield item
+
+
+def _holds_all_to_all(jaxpr) -> bool:
+    return any(
+        eqn.primitive.name == "all_to_all" or any(map(_holds_all_to_all, _sub_jaxprs(eqn)))
+        for eqn in jaxpr.eqns
+    )
+
+
+def exchange_order(jaxpr, found=None) -> str:
+    """The program order of a jaxpr's all-to-alls (``a``) and of its while loops that hold one
+    (``W``, not looked into), through every nested jaxpr."""
+    found = [] if found is None else found
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "all_to_all":
+            found.append("a")
+        elif eqn.primitive.name == "while":
+            if _holds_all_to_all(eqn.params["body_jaxpr"].jaxpr):
+                found.append("W")
+        else:
+            for sub in _sub_jaxprs(eqn):
+                exchange_order(sub, found)
+    return "".join(found)
+
+
+@pytest.mark.parametrize("dispatch", ["copies", "tokens"])
+def test_chunks_fast_windows_come_before_one_overflow_loop(dispatch):
+    """ep_chunks=2 under jax.grad: every chunk's fast-window all-to-alls come before the one
+    overflow loop of the forward, and the backward has one loop beside its all-to-alls (no loop
+    holding collectives between two chunks' exchanges, which XLA's GPU scheduler would not move
+    an async collective across)."""
+    mesh, _ = MESHES["ep4"]
+    cfg, params, x, cotangent = make_case(num_experts=16, top_k=4)
+    sharded = dataclasses.replace(
+        cfg, ep_axis="ep", ep_chunks=2, ep_dispatch=dispatch, ep_fast_slot_factor=1.0
+    )
+
+    def loss(params, x):
+        return jnp.sum(jaxmoe.moe(params, x, sharded, mesh=mesh)[0] * cotangent)
+
+    order = exchange_order(jax.make_jaxpr(jax.grad(loss, argnums=(0, 1)))(params, x).jaxpr)
+    # Per chunk and window: the dispatch and combine exchanges (tokens: and the pairs' ids and
+    # weights); the backward's all-to-alls are the transposes of the forward's.
+    fast = "a" * 2 * (2 if dispatch == "copies" else 3)
+    assert order in (fast + "WW" + fast, fast + "W" + fast + "W"), order
 
 
 def test_chunks_must_divide_tokens_per_device():

@@ -27,9 +27,12 @@ its inverse). The expanded buffer and the reduce are :func:`~jaxmoe.permutation.
 ``ep * Q`` copies). Within a slot pairs are in token order; a window is the longest run of
 pairs from where the previous one ended that keeps *both* prefix bounds -- two searchsorted
 calls on the per-destination prefix counts of pairs and copies, vectorised over destinations
-(:func:`window_end`). Window 0 is always sent; later windows run in the copies path's overflow
-loop (:mod:`jaxmoe.parallel.overflow`: the same ``while_loop`` and custom VJP), as many times as
-the rank of the ep group that needs the most windows (a ``pmax`` of one int32). Sizes
+(:func:`window_end`). Window 0 is always sent (every chunk's, with ``ep_chunks > 1``, before
+any overflow); later windows run in the copies path's overflow loop
+(:mod:`jaxmoe.parallel.overflow`: the same schedule, ``while_loop`` and custom VJP, one loop for
+all chunks), as many times as the chunk and rank of the ep group that need the most windows
+(a ``pmax`` of one int32). Once a destination's pairs are all covered its windows start and end
+at ``T``: a window past a chunk's last one sends nothing and adds zeros. Sizes
 (:mod:`jaxmoe.parallel.layout`)::
 
     P_pairs = min(T, ceil(f * T * (1 - C(E - E_l, K) / C(E, K))))   # f x expected pairs per rank
@@ -65,7 +68,7 @@ from jaxmoe.parallel.exchange.all_to_all_chunked import (
     ChunkedAllToAllExchange,
     default_chunk_rows,
 )
-from jaxmoe.parallel.overflow import overflow_windows
+from jaxmoe.parallel.overflow import chunked, overflow_windows
 
 
 @dataclasses.dataclass(frozen=True)
@@ -121,7 +124,8 @@ def _at_tokens(prefix: jax.Array, tokens: jax.Array) -> jax.Array:
 def window_end(prefix: jax.Array, start: jax.Array, slots: PairSlots) -> jax.Array:
     """``[ep]`` token index where each destination's window from token ``start[d]`` ends: the
     longest run with at most ``P_pairs`` pairs and at most ``Q`` copies (both prefix bounds, so
-    the last token index ``t`` with both ``prefix[t] - prefix[start] <= bound``)."""
+    the last token index ``t`` with both ``prefix[t] - prefix[start] <= bound``). Where the
+    rest of a destination's pairs fit, that is ``T``; from ``start = T`` it stays ``T``."""
     pairs, copies = prefix[0], prefix[1]
     by_pairs = _search_columns(pairs, _at_tokens(pairs, start) + slots.pair_rows) - 1
     by_copies = _search_columns(copies, _at_tokens(copies, start) + slots.copy_rows) - 1
@@ -152,10 +156,12 @@ def windows_needed_here(prefix: jax.Array, slots: PairSlots) -> jax.Array:
     return jnp.maximum(jax.lax.while_loop(more, step, start)[0], 1)
 
 
-def windows_needed(prefix: jax.Array, slots: PairSlots, axis_name) -> jax.Array:
-    """Windows the fullest slot of the ep group needs (int32 >= 1, the same on every rank:
-    a ``pmax`` of one int32, so every rank enters the same exchanges)."""
-    return jax.lax.pmax(windows_needed_here(prefix, slots), axis_name)
+def windows_needed(prefixes: jax.Array, slots: PairSlots, axis_name) -> jax.Array:
+    """Windows the fullest slot of any chunk on the ep group needs (int32 >= 1, the same on
+    every rank: a ``pmax`` of one int32, so every rank enters the same exchanges).
+    ``prefixes`` is ``[chunks, 2, T_c + 1, ep]``, the chunks' :func:`pair_prefix_counts`."""
+    here = jnp.max(jnp.stack([windows_needed_here(prefix, slots) for prefix in prefixes]))
+    return jax.lax.pmax(here, axis_name)
 
 
 def _choice_ranks(dest: jax.Array) -> jax.Array:
@@ -378,8 +384,8 @@ def apply_experts(
 ):
     """:func:`~jaxmoe.parallel.ep_apply_experts` with ``dispatch="tokens"``: returns
     ``(out, tokens_per_expert, dropped, overflow)`` as its ``EPExpertsResult``. Window 0 of
-    each chunk always, then :func:`~jaxmoe.parallel.overflow.overflow_windows` when the slot
-    sizes leave room for an overflow."""
+    every chunk always, then one :func:`~jaxmoe.parallel.overflow.overflow_windows` loop over
+    all chunks when the slot sizes leave room for an overflow."""
     if capacity is not None or receive_factor is not None:
         raise ValueError(
             "ep_apply_experts: dispatch='tokens' is dropless only: it needs capacity=None and "
@@ -403,25 +409,23 @@ def apply_experts(
         alignment=alignment,
     )
 
-    def window_output(*args):
-        return path(*args)[0]
-
-    ys, overflow = [], 0
-    for chunk in range(num_chunks):
-        rows = slice(chunk * chunk_tokens, (chunk + 1) * chunk_tokens)
-        experts = routing_experts[rows]
-        prefix = pair_prefix_counts(experts, slots.num_local_experts, ep)
-        operands = (x[rows], routing_weights[rows], expert_params, experts, prefix)
-        y, copies_sent = path(0, *operands)
-        overflow = overflow + chunk_tokens * top_k - copies_sent
-        if slots.may_overflow(chunk_tokens):
-            needed = windows_needed(prefix, slots, axis_name)
-            y = y + overflow_windows(window_output, needed, y, *operands)
-        ys.append(y)
+    # Every chunk's window 0 first, then one overflow loop over all chunks
+    # (:mod:`jaxmoe.parallel.overflow`).
+    by_chunk = routing_experts.reshape(num_chunks, chunk_tokens, top_k)
+    prefixes = jnp.stack(
+        [pair_prefix_counts(experts, slots.num_local_experts, ep) for experts in by_chunk]
+    )  # [chunks, 2, T_c + 1, ep]
+    chunks_path = chunked(path, num_chunks)
+    operands = (x, routing_weights, expert_params, routing_experts, prefixes)
+    y, copies_sent = chunks_path(0, *operands)
+    overflow = sum(chunk_tokens * top_k - sent for sent in copies_sent)
+    if slots.may_overflow(chunk_tokens):
+        needed = windows_needed(prefixes, slots, axis_name)
+        y = y + overflow_windows(chunks_path, needed, y, *operands)
     flat_experts = routing_experts.reshape(-1).astype(jnp.int32)
     tokens_per_expert = jnp.zeros((num_experts,), jnp.int32).at[flat_experts].add(1)
     return (
-        ys[0] if num_chunks == 1 else jnp.concatenate(ys, axis=0),
+        y,
         tokens_per_expert,
         jnp.zeros((), jnp.int32),
         jnp.asarray(overflow, jnp.int32),

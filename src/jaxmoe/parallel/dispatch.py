@@ -69,7 +69,7 @@ from jaxmoe.parallel.exchange.all_to_all_chunked import (
     ChunkedAllToAllExchange,
     default_chunk_rows,
 )
-from jaxmoe.parallel.overflow import overflow_windows
+from jaxmoe.parallel.overflow import chunked, overflow_windows
 
 #: ``ep_apply_experts(dispatch=...)``: one row per (token, expert) copy on the wire, or one per
 #: (token, destination rank) pair (:mod:`jaxmoe.parallel.dedup`).
@@ -322,7 +322,10 @@ def ep_apply_experts(
       fast_slot_factor: ``f`` above (None: always the worst-case slots).
       num_chunks: split the ``T`` tokens into this many equal chunks, each its own dispatch,
         experts and combine (slots sized per chunk), so that the scheduler may overlap one
-        chunk's exchange with another's matmuls. Needs ``capacity=None``.
+        chunk's exchange with another's matmuls. Every chunk's window 0 runs first, then one
+        overflow loop runs window ``w`` of every chunk per step, ``W`` the most any chunk
+        needs (a chunk past its own windows adds zeros; :mod:`jaxmoe.parallel.overflow`).
+        Needs ``capacity=None``.
       dispatch: ``"copies"`` (one row per (token, expert) copy on the wire), ``"tokens"``
         (deduplicated: one row per (token, destination rank) pair, see
         :mod:`jaxmoe.parallel.dedup`; dropless only: needs ``capacity`` and
@@ -406,35 +409,26 @@ def ep_apply_experts(
         with jax.named_scope("ep_combine"):
             return ep_combine(expert_out, weights, handle), handle
 
-    def window_output(*args):
-        return window_path(*args)[0]
-
-    ys, tokens_per_expert, dropped, overflow = [], 0, 0, 0
-    # Separate chunks are independent exchanges and matmuls: XLA's latency-hiding scheduler
+    # Chunks are independent exchanges and matmuls: XLA's latency-hiding scheduler
     # (--xla_gpu_enable_latency_hiding_scheduler=true) can run one chunk's all-to-all under
-    # another chunk's expert matmuls.
-    for chunk in range(num_chunks):
-        rows = slice(chunk * chunk_tokens, (chunk + 1) * chunk_tokens)
-        operands = (
-            x[rows],
-            routing_weights[rows],
-            expert_params,
-            routing_experts[rows],
-            all_counts[chunk],
-        )
-        y, handle = window_path(0, *operands)
-        if fast_rows is None:
-            dropped = dropped + handle.dropped
-        else:
-            # The fast window leaves out exactly this rank's overflow copies; they go through
-            # as many later windows as the fullest slot needs (P_fast < T*K: some may).
-            overflow = overflow + handle.dropped
-            needed = layout.windows_needed(all_counts[chunk], fast_rows)
-            y = y + overflow_windows(window_output, needed, y, *operands)
-        ys.append(y)
-        tokens_per_expert = tokens_per_expert + handle.tokens_per_expert
+    # another chunk's expert matmuls. Every chunk's fast window comes first, then one overflow
+    # loop for all chunks (:mod:`jaxmoe.parallel.overflow`).
+    path = chunked(window_path, num_chunks)
+    operands = (x, routing_weights, expert_params, routing_experts, all_counts)
+    y, handles = path(0, *operands)
+    tokens_per_expert = sum(handle.tokens_per_expert for handle in handles)
+    left_out = sum(handle.dropped for handle in handles)
+    dropped, overflow = 0, 0
+    if fast_rows is None:
+        dropped = left_out
+    else:
+        # The fast windows leave out exactly this rank's overflow copies; they go through as
+        # many later windows as the fullest slot of any chunk needs (P_fast < T*K: some may).
+        overflow = left_out
+        needed = layout.windows_needed(all_counts, fast_rows)
+        y = y + overflow_windows(path, needed, y, *operands)
     return EPExpertsResult(
-        out=ys[0] if num_chunks == 1 else jnp.concatenate(ys, axis=0),
+        out=y,
         tokens_per_expert=tokens_per_expert,
         dropped=jnp.asarray(dropped, jnp.int32),
         overflow=jnp.asarray(overflow, jnp.int32),

@@ -120,7 +120,8 @@ def slot_layout(all_counts, num_local_experts: int, capacity: int | None, rows: 
 
     Within slot ``(s, d)`` sender ``s``'s copies for rank ``d`` are ordered by local expert,
     then token; their positions ``[window * P, (window + 1) * P)`` travel in this exchange
-    (window 0: the first ``P``, all a bounded path sends). ``window`` may be traced.
+    (window 0: the first ``P``, all a bounded path sends). ``window`` may be traced; a window
+    past a slot's copies keeps none of them (``kept`` 0: nothing sent, received or combined).
 
     Returns ``(kept, offset, skip)``, each ``[ep, ep, E_l]`` int32: sender ``s``'s copies of
     expert ``d*E_l + e`` in the window (after the capacity, if any), where they start in the
