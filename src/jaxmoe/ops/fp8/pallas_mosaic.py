@@ -91,8 +91,21 @@ def unsupported_reason(
     ``None`` if it can."""
     (m, k), n = lhs_shape, rhs_shape[2]
     reasons = []
-    if recipe.name != "rowwise":
-        reasons.append(f"the {recipe.name!r} recipe has no kernel yet (rowwise only)")
+    if recipe.name == "blockwise":
+        if recipe.block_size != FP8_BLOCK_K:
+            reasons.append(
+                f"the blockwise recipe's block_size={recipe.block_size} is not {FP8_BLOCK_K} "
+                f"(one K step of the kernel is one scale block: block_size {FP8_BLOCK_K} only)"
+            )
+        wg_n = cfg.block_n // pallas_mosaic_common.NUM_COMPUTE_WARPGROUPS
+        if wg_n != recipe.block_size:
+            reasons.append(
+                f"the blockwise recipe needs block_n={2 * recipe.block_size} (each compute "
+                f"warpgroup's columns one {recipe.block_size}-wide scale block); got "
+                f"block_n={cfg.block_n}"
+            )
+    elif recipe.name != "rowwise":
+        reasons.append(f"the {recipe.name!r} recipe has no kernel (rowwise and blockwise only)")
     for name, dtype in (("lhs_q", lhs_dtype), ("rhs_q", rhs_dtype)):
         if jnp.dtype(dtype) != E4M3:
             reasons.append(f"{name} is {jnp.dtype(dtype)}, not float8_e4m3fn")
@@ -123,6 +136,23 @@ def _rowwise_scale_epilogue(
     )
 
 
+def _blockwise_k_step_scale(
+    partial, lhs_scale_t_gmem, rhs_scale_gmem, *, k_step, group, row0, col0, interpreted: bool
+):
+    """``partial[r, c] * lhs_scale[row0 + r, k_step] * rhs_scale[group, k_step, col0 // 128]``
+    for one warpgroup's ``[bm, 128]`` product of K block ``k_step`` (its columns are one scale
+    block, so the weight scale is one scalar). ``lhs_scale_t_gmem`` is ``lhs_scale`` transposed,
+    ``[K / 128, M]``, so that a tile's row scales are contiguous."""
+    bm, wg_n = partial.shape
+    rows = lhs_scale_t_gmem.at[k_step, pl.ds(row0, bm)]
+    col_scale = rhs_scale_gmem[group, k_step, col0 // wg_n]
+    if interpreted:
+        row_scale = rows[...]
+    else:  # the accumulator's row layout, as in _rowwise_scale_epilogue
+        row_scale = plgpu.load(rows, (), layout=plgpu.Layout.WGMMA.reduce(1), optimized=False)
+    return partial * lax.broadcast_in_dim(row_scale * col_scale, partial.shape, [0])
+
+
 def scaled_gmm_kn(
     lhs_q: Array,
     lhs_scale: Array,
@@ -134,19 +164,23 @@ def scaled_gmm_kn(
     out_dtype=jnp.bfloat16,
     tiles: MosaicTileConfig | None = None,
     interpret: bool | None = None,
+    recipe: Fp8Recipe | str = "rowwise",
 ) -> Array:
-    """The rowwise FP8 grouped matmul by the Mosaic kernel (no checks of the FP8 API's own).
+    """The FP8 grouped matmul by the Mosaic kernel (no checks of the FP8 API's own).
 
     Args:
       lhs_q: ``[M, K]`` e4m3, rows sorted by group.
-      lhs_scale: float32 ``[M, 1]`` or ``[M]``.
+      lhs_scale: float32; rowwise ``[M, 1]`` or ``[M]``; blockwise ``[M, K / 128]``.
       rhs_q: e4m3 ``[G, K, N]`` (``rhs_layout="gkn"``, the FP8 API's) or ``[G, N, K]``
         (``"gnk"``: K-major, what FP8 ``wgmma`` reads; no transpose is made).
-      rhs_scale: float32 ``[G, 1, N]`` or ``[G, N]``.
+      rhs_scale: float32; rowwise ``[G, 1, N]`` or ``[G, N]``; blockwise
+        ``[G, K / 128, N / 128]`` (in either ``rhs_layout``).
       group_sizes: ``[G]`` int32, clipped to ``M``.
       out_dtype: a 2-byte float (default bfloat16).
       tiles: block sizes (``block_k`` must be 128); ``None``: :func:`default_fp8_tiles`.
       interpret: ``None`` runs Mosaic GPU's interpreter when JAX's default backend is not a GPU.
+      recipe: ``"rowwise"`` (scales in the epilogue) or ``"blockwise"`` (block_size 128, scales
+        per K step; ``block_n`` must be 256), or an :class:`Fp8Recipe`.
 
     Raises:
       NotImplementedError: operands the kernel cannot take (see :func:`unsupported_reason`).
@@ -158,6 +192,7 @@ def scaled_gmm_kn(
     else:
         num_groups, k, n = rhs_q.shape
     m = lhs_q.shape[0]
+    recipe = recipe if isinstance(recipe, Fp8Recipe) else Fp8Recipe(recipe)
     out_dtype = jnp.dtype(out_dtype)
     cfg = tiles or default_fp8_tiles(m, k, n)
     check_tiles(cfg, operand_bytes=1)
@@ -169,7 +204,7 @@ def scaled_gmm_kn(
         lhs_q.dtype,
         rhs_q.dtype,
         out_dtype,
-        Fp8Recipe("rowwise"),
+        recipe,
         cfg,
         interpreted,
     )
@@ -184,7 +219,8 @@ def scaled_gmm_kn(
         rhs_q = jnp.swapaxes(rhs_q, 1, 2)
     elif not transpose_rhs and rhs_layout == "gnk":
         rhs_q = jnp.swapaxes(rhs_q, 1, 2)
-    return pallas_mosaic.launch_gmm(
+    launch = functools.partial(
+        pallas_mosaic.launch_gmm,
         lhs_q,
         rhs_q,
         group_sizes.astype(jnp.int32),
@@ -192,6 +228,18 @@ def scaled_gmm_kn(
         out_dtype=out_dtype,
         cfg=cfg,
         interpret_params=interpret_params,
+    )
+    if recipe.name == "blockwise":
+        return launch(
+            k_step_scale=functools.partial(_blockwise_k_step_scale, interpreted=interpreted),
+            epilogue_operands=(
+                jnp.swapaxes(lhs_scale.reshape(m, k // FP8_BLOCK_K), 0, 1).astype(jnp.float32),
+                rhs_scale.reshape(num_groups, k // FP8_BLOCK_K, n // FP8_BLOCK_K).astype(
+                    jnp.float32
+                ),
+            ),
+        )
+    return launch(
         epilogue=functools.partial(_rowwise_scale_epilogue, interpreted=interpreted),
         epilogue_operands=(
             lhs_scale.reshape(m).astype(jnp.float32),
@@ -244,6 +292,7 @@ class PallasMosaicScaledGroupedMatmul(ScaledGroupedMatmulBackend):
                 out_dtype=out_dtype,
                 tiles=self.tiles,
                 interpret=self.interpret,
+                recipe=recipe,
             )
         if self.fallback is None:
             raise NotImplementedError(
