@@ -153,6 +153,9 @@ def test_default_tiles_are_the_bf16_kernels_with_128_wide_k_blocks():
             bf16.stages,
         )
         pallas_mosaic_tiles.check_tiles(cfg, operand_bytes=1)
+        blockwise = fp8_mosaic.default_fp8_tiles(m, k, n, BLOCKWISE)  # two accumulators: bm 64
+        assert (blockwise.block_m, blockwise.block_n, blockwise.block_k) == (64, 256, 128)
+        pallas_mosaic_tiles.check_tiles(blockwise, operand_bytes=1)
     with pytest.raises(ValueError, match="block_k=64 must be 128"):
         pallas_mosaic_tiles.check_tiles(MosaicTileConfig(), operand_bytes=1)
 

@@ -214,7 +214,7 @@ _FIELD_RULES: dict[str, Callable[[str, Any], Any]] = {
 
 # ----------------------------------------------------------------------------- cross-field rules
 # The grouped-matmul backends with an FP8 path (``jaxmoe.ops.fp8``; None/"auto": on a Hopper GPU
-# the Mosaic FP8 kernel where it applies, else "xla"; "pallas": that kernel, rowwise only).
+# the Mosaic FP8 kernel where it applies, else "xla"; "pallas": that kernel, either recipe).
 _FP8_BACKENDS = (None, "auto", "reference", "xla", "pallas")
 # (field named in the message, broken(cfg), rule(cfg), fix(cfg)): checked in order, after every
 # field passed its own rule.

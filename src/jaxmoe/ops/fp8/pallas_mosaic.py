@@ -11,6 +11,20 @@ Both scales are constant along K, so they are applied once per output, not per K
 compute warpgroup reads its rows' ``lhs_scale`` and its columns' ``rhs_scale[g]`` from GPU memory
 in the epilogue (``bm + bn / 2`` floats per tile, against ``bm * bn`` outputs).
 
+The blockwise recipe (DeepSeek-V3: ``lhs_scale [M, K/128]``, ``rhs_scale [G, K/128, N/128]``)
+scales vary along K, so they go in the kernel's per-K-step hook (``k_step_scale``) instead::
+
+    out[m, n] = sum_kb (sum_{k in kb} lhs_q[m, k] * rhs_q[g, k, n])
+                       * lhs_scale[m, kb] * rhs_scale[g, kb, n // 128]
+
+One K step (``block_k = 128``) is one scale block: each step's ``wgmma`` goes into a fresh
+float32 accumulator, which, once complete, is scaled by its rows' ``lhs_scale[:, kb]`` (read
+from a transposed ``[K/128, M]`` copy, so contiguous) and by one ``rhs_scale`` scalar (with
+``block_n = 256`` each compute warpgroup's 128 columns are one scale block), and added to the
+main float32 accumulator (a register value carried by the pipeline). This is DeepGEMM's
+"promotion": the FP8 products are summed in the tensor core's accumulator over 128 K only. The
+cost is a ``wgmma`` wait per K step (no overlap of one step's multiply with the next's).
+
 Layout: FP8 ``wgmma`` reads both operands K-major (only 16-bit types have a transposed operand),
 so the weights must be stored ``[G, N, K]`` (K contiguous). ``scaled_gmm`` takes them in the
 FP8 API's ``[G, K, N]`` and swaps the last two axes before the kernel; inside
@@ -21,10 +35,13 @@ wants them) call :func:`scaled_gmm_kn` with ``rhs_layout="gnk"`` and pay nothing
 the same bytes per stage as the bf16 kernel's.
 
 The dgrad of ``fp8_grouped_matmul`` is another ``scaled_gmm`` (``d out`` quantized per row against
-the weights re-quantized per input channel, contracted over N), so it runs in this kernel too.
+the weights re-quantized per input channel, contracted over N), so it runs in this kernel too;
+blockwise, the forward's FP8 weights and block scales transposed (``N % 128 == 0`` and
+``K % 256 == 0`` for the kernel to take it).
 The wgrad is high precision (see :func:`jaxmoe.ops.fp8.fp8_grouped_matmul`): the Triton kernel.
 
-Limits: the rowwise recipe, e4m3 operands, a 2-byte result, ``M % block_m == 0``,
+Limits: the rowwise recipe, or blockwise with ``block_size`` 128 and ``block_n`` 256 (the
+default), e4m3 operands, a 2-byte result, ``M % block_m == 0``,
 ``K % 128 == 0``, ``N % block_n == 0``, a Hopper GPU. On a CPU the kernel runs in Mosaic GPU's
 interpreter, which has no transposed ``wgmma`` operand but also no K-major rule, so there the
 weights go in as ``[G, K, N]`` and the same body (work list, schedule, epilogue) is exercised;
@@ -70,11 +87,18 @@ Array = jax.Array
 FP8_BLOCK_K = 128
 
 
-def default_fp8_tiles(m: int, k: int, n: int) -> MosaicTileConfig:
+def default_fp8_tiles(m: int, k: int, n: int, recipe: Fp8Recipe | None = None) -> MosaicTileConfig:
     """The bf16 kernel's default tiles (H100 sweep) with ``block_k`` widened to 128 FP8 elements:
-    the same bytes per ring stage, so the same 4-deep ring and 64-row epilogue slab fit."""
+    the same bytes per ring stage, so the same 4-deep ring and 64-row epilogue slab fit.
+
+    Blockwise (``recipe``): ``block_m`` 64. Each compute warpgroup holds two float32
+    ``[block_m, 128]`` accumulators (the running sum and the step's product): 128 registers per
+    thread at ``block_m`` 64, 256 (more than a thread has: spills) at 128. Not measured yet."""
     bf16 = pallas_mosaic.default_mosaic_gmm_tiles(m, k, n)
-    return dataclasses.replace(bf16, block_k=FP8_BLOCK_K)
+    cfg = dataclasses.replace(bf16, block_k=FP8_BLOCK_K)
+    if recipe is not None and recipe.name == "blockwise":
+        cfg = dataclasses.replace(cfg, block_m=64)
+    return cfg
 
 
 def unsupported_reason(
@@ -194,7 +218,7 @@ def scaled_gmm_kn(
     m = lhs_q.shape[0]
     recipe = recipe if isinstance(recipe, Fp8Recipe) else Fp8Recipe(recipe)
     out_dtype = jnp.dtype(out_dtype)
-    cfg = tiles or default_fp8_tiles(m, k, n)
+    cfg = tiles or default_fp8_tiles(m, k, n, recipe)
     check_tiles(cfg, operand_bytes=1)
     interpret_params = pallas_mosaic_common.interpret_params(interpret)
     interpreted = interpret_params is not None
@@ -252,9 +276,10 @@ def scaled_gmm_kn(
 class PallasMosaicScaledGroupedMatmul(ScaledGroupedMatmulBackend):
     """``scaled_gmm`` (forward and dgrad) by the FP8 Mosaic kernel, ``tgmm`` by Triton.
 
-    Operands the kernel cannot take (the blockwise recipe, e5m2, unaligned shapes, a GPU other
-    than a Hopper): with ``fallback=None`` (``backend="pallas"``) ``NotImplementedError`` saying
-    why, never a silent switch; ``"auto"`` builds it with the XLA backend as ``fallback``.
+    Operands the kernel cannot take (blockwise with a ``block_size`` other than 128 or
+    ``block_n`` other than 256, e5m2, unaligned shapes, a GPU other than a Hopper): with
+    ``fallback=None`` (``backend="pallas"``) ``NotImplementedError`` saying why, never a silent
+    switch; ``"auto"`` builds it with the XLA backend as ``fallback``.
 
     Attributes:
       tiles: block sizes; ``None``: :func:`default_fp8_tiles`.
@@ -274,7 +299,7 @@ class PallasMosaicScaledGroupedMatmul(ScaledGroupedMatmulBackend):
 
     def unsupported_reason(self, lhs_q, rhs_q, recipe, out_dtype) -> str | None:
         m, k = lhs_q.shape
-        cfg = self.tiles or default_fp8_tiles(m, k, rhs_q.shape[2])
+        cfg = self.tiles or default_fp8_tiles(m, k, rhs_q.shape[2], recipe)
         interpreted = pallas_triton._use_interpret(self.interpret)
         return unsupported_reason(
             lhs_q.shape, rhs_q.shape, lhs_q.dtype, rhs_q.dtype, out_dtype, recipe, cfg, interpreted
