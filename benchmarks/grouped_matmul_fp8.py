@@ -23,7 +23,12 @@ What is checked and timed, per shape (``GEMM_SHAPES`` of :mod:`jaxmoe.bench.pres
 
 Before the shapes, small GPU checks with skewed groups (empty groups, a group cut by tiles, tail
 rows): the forward against float64 and zero tails, and ``fp8_grouped_matmul(backend="pallas")``'s
-values and gradients against ``backend="xla"`` (the dgrad runs in the same kernel).
+values and gradients against ``backend="xla"`` (the dgrad runs in the same kernel); the same for
+the blockwise recipe (``blockwise_checks``: per-K-step scales, never run on a GPU before). Per
+shape, after the interleaved rows, two rows timed on their own (not interleaved):
+``jaxmoe_fp8_blockwise`` (default tiles, ``block_m`` 64) and ``... bm=128``: the blockwise recipe
+on the same ``x``, ``w`` (its own quantization, K-major weights), with its error against the
+float64 product of its own dequantized operands.
 
 Writes ``$OUT/grouped_matmul-fp8-h100.json`` (``{"header", "rows"}``) and ``.md``::
 
@@ -33,6 +38,7 @@ Writes ``$OUT/grouped_matmul-fp8-h100.json`` (``{"header", "rows"}``) and ``.md`
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import statistics
 import sys
@@ -45,8 +51,14 @@ import numpy as np
 from jaxmoe.bench.harness import markdown_report, results_header, write_results
 from jaxmoe.bench.presets import GEMM_SHAPES
 from jaxmoe.bench.timing import time_jax, time_torch
-from jaxmoe.ops.fp8 import Fp8Recipe, fp8_grouped_matmul, quantize, scaled_grouped_matmul
-from jaxmoe.ops.fp8.pallas_mosaic import scaled_gmm_kn
+from jaxmoe.ops.fp8 import (
+    Fp8Recipe,
+    dequantize,
+    fp8_grouped_matmul,
+    quantize,
+    scaled_grouped_matmul,
+)
+from jaxmoe.ops.fp8.pallas_mosaic import default_fp8_tiles, scaled_gmm_kn
 from jaxmoe.ops.grouped_matmul import grouped_matmul
 from jaxmoe.ops.grouped_matmul.pallas_mosaic_tiles import MosaicTileConfig
 
@@ -65,6 +77,7 @@ SWEEP = {
     ],
 }
 RECIPE = Fp8Recipe("rowwise")
+BLOCKWISE = Fp8Recipe("blockwise")  # DeepSeek-V3: 1x128 activation tiles, 128x128 weight blocks
 COLUMNS = [
     ("shape", "shape", ""),
     ("impl", "impl", ""),
@@ -161,6 +174,60 @@ def gpu_checks() -> list[dict]:
         err = float((a64 - b64).norm() / b64.norm().clamp_min(1e-30))
         rows.append({"check": f"fp8_grouped_matmul pallas vs xla: {name}", "rel_err": err})
     del torch
+    return rows
+
+
+def blockwise_checks() -> list[dict]:
+    """The blockwise recipe on the GPU, skewed groups: the forward against float64 (block scales
+    spread over e**+-3, so a scale applied to the wrong K block is far off), zero tails, and
+    ``fp8_grouped_matmul(recipe="blockwise", backend="pallas")`` values and grads vs ``"xla"``."""
+    rows = []
+    m, k, n = 1024, 512, 512
+    sizes = [300, 0, 5, 400, 100]
+    bounds = np.concatenate([[0], np.cumsum(sizes)]).tolist()
+    kx, kw, ks, kd = jax.random.split(jax.random.key(2), 4)
+    x_blocks = jnp.exp(jax.random.uniform(ks, (m, k // 128), minval=-3, maxval=3))
+    x = jax.random.normal(kx, (m, k)) * jnp.repeat(x_blocks, 128, axis=1)
+    w_blocks = jnp.exp(
+        jax.random.uniform(ks, (len(sizes), k // 128, n // 128), minval=-2, maxval=2)
+    )
+    w = jax.random.normal(kw, (len(sizes), k, n)) / np.sqrt(k)
+    w = w * jnp.repeat(jnp.repeat(w_blocks, 128, axis=1), 128, axis=2)
+    gs = jnp.asarray(sizes, jnp.int32)
+    x_q, x_s = quantize(x, BLOCKWISE.lhs_blocks)
+    w_q, w_s = quantize(w, BLOCKWISE.rhs_blocks)
+    got = jax.jit(functools.partial(scaled_grouped_matmul, recipe=BLOCKWISE, backend="pallas"))(
+        x_q, x_s, w_q, w_s, gs
+    )
+    x_deq = dequantize(x_q, x_s, BLOCKWISE.lhs_blocks)  # float32: one rounding per element
+    w_deq = dequantize(w_q, w_s, BLOCKWISE.rhs_blocks)
+    ones_m, ones_gn = jnp.ones((m,), jnp.float32), jnp.ones((len(sizes), n), jnp.float32)
+    ref = grouped_reference64(
+        to_torch(x_deq), to_torch(ones_m), to_torch(jnp.swapaxes(w_deq, 1, 2)), to_torch(ones_gn),
+        bounds,
+    )  # fmt: skip
+    got_t = to_torch(got)
+    tail_zero = bool((got_t[bounds[-1] :] == 0).all())
+    rows.append(
+        {"check": "blockwise skewed fwd vs fp64", "tail_zero": tail_zero, **errors(got_t, ref)}
+    )
+    dy = jax.random.normal(kd, (m, n))
+
+    def loss(backend, a, b):
+        out = fp8_grouped_matmul(a, b, gs, recipe=BLOCKWISE, backend=backend)
+        return jnp.sum(out.astype(jnp.float32) * dy), out
+
+    results = {}
+    for backend in ("pallas", "xla"):
+        fn = jax.jit(jax.grad(functools.partial(loss, backend), argnums=(0, 1), has_aux=True))
+        (dx, dw), out = fn(x.astype(jnp.bfloat16), w.astype(jnp.bfloat16))
+        results[backend] = (out, dx, dw)
+    for name, a, b in zip(("out", "dx", "dw"), results["pallas"], results["xla"], strict=True):
+        a64, b64 = (to_torch(v.astype(jnp.float32)).double() for v in (a, b))
+        err = float((a64 - b64).norm() / b64.norm().clamp_min(1e-30))
+        rows.append(
+            {"check": f"blockwise fp8_grouped_matmul pallas vs xla: {name}", "rel_err": err}
+        )
     return rows
 
 
@@ -276,6 +343,50 @@ def run_shape(shape, header, rows, out_path) -> None:
             row["error"] = f"{type(error).__name__}: {error}"[:300]
         rows.append(row)
         print(row, flush=True)
+    # The blockwise recipe on the same x, w (its own quantization, weights K-major as above): the
+    # default tiles (block_m 64: two accumulators per warpgroup) and block_m 128 (expected to
+    # spill registers: 256 per thread for the two accumulators).
+    try:
+        bx_q, bx_s = quantize(x_bf.astype(jnp.float32), BLOCKWISE.lhs_blocks)
+        bw_q, bw_s = quantize(w_bf.astype(jnp.float32), BLOCKWISE.rhs_blocks)
+        bw_q_nk = jnp.swapaxes(bw_q, 1, 2).copy()
+        ref_b = grouped_reference64(
+            to_torch(dequantize(bx_q, bx_s, BLOCKWISE.lhs_blocks)),
+            torch.ones_like(xs_t),
+            to_torch(jnp.swapaxes(dequantize(bw_q, bw_s, BLOCKWISE.rhs_blocks), 1, 2)),
+            torch.ones_like(ws_t),
+            bounds,
+        )
+    except Exception as error:  # noqa: BLE001
+        traceback.print_exc()
+        ref_b = f"{type(error).__name__}: {error}"[:300]
+    default_bw = default_fp8_tiles(shape.m, shape.k, shape.n, BLOCKWISE)
+    for name, cfg in (
+        ("jaxmoe_fp8_blockwise", default_bw),
+        ("jaxmoe_fp8_blockwise bm=128", dataclasses.replace(default_bw, block_m=128)),
+    ):
+        row = {"shape": shape.name, "pass": "fwd", "recipe": "blockwise", "impl": name}
+        try:
+            if isinstance(ref_b, str):
+                raise RuntimeError(ref_b)
+            fn = jax.jit(
+                functools.partial(scaled_gmm_kn, rhs_layout="gnk", recipe=BLOCKWISE, tiles=cfg)
+            )
+            row.update(errors(to_torch(fn(bx_q, bx_s, bw_q_nk, bw_s, gs)), ref_b, bf16_product))
+            row["ms"] = median_time(time_jax, fn, bx_q, bx_s, bw_q_nk, bw_s, gs)
+            row["tflops"] = shape.flops / (row["ms"] * 1e-3) / 1e12
+            for key, peer in (
+                ("ratio_vs_torch_fp8", "torch_fp8"),
+                ("ratio_vs_jaxmoe_bf16", "jaxmoe_bf16"),
+            ):
+                peer_ms = results[peer].get("ms")
+                row[key] = peer_ms / row["ms"] if peer_ms else None
+        except Exception as error:  # noqa: BLE001
+            row["error"] = f"{type(error).__name__}: {error}"[:300]
+            traceback.print_exc()
+        rows.append(row)
+        print(row, flush=True)
+    del ref_b
     write_results(out_path, header, rows, render)
     del ref64, bf16_product
     torch.cuda.empty_cache()
@@ -306,11 +417,14 @@ def main(argv=None) -> int:
         flops="2*M*K*N per forward",
     )
     rows: list[dict] = []
-    try:
-        rows += gpu_checks()
-    except Exception as error:  # noqa: BLE001
-        traceback.print_exc()
-        rows.append({"check": "gpu_checks", "error": f"{type(error).__name__}: {error}"[:300]})
+    for checks in (gpu_checks, blockwise_checks):
+        try:
+            rows += checks()
+        except Exception as error:  # noqa: BLE001
+            traceback.print_exc()
+            rows.append(
+                {"check": checks.__name__, "error": f"{type(error).__name__}: {error}"[:300]}
+            )
     for row in rows:
         print(row, flush=True)
     write_results(args.out, header, rows, render)

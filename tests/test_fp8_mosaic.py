@@ -8,7 +8,9 @@ here and on the device by ``benchmarks/grouped_matmul_fp8.py``.
 
 Bound: the kernel's float32 result (FP8 products are exact in float32; the sum and the two
 scale multiplies round) is cast to bf16, so each element is within one bf16 ulp (``2**-8``
-relative) of the float64 product of the dequantized operands.
+relative) of the float64 product of the dequantized operands. Blockwise (scales per K block,
+applied per K step) adds float32 rounding of the sum of scaled partials, bounded by ``2**-20``
+of the product of the operands' magnitudes.
 """
 
 from __future__ import annotations
@@ -22,16 +24,20 @@ import pytest
 
 from jaxmoe.ops.fp8 import Fp8Recipe, dequantize, quantize, resolve_fp8_backend
 from jaxmoe.ops.fp8 import pallas_mosaic as fp8_mosaic
-from jaxmoe.ops.fp8.api import scaled_grouped_matmul
+from jaxmoe.ops.fp8.api import fp8_grouped_matmul, scaled_grouped_matmul
 from jaxmoe.ops.fp8.xla import XlaScaledGroupedMatmul
 from jaxmoe.ops.grouped_matmul import pallas_mosaic_tiles
 from jaxmoe.ops.grouped_matmul.pallas_mosaic import MosaicTileConfig
 
 ROWWISE = Fp8Recipe("rowwise")
+BLOCKWISE = Fp8Recipe("blockwise")
 M, K, N = 256, 256, 256
 # Two K steps per tile, two N tiles, several M tiles, more work items than the two simulated SMs.
 SMALL = MosaicTileConfig(64, 128, 128, stages=2, group_swizzle=2)
 CHAINED = MosaicTileConfig(64, 128, 128, stages=2, group_swizzle=2, pipelined_tiles=True)
+# Blockwise: each compute warpgroup's 128 columns are one scale block, so block_n = 256.
+BW_SMALL = MosaicTileConfig(64, 256, 128, stages=2, group_swizzle=2)
+BW_CHAINED = MosaicTileConfig(64, 256, 128, stages=2, group_swizzle=2, pipelined_tiles=True)
 
 
 def _quantized(group_count, m=M, k=K, n=N, seed=0):
@@ -43,9 +49,19 @@ def _quantized(group_count, m=M, k=K, n=N, seed=0):
     return lhs_q, lhs_scale, rhs_q, rhs_scale
 
 
-def _reference64(lhs_q, lhs_scale, rhs_q, rhs_scale, group_sizes):
-    lhs = np.asarray(dequantize(lhs_q, lhs_scale, ROWWISE.lhs_blocks), np.float64)
-    rhs = np.asarray(dequantize(rhs_q, rhs_scale, ROWWISE.rhs_blocks), np.float64)
+def _blockwise_quantized(group_count, m=M, k=K, n=N, seed=0):
+    # A magnitude per scale block (1 x 128 activation tiles, 128 x 128 weight blocks) spread
+    # over e**+-3: a scale applied to the wrong K block or column block is far off.
+    rng = np.random.default_rng(seed)
+    lhs = rng.standard_normal((m, k)) * np.repeat(np.exp(rng.uniform(-3, 3, (m, k // 128))), 128, 1)
+    blocks = np.exp(rng.uniform(-2, 2, (group_count, k // 128, n // 128)))
+    rhs = rng.standard_normal((group_count, k, n)) * blocks.repeat(128, 1).repeat(128, 2)
+    lhs_q, lhs_scale = quantize(jnp.asarray(lhs, jnp.float32), BLOCKWISE.lhs_blocks)
+    rhs_q, rhs_scale = quantize(jnp.asarray(rhs, jnp.float32), BLOCKWISE.rhs_blocks)
+    return lhs_q, lhs_scale, rhs_q, rhs_scale
+
+
+def _grouped64(lhs, rhs, group_sizes):
     out, start = np.zeros((lhs.shape[0], rhs.shape[2])), 0
     for g, size in enumerate(group_sizes):
         size = min(size, lhs.shape[0] - start)
@@ -54,9 +70,22 @@ def _reference64(lhs_q, lhs_scale, rhs_q, rhs_scale, group_sizes):
     return out
 
 
-def _check_within_one_bf16_ulp(got, want):
+def _reference64(lhs_q, lhs_scale, rhs_q, rhs_scale, group_sizes, recipe=ROWWISE, absolute=False):
+    """The float64 product of the dequantized operands (``absolute``: of their magnitudes)."""
+    lhs = np.asarray(dequantize(lhs_q, lhs_scale, recipe.lhs_blocks), np.float64)
+    rhs = np.asarray(dequantize(rhs_q, rhs_scale, recipe.rhs_blocks), np.float64)
+    if absolute:
+        lhs, rhs = np.abs(lhs), np.abs(rhs)
+    return _grouped64(lhs, rhs, group_sizes)
+
+
+def _check_within_one_bf16_ulp(got, want, magnitude=None):
+    """``magnitude`` (the product of the operands' magnitudes): also allow float32 rounding of
+    the sum, ``2**-20 * magnitude`` (the blockwise kernel adds per-block partials, each scaled
+    by its own scales, so the sum may cancel far below its terms)."""
     got = np.asarray(jnp.asarray(got).astype(jnp.float32), np.float64)
-    assert np.all(np.abs(got - want) <= 2.0**-8 * np.abs(want) + 1e-30), (
+    slack = 0.0 if magnitude is None else 2.0**-20 * magnitude
+    assert np.all(np.abs(got - want) <= 2.0**-8 * np.abs(want) + slack + 1e-30), (
         f"max relative error {np.max(np.abs(got - want) / np.maximum(np.abs(want), 1e-30)):.3g}"
     )
 
@@ -124,13 +153,93 @@ def test_default_tiles_are_the_bf16_kernels_with_128_wide_k_blocks():
             bf16.stages,
         )
         pallas_mosaic_tiles.check_tiles(cfg, operand_bytes=1)
+        blockwise = fp8_mosaic.default_fp8_tiles(m, k, n, BLOCKWISE)  # two accumulators: bm 64
+        assert (blockwise.block_m, blockwise.block_n, blockwise.block_k) == (64, 256, 128)
+        pallas_mosaic_tiles.check_tiles(blockwise, operand_bytes=1)
     with pytest.raises(ValueError, match="block_k=64 must be 128"):
         pallas_mosaic_tiles.check_tiles(MosaicTileConfig(), operand_bytes=1)
 
 
+@pytest.mark.parametrize("cfg", [BW_SMALL, BW_CHAINED], ids=["plain", "chained"])
+def test_blockwise_forward_empty_groups_straddling_tiles_and_tail(cfg):
+    # Two K blocks (K = 256), four column scale blocks over two N tiles (N = 512): each K step's
+    # partial product is scaled by its own row and block scales. Groups as in the rowwise test.
+    sizes, n = [70, 0, 3, 100, 40], 512
+    operands = _blockwise_quantized(len(sizes), n=n)
+    got = fp8_mosaic.scaled_gmm_kn(
+        *operands, jnp.asarray(sizes, jnp.int32), tiles=cfg, recipe="blockwise"
+    )
+    assert got.shape == (M, n) and got.dtype == jnp.bfloat16
+    want = _reference64(*operands, sizes, BLOCKWISE)
+    _check_within_one_bf16_ulp(got, want, _reference64(*operands, sizes, BLOCKWISE, True))
+    assert np.all(np.asarray(got)[213:] == 0)
+
+
+def test_blockwise_forward_and_dgrad_through_the_api_match_the_xla_backend():
+    # fp8_grouped_matmul(recipe="blockwise", backend=<the kernel>): the forward and the dgrad
+    # (the forward's FP8 weights transposed: contraction over N = 256, out width K = 256) both
+    # run in the kernel, and match the XLA backend's (same FP8 operands) to bf16 rounding.
+    sizes = [0, 130, 90]  # an empty group, a boundary inside a tile, 36 tail rows
+    rng = np.random.default_rng(2)
+    x = jnp.asarray(rng.standard_normal((M, K)), jnp.bfloat16)
+    w = jnp.asarray(rng.standard_normal((len(sizes), K, N)) / 16, jnp.bfloat16)
+    dy = jnp.asarray(rng.standard_normal((M, N)), jnp.float32)
+    gs = jnp.asarray(sizes, jnp.int32)
+    kernel = fp8_mosaic.PallasMosaicScaledGroupedMatmul(tiles=BW_SMALL)  # no fallback: raises
+
+    def forward_and_dgrad(backend):
+        def loss(a):
+            out = fp8_grouped_matmul(a, w, gs, recipe="blockwise", backend=backend)
+            return jnp.sum(out.astype(jnp.float32) * dy), out
+
+        (dx, out) = jax.grad(loss, has_aux=True)(x)
+        return out, dx
+
+    for got, want in zip(forward_and_dgrad(kernel), forward_and_dgrad("xla"), strict=True):
+        got, want = (np.asarray(v.astype(jnp.float32), np.float64) for v in (got, want))
+        assert np.max(np.abs(got - want)) <= 2.0**-7 * np.max(np.abs(want))
+        assert np.all(got[220:] == 0)
+
+
+@pytest.mark.parametrize(
+    "rhs_layout, k, n", [("gkn", 1024, 512), ("gnk", 2048, 2048)], ids=["gkn-chained", "gnk"]
+)
+def test_blockwise_lowers_for_cuda_with_k_major_weights(rhs_layout, k, n):
+    # The per-K-step path on the GPU: a scoped wgmma accumulator per step, the row scales loaded
+    # in its row layout, the block scale a scalar load; with one pipeline across a CTA's tiles
+    # (default tiles where min(K, N) <= 1024) and without.
+    m, g = 256, 5
+    rhs_shape = (g, n, k) if rhs_layout == "gnk" else (g, k, n)
+    fn = jax.jit(
+        functools.partial(
+            fp8_mosaic.scaled_gmm_kn, rhs_layout=rhs_layout, interpret=False, recipe="blockwise"
+        )
+    )
+    fp8 = jnp.float8_e4m3fn
+    lowered = fn.trace(
+        jax.ShapeDtypeStruct((m, k), fp8),
+        jax.ShapeDtypeStruct((m, k // 128), jnp.float32),
+        jax.ShapeDtypeStruct(rhs_shape, fp8),
+        jax.ShapeDtypeStruct((g, k // 128, n // 128), jnp.float32),
+        jax.ShapeDtypeStruct((g,), jnp.int32),
+    ).lower(lowering_platforms=("cuda",))
+    assert "mosaic_gpu" in lowered.as_text()
+
+
+def test_blockwise_needs_128_wide_blocks_and_block_n_256():
+    args = ((256, 256), (2, 256, 256), jnp.float8_e4m3fn, jnp.float8_e4m3fn, jnp.bfloat16)
+    assert fp8_mosaic.unsupported_reason(*args, BLOCKWISE, BW_SMALL, interpret=True) is None
+    reason = fp8_mosaic.unsupported_reason(*args, BLOCKWISE, SMALL, interpret=True)
+    assert "needs block_n=256" in reason
+    reason = fp8_mosaic.unsupported_reason(
+        *args, Fp8Recipe("blockwise", block_size=64), BW_SMALL, interpret=True
+    )
+    assert "block_size=64 is not 128" in reason
+
+
 # (what to change, the words of the reason)
 REFUSED = {
-    "blockwise": ({"recipe": Fp8Recipe("blockwise")}, "rowwise only"),
+    "blockwise64": ({"recipe": Fp8Recipe("blockwise", block_size=64)}, "block_size 128 only"),
     "e5m2": ({"rhs_dtype": jnp.float8_e5m2}, "not float8_e4m3fn"),
     "f32 out": ({"out_dtype": jnp.float32}, "not a 2-byte type"),
     "m": ({"m": 100}, "block_m"),
@@ -163,6 +272,7 @@ def test_auto_on_a_gpu_takes_the_kernel_where_it_applies_and_xla_elsewhere():
     assert isinstance(resolve_fp8_backend("auto", platform="cpu"), XlaScaledGroupedMatmul)
     assert resolve_fp8_backend("pallas").fallback is None
     assert _call_backend(auto)
+    assert _call_backend(auto, recipe=BLOCKWISE)
     for change, _ in REFUSED.values():
         assert not _call_backend(auto, **change), change
 

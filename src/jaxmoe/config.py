@@ -214,7 +214,7 @@ _FIELD_RULES: dict[str, Callable[[str, Any], Any]] = {
 
 # ----------------------------------------------------------------------------- cross-field rules
 # The grouped-matmul backends with an FP8 path (``jaxmoe.ops.fp8``; None/"auto": on a Hopper GPU
-# the Mosaic FP8 kernel where it applies, else "xla"; "pallas": that kernel, rowwise only).
+# the Mosaic FP8 kernel where it applies, else "xla"; "pallas": that kernel, either recipe).
 _FP8_BACKENDS = (None, "auto", "reference", "xla", "pallas")
 # (field named in the message, broken(cfg), rule(cfg), fix(cfg)): checked in order, after every
 # field passed its own rule.
@@ -313,12 +313,6 @@ _CROSS_FIELD_RULES: tuple[tuple[str, Callable, Callable, Callable], ...] = (
         lambda c: f"has no FP8 path (fp8_recipe={c.fp8_recipe!r} needs one of {_FP8_BACKENDS})",
         lambda c: "Set grouped_matmul_backend=None or 'xla', or fp8_recipe=None.",
     ),
-    (
-        "fp8_recipe",
-        lambda c: c.fp8_recipe == "blockwise" and c.grouped_matmul_backend == "pallas",
-        lambda c: "is not one the Mosaic GPU FP8 kernel (grouped_matmul_backend='pallas') takes",
-        lambda c: "Use fp8_recipe='rowwise', or grouped_matmul_backend=None for the blockwise one.",
-    ),
 )
 
 
@@ -393,7 +387,8 @@ class MoEConfig:
         gradients stay in ``param_dtype``, the router, losses, combine and shared expert are
         unchanged. Needs ``grouped_matmul_backend`` None/``"auto"`` (on a Hopper GPU the
         Mosaic GPU FP8 kernel where it applies, else ``"xla"``), ``"xla"``, ``"reference"``, or
-        ``"pallas"`` (that kernel only; ``"rowwise"`` only).
+        ``"pallas"`` (that kernel only, both recipes; shapes it cannot tile raise
+        ``NotImplementedError``).
     """
 
     num_experts: int

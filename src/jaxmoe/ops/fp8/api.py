@@ -37,9 +37,9 @@ def resolve_fp8_backend(backend, platform: str | None = None) -> ScaledGroupedMa
     """``None``/``"auto"``, a name, or a backend object.
 
     ``"auto"`` on a GPU ``platform`` (default: JAX's default backend) is the Mosaic GPU FP8
-    kernel (``"pallas"``) where it applies (a Hopper, the rowwise recipe, e4m3, block-aligned
-    shapes) with the XLA backend taking the rest; elsewhere ``"xla"``. The name ``"pallas"``
-    never falls back: it raises ``NotImplementedError`` saying why.
+    kernel (``"pallas"``) where it applies (a Hopper, rowwise or 128-blockwise, e4m3,
+    block-aligned shapes) with the XLA backend taking the rest; elsewhere ``"xla"``. The name
+    ``"pallas"`` never falls back: it raises ``NotImplementedError`` saying why.
 
     Raises:
       NotImplementedError: a grouped-matmul backend with no FP8 kernel (``"pallas_triton"``):
@@ -93,7 +93,8 @@ def scaled_grouped_matmul(
       group_sizes: ``[G]`` integer row counts.
       recipe: ``"rowwise"``, ``"blockwise"`` or an :class:`Fp8Recipe` (the scales' layout).
       backend: ``None``/``"auto"`` (see :func:`resolve_fp8_backend`), ``"reference"``, ``"xla"``,
-        ``"pallas"`` (the Mosaic GPU kernel on a Hopper: rowwise e4m3) or a backend object.
+        ``"pallas"`` (the Mosaic GPU kernel on a Hopper: e4m3, rowwise or blockwise with
+        ``block_size`` 128) or a backend object.
       preferred_element_type: dtype of the result (default bfloat16).
 
     Example::
@@ -232,9 +233,9 @@ def fp8_grouped_matmul(
       group_sizes: ``[G]`` integer row counts (clipped to ``M``).
       recipe: ``"rowwise"`` (default), ``"blockwise"`` or an :class:`Fp8Recipe`.
       backend: ``None``/``"auto"`` (see :func:`resolve_fp8_backend`), ``"reference"``,
-        ``"xla"``, ``"pallas"`` (the Mosaic GPU kernel: rowwise e4m3 on a Hopper; forward and
-        dgrad) or a :class:`ScaledGroupedMatmulBackend`; ``"pallas_triton"`` raises
-        ``NotImplementedError``.
+        ``"xla"``, ``"pallas"`` (the Mosaic GPU kernel: e4m3, rowwise or 128-blockwise, on a
+        Hopper; forward and dgrad) or a :class:`ScaledGroupedMatmulBackend`;
+        ``"pallas_triton"`` raises ``NotImplementedError``.
       preferred_element_type: dtype of the result (default ``lhs.dtype``).
 
     Returns:

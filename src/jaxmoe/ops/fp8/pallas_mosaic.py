@@ -11,6 +11,20 @@ Both scales are constant along K, so they are applied once per output, not per K
 compute warpgroup reads its rows' ``lhs_scale`` and its columns' ``rhs_scale[g]`` from GPU memory
 in the epilogue (``bm + bn / 2`` floats per tile, against ``bm * bn`` outputs).
 
+The blockwise recipe (DeepSeek-V3: ``lhs_scale [M, K/128]``, ``rhs_scale [G, K/128, N/128]``)
+scales vary along K, so they go in the kernel's per-K-step hook (``k_step_scale``) instead::
+
+    out[m, n] = sum_kb (sum_{k in kb} lhs_q[m, k] * rhs_q[g, k, n])
+                       * lhs_scale[m, kb] * rhs_scale[g, kb, n // 128]
+
+One K step (``block_k = 128``) is one scale block: each step's ``wgmma`` goes into a fresh
+float32 accumulator, which, once complete, is scaled by its rows' ``lhs_scale[:, kb]`` (read
+from a transposed ``[K/128, M]`` copy, so contiguous) and by one ``rhs_scale`` scalar (with
+``block_n = 256`` each compute warpgroup's 128 columns are one scale block), and added to the
+main float32 accumulator (a register value carried by the pipeline). This is DeepGEMM's
+"promotion": the FP8 products are summed in the tensor core's accumulator over 128 K only. The
+cost is a ``wgmma`` wait per K step (no overlap of one step's multiply with the next's).
+
 Layout: FP8 ``wgmma`` reads both operands K-major (only 16-bit types have a transposed operand),
 so the weights must be stored ``[G, N, K]`` (K contiguous). ``scaled_gmm`` takes them in the
 FP8 API's ``[G, K, N]`` and swaps the last two axes before the kernel; inside
@@ -21,10 +35,13 @@ wants them) call :func:`scaled_gmm_kn` with ``rhs_layout="gnk"`` and pay nothing
 the same bytes per stage as the bf16 kernel's.
 
 The dgrad of ``fp8_grouped_matmul`` is another ``scaled_gmm`` (``d out`` quantized per row against
-the weights re-quantized per input channel, contracted over N), so it runs in this kernel too.
+the weights re-quantized per input channel, contracted over N), so it runs in this kernel too;
+blockwise, the forward's FP8 weights and block scales transposed (``N % 128 == 0`` and
+``K % 256 == 0`` for the kernel to take it).
 The wgrad is high precision (see :func:`jaxmoe.ops.fp8.fp8_grouped_matmul`): the Triton kernel.
 
-Limits: the rowwise recipe, e4m3 operands, a 2-byte result, ``M % block_m == 0``,
+Limits: the rowwise recipe, or blockwise with ``block_size`` 128 and ``block_n`` 256 (the
+default), e4m3 operands, a 2-byte result, ``M % block_m == 0``,
 ``K % 128 == 0``, ``N % block_n == 0``, a Hopper GPU. On a CPU the kernel runs in Mosaic GPU's
 interpreter, which has no transposed ``wgmma`` operand but also no K-major rule, so there the
 weights go in as ``[G, K, N]`` and the same body (work list, schedule, epilogue) is exercised;
@@ -70,11 +87,18 @@ Array = jax.Array
 FP8_BLOCK_K = 128
 
 
-def default_fp8_tiles(m: int, k: int, n: int) -> MosaicTileConfig:
+def default_fp8_tiles(m: int, k: int, n: int, recipe: Fp8Recipe | None = None) -> MosaicTileConfig:
     """The bf16 kernel's default tiles (H100 sweep) with ``block_k`` widened to 128 FP8 elements:
-    the same bytes per ring stage, so the same 4-deep ring and 64-row epilogue slab fit."""
+    the same bytes per ring stage, so the same 4-deep ring and 64-row epilogue slab fit.
+
+    Blockwise (``recipe``): ``block_m`` 64. Each compute warpgroup holds two float32
+    ``[block_m, 128]`` accumulators (the running sum and the step's product): 128 registers per
+    thread at ``block_m`` 64, 256 (more than a thread has: spills) at 128. Not measured yet."""
     bf16 = pallas_mosaic.default_mosaic_gmm_tiles(m, k, n)
-    return dataclasses.replace(bf16, block_k=FP8_BLOCK_K)
+    cfg = dataclasses.replace(bf16, block_k=FP8_BLOCK_K)
+    if recipe is not None and recipe.name == "blockwise":
+        cfg = dataclasses.replace(cfg, block_m=64)
+    return cfg
 
 
 def unsupported_reason(
@@ -91,8 +115,21 @@ def unsupported_reason(
     ``None`` if it can."""
     (m, k), n = lhs_shape, rhs_shape[2]
     reasons = []
-    if recipe.name != "rowwise":
-        reasons.append(f"the {recipe.name!r} recipe has no kernel yet (rowwise only)")
+    if recipe.name == "blockwise":
+        if recipe.block_size != FP8_BLOCK_K:
+            reasons.append(
+                f"the blockwise recipe's block_size={recipe.block_size} is not {FP8_BLOCK_K} "
+                f"(one K step of the kernel is one scale block: block_size {FP8_BLOCK_K} only)"
+            )
+        wg_n = cfg.block_n // pallas_mosaic_common.NUM_COMPUTE_WARPGROUPS
+        if wg_n != recipe.block_size:
+            reasons.append(
+                f"the blockwise recipe needs block_n={2 * recipe.block_size} (each compute "
+                f"warpgroup's columns one {recipe.block_size}-wide scale block); got "
+                f"block_n={cfg.block_n}"
+            )
+    elif recipe.name != "rowwise":
+        reasons.append(f"the {recipe.name!r} recipe has no kernel (rowwise and blockwise only)")
     for name, dtype in (("lhs_q", lhs_dtype), ("rhs_q", rhs_dtype)):
         if jnp.dtype(dtype) != E4M3:
             reasons.append(f"{name} is {jnp.dtype(dtype)}, not float8_e4m3fn")
@@ -123,6 +160,23 @@ def _rowwise_scale_epilogue(
     )
 
 
+def _blockwise_k_step_scale(
+    partial, lhs_scale_t_gmem, rhs_scale_gmem, *, k_step, group, row0, col0, interpreted: bool
+):
+    """``partial[r, c] * lhs_scale[row0 + r, k_step] * rhs_scale[group, k_step, col0 // 128]``
+    for one warpgroup's ``[bm, 128]`` product of K block ``k_step`` (its columns are one scale
+    block, so the weight scale is one scalar). ``lhs_scale_t_gmem`` is ``lhs_scale`` transposed,
+    ``[K / 128, M]``, so that a tile's row scales are contiguous."""
+    bm, wg_n = partial.shape
+    rows = lhs_scale_t_gmem.at[k_step, pl.ds(row0, bm)]
+    col_scale = rhs_scale_gmem[group, k_step, col0 // wg_n]
+    if interpreted:
+        row_scale = rows[...]
+    else:  # the accumulator's row layout, as in _rowwise_scale_epilogue
+        row_scale = plgpu.load(rows, (), layout=plgpu.Layout.WGMMA.reduce(1), optimized=False)
+    return partial * lax.broadcast_in_dim(row_scale * col_scale, partial.shape, [0])
+
+
 def scaled_gmm_kn(
     lhs_q: Array,
     lhs_scale: Array,
@@ -134,19 +188,23 @@ def scaled_gmm_kn(
     out_dtype=jnp.bfloat16,
     tiles: MosaicTileConfig | None = None,
     interpret: bool | None = None,
+    recipe: Fp8Recipe | str = "rowwise",
 ) -> Array:
-    """The rowwise FP8 grouped matmul by the Mosaic kernel (no checks of the FP8 API's own).
+    """The FP8 grouped matmul by the Mosaic kernel (no checks of the FP8 API's own).
 
     Args:
       lhs_q: ``[M, K]`` e4m3, rows sorted by group.
-      lhs_scale: float32 ``[M, 1]`` or ``[M]``.
+      lhs_scale: float32; rowwise ``[M, 1]`` or ``[M]``; blockwise ``[M, K / 128]``.
       rhs_q: e4m3 ``[G, K, N]`` (``rhs_layout="gkn"``, the FP8 API's) or ``[G, N, K]``
         (``"gnk"``: K-major, what FP8 ``wgmma`` reads; no transpose is made).
-      rhs_scale: float32 ``[G, 1, N]`` or ``[G, N]``.
+      rhs_scale: float32; rowwise ``[G, 1, N]`` or ``[G, N]``; blockwise
+        ``[G, K / 128, N / 128]`` (in either ``rhs_layout``).
       group_sizes: ``[G]`` int32, clipped to ``M``.
       out_dtype: a 2-byte float (default bfloat16).
       tiles: block sizes (``block_k`` must be 128); ``None``: :func:`default_fp8_tiles`.
       interpret: ``None`` runs Mosaic GPU's interpreter when JAX's default backend is not a GPU.
+      recipe: ``"rowwise"`` (scales in the epilogue) or ``"blockwise"`` (block_size 128, scales
+        per K step; ``block_n`` must be 256), or an :class:`Fp8Recipe`.
 
     Raises:
       NotImplementedError: operands the kernel cannot take (see :func:`unsupported_reason`).
@@ -158,8 +216,9 @@ def scaled_gmm_kn(
     else:
         num_groups, k, n = rhs_q.shape
     m = lhs_q.shape[0]
+    recipe = recipe if isinstance(recipe, Fp8Recipe) else Fp8Recipe(recipe)
     out_dtype = jnp.dtype(out_dtype)
-    cfg = tiles or default_fp8_tiles(m, k, n)
+    cfg = tiles or default_fp8_tiles(m, k, n, recipe)
     check_tiles(cfg, operand_bytes=1)
     interpret_params = pallas_mosaic_common.interpret_params(interpret)
     interpreted = interpret_params is not None
@@ -169,7 +228,7 @@ def scaled_gmm_kn(
         lhs_q.dtype,
         rhs_q.dtype,
         out_dtype,
-        Fp8Recipe("rowwise"),
+        recipe,
         cfg,
         interpreted,
     )
@@ -184,7 +243,8 @@ def scaled_gmm_kn(
         rhs_q = jnp.swapaxes(rhs_q, 1, 2)
     elif not transpose_rhs and rhs_layout == "gnk":
         rhs_q = jnp.swapaxes(rhs_q, 1, 2)
-    return pallas_mosaic.launch_gmm(
+    launch = functools.partial(
+        pallas_mosaic.launch_gmm,
         lhs_q,
         rhs_q,
         group_sizes.astype(jnp.int32),
@@ -192,6 +252,18 @@ def scaled_gmm_kn(
         out_dtype=out_dtype,
         cfg=cfg,
         interpret_params=interpret_params,
+    )
+    if recipe.name == "blockwise":
+        return launch(
+            k_step_scale=functools.partial(_blockwise_k_step_scale, interpreted=interpreted),
+            epilogue_operands=(
+                jnp.swapaxes(lhs_scale.reshape(m, k // FP8_BLOCK_K), 0, 1).astype(jnp.float32),
+                rhs_scale.reshape(num_groups, k // FP8_BLOCK_K, n // FP8_BLOCK_K).astype(
+                    jnp.float32
+                ),
+            ),
+        )
+    return launch(
         epilogue=functools.partial(_rowwise_scale_epilogue, interpreted=interpreted),
         epilogue_operands=(
             lhs_scale.reshape(m).astype(jnp.float32),
@@ -204,9 +276,10 @@ def scaled_gmm_kn(
 class PallasMosaicScaledGroupedMatmul(ScaledGroupedMatmulBackend):
     """``scaled_gmm`` (forward and dgrad) by the FP8 Mosaic kernel, ``tgmm`` by Triton.
 
-    Operands the kernel cannot take (the blockwise recipe, e5m2, unaligned shapes, a GPU other
-    than a Hopper): with ``fallback=None`` (``backend="pallas"``) ``NotImplementedError`` saying
-    why, never a silent switch; ``"auto"`` builds it with the XLA backend as ``fallback``.
+    Operands the kernel cannot take (blockwise with a ``block_size`` other than 128 or
+    ``block_n`` other than 256, e5m2, unaligned shapes, a GPU other than a Hopper): with
+    ``fallback=None`` (``backend="pallas"``) ``NotImplementedError`` saying why, never a silent
+    switch; ``"auto"`` builds it with the XLA backend as ``fallback``.
 
     Attributes:
       tiles: block sizes; ``None``: :func:`default_fp8_tiles`.
@@ -231,7 +304,7 @@ class PallasMosaicScaledGroupedMatmul(ScaledGroupedMatmulBackend):
 
     def unsupported_reason(self, lhs_q, rhs_q, recipe, out_dtype) -> str | None:
         m, k = lhs_q.shape
-        cfg = self.tiles or default_fp8_tiles(m, k, rhs_q.shape[2])
+        cfg = self.tiles or default_fp8_tiles(m, k, rhs_q.shape[2], recipe)
         interpreted = pallas_triton._use_interpret(self.interpret)
         return unsupported_reason(
             lhs_q.shape, rhs_q.shape, lhs_q.dtype, rhs_q.dtype, out_dtype, recipe, cfg, interpreted
@@ -249,6 +322,7 @@ class PallasMosaicScaledGroupedMatmul(ScaledGroupedMatmulBackend):
                 out_dtype=out_dtype,
                 tiles=self.tiles,
                 interpret=self.interpret,
+                recipe=recipe,
             )
         if self.fallback is None:
             raise NotImplementedError(

@@ -72,12 +72,18 @@ def _jaxmoe_mosaic_gmm(
     num_rhs: int = 1,
     combine=None,
     num_outputs: int = 1,
+    k_step_scale=None,
 ):
     # ``epilogue(acc, *epilogue_gmem, group=, row0=, col0=)`` maps a compute warpgroup's float32
     # ``[bm, bn / 2]`` accumulator (columns from ``col0``) before the cast: the FP8 kernel's scales.
     # ``num_rhs`` weights share each lhs block (one accumulator each, same columns); ``combine``
     # maps the accumulators to the ``num_outputs`` float32 results (the fused gated kernel's
     # ``act(gate) * up``); without it the one accumulator is the one result.
+    # ``k_step_scale(partial, *epilogue_gmem, k_step=, group=, row0=, col0=)``: scales applied
+    # per K step (the FP8 blockwise recipe: one K step is one scale block). Each step's product
+    # goes into a fresh float32 ``wgmma`` accumulator; the main accumulator (a register value
+    # carried by the pipeline) adds ``k_step_scale(partial)``. One rhs, no ``combine``.
+    assert k_step_scale is None or (num_rhs == 1 and combine is None)
     rhs_gmems = rhs_epilogue_and_out_gmem[:num_rhs]
     epilogue_gmem = rhs_epilogue_and_out_gmem[num_rhs:-num_outputs]
     out_gmems = rhs_epilogue_and_out_gmem[-num_outputs:]
@@ -204,6 +210,15 @@ def _jaxmoe_mosaic_gmm(
             col0 = n_tile * bn
 
             def context(eval_pipeline):
+                if k_step_scale is not None:  # the main accumulator is the pipeline's carry
+                    acc = eval_pipeline(jnp.zeros((bm, wg_n), jnp.float32))
+                    if epilogue is not None:
+                        acc = epilogue(
+                            acc, *epilogue_gmem, group=group, row0=row0, col0=col0 + wg * wg_n
+                        )
+                    store(acc.astype(out_dtype), out_gmem, row0, col0, lo, hi)
+                    return
+
                 def acc_scope(*acc_refs):
                     eval_pipeline(acc_refs)
                     if combine is not None:
@@ -222,13 +237,31 @@ def _jaxmoe_mosaic_gmm(
                 pl.run_scoped(acc_scope, *[plgpu.ACC((bm, wg_n), jnp.float32)] * num_rhs)
 
             def mma(indices, lhs_smem, *rhs_smems_and_accs):
-                del indices
                 *rhs_smems, acc_refs = rhs_smems_and_accs
-                for rhs_smem, acc_ref in zip(rhs_smems, acc_refs, strict=True):
-                    if transpose_rhs:
-                        rhs_block = plgpu.transpose_ref(rhs_smem.at[wg_cols, :], (1, 0))
-                    else:
-                        rhs_block = rhs_smem.at[:, wg_cols]
+                rhs_blocks = [
+                    plgpu.transpose_ref(rhs_smem.at[wg_cols, :], (1, 0))
+                    if transpose_rhs
+                    else rhs_smem.at[:, wg_cols]
+                    for rhs_smem in rhs_smems
+                ]
+                if k_step_scale is not None:  # acc_refs is the carried float32 accumulator
+
+                    def step_product(partial_ref):
+                        plgpu.wgmma(partial_ref, lhs_smem, rhs_blocks[0])
+                        plgpu.wgmma_wait(0)
+                        return partial_ref[...]
+
+                    partial = pl.run_scoped(step_product, plgpu.ACC((bm, wg_n), jnp.float32))
+                    (k_step,) = indices
+                    return acc_refs + k_step_scale(
+                        partial,
+                        *epilogue_gmem,
+                        k_step=k_step,
+                        group=group,
+                        row0=row0,
+                        col0=col0 + wg * wg_n,
+                    )
+                for rhs_block, acc_ref in zip(rhs_blocks, acc_refs, strict=True):
                     plgpu.wgmma(acc_ref, lhs_smem, rhs_block)
                 plgpu.wgmma_wait(0)
                 return acc_refs
@@ -321,12 +354,14 @@ def launch_gmm(
     more_rhs=(),
     combine=None,
     num_outputs: int = 1,
+    k_step_scale=None,
 ):
     """The kernel on checked operands: builds the work list and launches one CTA per SM.
 
     ``epilogue`` and ``epilogue_operands`` (GPU memory refs it reads): see the kernel body.
     ``more_rhs`` (weights shaped like ``rhs``, multiplied by the same lhs blocks), ``combine``
-    and ``num_outputs`` (then a tuple of ``[M, N]`` results is returned): see the kernel body.
+    and ``num_outputs`` (then a tuple of ``[M, N]`` results is returned), ``k_step_scale`` (per
+    K step scales, reading ``epilogue_operands`` too): see the kernel body.
     """
     m = lhs.shape[0]
     num_groups = rhs.shape[0]
@@ -344,6 +379,7 @@ def launch_gmm(
         num_rhs=1 + len(more_rhs),
         combine=combine,
         num_outputs=num_outputs,
+        k_step_scale=k_step_scale,
     )
     out_type = jax.ShapeDtypeStruct((m, n), out_dtype)
     kernel = plgpu.kernel(
