@@ -157,7 +157,8 @@ def run_gemm_benchmark(
                         case = (impl, jaxmoe_backend, shape, sizes, pass_, dtype, seed)
                         prepared = _prepare(row, case)
                         if prepared is not None:
-                            (slow if prepared[2] == 1 else contenders)[impl] = prepared
+                            *contender, is_slow = prepared
+                            (slow if is_slow else contenders)[impl] = tuple(contender)
                 _time_rows(here, contenders, slow, repeats, slow_impl_repeats, shape.flops)
                 contenders = slow = None  # free this case's buffers before the next one
                 release_torch_memory()
@@ -186,9 +187,9 @@ def _row(shape: GemmShape, routing: str, pass_: str, impl: str) -> dict[str, Any
 
 
 def _prepare(row, case):
-    """Builds and checks one case, then warms it up: ``(call, sync, inner)``, or ``None`` with
-    ``row["error"]`` set on any failure (wrong result, out of memory, ...). ``inner`` is 1 for a
-    call of over 50 ms (the slow ``xla_ragged_dot``)."""
+    """Builds and checks one case, then warms it up: ``(call, sync, inner, slow)``, or ``None``
+    with ``row["error"]`` set on any failure (wrong result, out of memory, ...). ``slow``: one
+    warm call takes over 50 ms (``xla_ragged_dot``)."""
     impl, jaxmoe_backend, shape, sizes, pass_, dtype, seed = case
     try:
         if impl == "torch":
@@ -205,10 +206,10 @@ def _prepare(row, case):
         def call():
             return fn(*args)
 
-        one_ms = timing.take_sample(call, sync, 1)
-        if one_ms > 50:
-            return call, sync, 1
-        return call, sync, timing.warm_up(call, sync)
+        inner = timing.warm_up(call, sync)
+        # A call past 50 ms, once warm (the first calls after compiling may be far slower), is
+        # timed alone with fewer samples.
+        return call, sync, inner, inner == 1 and timing.take_sample(call, sync, 1) > 50
     except Exception as e:  # noqa: BLE001 - record and go on (OOM, slow impls)
         row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
         return None
