@@ -24,9 +24,10 @@ from jaxmoe.bench.harness import fill_ratios, release_torch_memory
 from jaxmoe.bench.presets import GEMM_SHAPES, LAYER_PRESETS, GemmShape
 from jaxmoe.bench.timing import Timing
 
-IMPLS = ("torch", "jaxmoe", "jaxmoe_triton", "xla_ragged_dot", "jax_mosaic")
+IMPLS = ("torch", "jaxmoe", "jaxmoe_pallas", "jaxmoe_triton", "xla_ragged_dot", "jax_mosaic")
 IMPL_LABELS = {
     "jaxmoe": "jaxmoe default backend ('auto': Mosaic GPU fwd/dgrad where it applies, Triton)",
+    "jaxmoe_pallas": "jaxmoe backend='pallas' (Mosaic GPU fwd, dgrad and wgrad; GPU only)",
     "jaxmoe_triton": "jaxmoe backend='pallas_triton' (Triton kernels only)",
     "xla_ragged_dot": "jax.lax.ragged_dot (jaxmoe backend='xla')",
     "jax_mosaic": "jax's own Mosaic GPU ragged_dot kernels (peer, GPU only)",
@@ -98,6 +99,8 @@ def unavailable_reason(impl: str, platform: str | None = None) -> str | None:
         return gemm_cases.torch_unavailable()
     if impl == "jax_mosaic" and platform != "gpu":
         return f"jax's Mosaic GPU ragged_dot needs an NVIDIA GPU (platform: {platform})"
+    if impl == "jaxmoe_pallas" and platform != "gpu":
+        return f"backend='pallas' times the Mosaic GPU kernels (platform: {platform})"
     return None
 
 

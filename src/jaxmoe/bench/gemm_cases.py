@@ -98,6 +98,8 @@ def jax_case(impl: str, backend, shape: GemmShape, sizes: np.ndarray, pass_: str
     """The case of a JAX impl (``backend`` overrides the one ``jaxmoe`` uses)."""
     if impl == "jaxmoe":
         backend = backend or "auto"
+    elif impl == "jaxmoe_pallas":
+        backend = "pallas"
     elif impl == "jaxmoe_triton":
         backend = "pallas_triton"
     elif impl == "xla_ragged_dot":
