@@ -298,6 +298,25 @@ def test_chunks_fast_windows_come_before_one_overflow_loop(dispatch):
     assert order in (fast + "WW" + fast, fast + "W" + fast + "W"), order
 
 
+@pytest.mark.parametrize("dispatch, loops", [(None, 0), ("copies", 2), ("tokens", 5)])
+def test_the_only_loops_are_the_overflow_windows(dispatch, loops):
+    """No ``while`` on the layer's common path (searches are unrolled, jaxmoe.search): on a GPU
+    each loop step copies its condition to the host, a stream stall no collective overlaps.
+    What remains under jax.grad: the overflow loop and its backward (tokens: the count of
+    windows needed, and inside each overflow loop's body the walk to its window's start); one
+    device has none. Before the unrolled searches: 1, 3 and 9 (ep_chunks=1)."""
+    mesh, _ = MESHES["ep4"]
+    cfg, params, x, cotangent = make_case(num_experts=16, top_k=4)
+    if dispatch is not None:
+        cfg = dataclasses.replace(cfg, ep_axis="ep", ep_dispatch=dispatch)
+
+    def loss(params, x):
+        return jnp.sum(jaxmoe.moe(params, x, cfg, mesh=None if dispatch is None else mesh)[0])
+
+    jaxpr = str(jax.make_jaxpr(jax.grad(loss, argnums=(0, 1)))(params, x))
+    assert jaxpr.count(" while[") == loops
+
+
 def test_chunks_must_divide_tokens_per_device():
     mesh, _ = MESHES["ep4"]
     cfg, params, x, _ = make_case()  # 32 tokens: 8 per device

@@ -28,6 +28,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxmoe import debug
+from jaxmoe.search import search_right
 
 
 class DispatchPlan(NamedTuple):
@@ -106,9 +107,7 @@ def plan_dispatch(
 
     # Buffer row -> assignment (a gather: row r of block e is that expert's (r - offset)-th copy).
     rows = jnp.arange(num_rows, dtype=jnp.int32)
-    row_expert = jnp.clip(
-        jnp.searchsorted(jnp.cumsum(group_sizes), rows, side="right"), 0, num_experts - 1
-    )
+    row_expert = jnp.clip(search_right(jnp.cumsum(group_sizes), rows), 0, num_experts - 1)
     rank = rows - offsets[row_expert]
     real = (rank >= 0) & (rank < kept[row_expert]) & (rows < jnp.sum(group_sizes))
     sorted_slot = jnp.clip(starts[row_expert] + rank, 0, num_assignments - 1)

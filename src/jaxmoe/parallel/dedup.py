@@ -69,6 +69,7 @@ from jaxmoe.parallel.exchange.all_to_all_chunked import (
     default_chunk_rows,
 )
 from jaxmoe.parallel.overflow import chunked, overflow_windows
+from jaxmoe.search import search_right
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,9 +112,7 @@ def pair_prefix_counts(routing_experts: jax.Array, num_local_experts: int, ep: i
 
 def _search_columns(prefix: jax.Array, values: jax.Array) -> jax.Array:
     """``searchsorted(prefix[:, d], values[d, ...], side="right")`` for every column ``d``."""
-    return jax.vmap(lambda column, v: jnp.searchsorted(column, v, side="right"), (1, 0))(
-        prefix, values
-    ).astype(jnp.int32)
+    return jax.vmap(search_right, (1, 0))(prefix, values)
 
 
 def _at_tokens(prefix: jax.Array, tokens: jax.Array) -> jax.Array:
@@ -266,9 +265,7 @@ def expand_plan(local_ids: jax.Array, num_local_experts: int, num_rows: int, ali
     starts = jnp.cumsum(counts) - counts
 
     rows = jnp.arange(num_rows, dtype=jnp.int32)
-    row_expert = jnp.clip(
-        jnp.searchsorted(jnp.cumsum(group_sizes), rows, side="right"), 0, num_local_experts - 1
-    )
+    row_expert = jnp.clip(search_right(jnp.cumsum(group_sizes), rows), 0, num_local_experts - 1)
     rank = rows - offsets[row_expert]
     real = (rank < counts[row_expert]) & (rows < jnp.sum(group_sizes))
     sorted_slot = jnp.clip(starts[row_expert] + rank, 0, num_copies - 1)

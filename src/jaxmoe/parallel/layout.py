@@ -20,6 +20,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxmoe import permutation
+from jaxmoe.search import search_right
 
 
 def slot_rows(
@@ -220,9 +221,7 @@ def receive_plan(kept_here, offset_here, rows: int, alignment: int, block_rows: 
 
     # Expert row -> receive row.
     expert_rows = jnp.arange(num_rows, dtype=jnp.int32)
-    expert = jnp.minimum(
-        jnp.searchsorted(block_ends, expert_rows, side="right"), num_local - 1
-    ).astype(jnp.int32)
+    expert = jnp.minimum(search_right(block_ends, expert_rows), num_local - 1).astype(jnp.int32)
     in_block = expert_rows - block_starts[expert]
     real = (in_block < block_sizes[expert]) & (expert_rows < block_ends[-1])
     sender = jnp.minimum(

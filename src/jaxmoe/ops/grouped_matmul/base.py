@@ -24,6 +24,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxmoe.search import search_right
+
 Array = jax.Array
 
 
@@ -100,9 +102,7 @@ def clip_group_sizes(group_sizes: Array, num_rows: int) -> Array:
 def group_ids(group_sizes: Array, num_rows: int) -> Array:
     """The group of every row (``[num_rows]``); ``G`` for rows at or past ``sum(group_sizes)``."""
     ends = jnp.cumsum(group_sizes)
-    return jnp.searchsorted(ends, jnp.arange(num_rows, dtype=ends.dtype), side="right").astype(
-        jnp.int32
-    )
+    return search_right(ends, jnp.arange(num_rows, dtype=ends.dtype))
 
 
 @dataclasses.dataclass(frozen=True)
