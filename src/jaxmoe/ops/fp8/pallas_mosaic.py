@@ -89,13 +89,20 @@ FP8_BLOCK_K = 128
 
 def default_fp8_tiles(m: int, k: int, n: int, recipe: Fp8Recipe | None = None) -> MosaicTileConfig:
     """The bf16 kernel's default tiles (H100 sweep) with ``block_k`` widened to 128 FP8 elements:
-    the same bytes per ring stage, so the same 4-deep ring and 64-row epilogue slab fit.
+    the same bytes per ring stage, so the same 4-deep ring and 64-row epilogue slab fit; a
+    3-deep ring where only that lets tiles chain (``K / 128`` a multiple of 3, not of 4).
 
     Blockwise (``recipe``): ``block_m`` 64. Each compute warpgroup holds two float32
     ``[block_m, 128]`` accumulators (the running sum and the step's product): 128 registers per
     thread at ``block_m`` 64, 256 (more than a thread has: spills) at 128. Not measured yet."""
     bf16 = pallas_mosaic.default_mosaic_gmm_tiles(m, k, n)
     cfg = dataclasses.replace(bf16, block_k=FP8_BLOCK_K)
+    steps = k // FP8_BLOCK_K
+    if cfg.pipelined_tiles and steps % cfg.stages and steps % 3 == 0:
+        # Chaining tiles needs whole ring turns: K = 768 is 6 steps of 128, so a 3-deep ring
+        # chains where the 4-deep one cannot (H100, Qwen3 down: 0.260 against 0.294 ms, 1.10x
+        # torch._scaled_grouped_mm; benchmarks/results/raw/h100-run8/call2).
+        cfg = dataclasses.replace(cfg, stages=3)
     if recipe is not None and recipe.name == "blockwise":
         cfg = dataclasses.replace(cfg, block_m=64)
     return cfg
