@@ -8,9 +8,14 @@ count), and the scheduled HLO of the entry computation is scanned: for every asy
 how many fusions, custom calls (the grouped matmul kernels) and GEMMs XLA placed between its
 start and its done. Nothing is executed.
 
-Status (H100, jax 0.11.2, 2026-11-23): with ``1x1x4`` jax refuses the topology; with ``1x4x1``
-the first variant printed nothing within 420 s (no result: compile or mock-NCCL init did not
-finish). Next: try a smaller layer first to tell the two apart.
+The reading of the scheduled HLO is :func:`jaxmoe.bench.hlo_schedule.exchange_report` (payload,
+op_name scope and the classified ops between each start and done; the sync all-to-alls; the
+loops); rerun it on the saved texts with ``python -m jaxmoe.bench.hlo_schedule --markdown``.
+
+Status (H100, jax 0.11.2, 2026-11-24): with ``1x1x4`` jax refuses the topology; with ``1x4x1``
+autotuning does not finish (it waits for the mock devices): set
+``XLA_FLAGS=--xla_gpu_autotune_level=0`` and a small layer compiles in 20 s
+(``benchmarks/results/ep-schedule-mock-h100.md``).
 
     PYTHONPATH=src python benchmarks/ep_mock_topology.py --ep 4 --out-dir $OUT
 """
@@ -21,41 +26,10 @@ import argparse
 import dataclasses
 import json
 import os
-import re
 import sys
 import time
 
-
-def overlap_report(hlo: str) -> dict:
-    """Per async all-to-all in the scheduled entry computation: compute ops between start/done."""
-    entry = hlo[hlo.index("ENTRY") :]
-    lines = entry.splitlines()
-    open_starts, report = {}, []
-    compute = re.compile(r"\s(fusion|custom-call|cublas|dot|convolution)\(")
-    for index, line in enumerate(lines):
-        start = re.search(r"%(\S+) = .*all-to-all-start\(", line)
-        if start:
-            open_starts[start.group(1)] = index
-            continue
-        done = re.search(r"all-to-all-done\(.*%(\S+?)\)", line)
-        if done and done.group(1) in open_starts:
-            begin = open_starts.pop(done.group(1))
-            between = lines[begin + 1 : index]
-            report.append(
-                {
-                    "start_line": begin,
-                    "ops_between": len(between),
-                    "compute_between": sum(bool(compute.search(op)) for op in between),
-                    "custom_calls_between": sum("custom-call(" in op for op in between),
-                }
-            )
-    return {
-        "async_all_to_all": len(report),
-        "sync_all_to_all": len(re.findall(r"\sall-to-all\(", entry)),
-        "while_loops": len(re.findall(r"\swhile\(", entry)),
-        "conditionals": len(re.findall(r"\sconditional\(", entry)),
-        "exchanges": report,
-    }
+from jaxmoe.bench.hlo_schedule import exchange_report, markdown_table
 
 
 def main() -> None:
@@ -124,15 +98,15 @@ def main() -> None:
             row["temp_gb"] = memory.temp_size_in_bytes / 1e9
             row["argument_gb"] = memory.argument_size_in_bytes / 1e9
             hlo = compiled.as_text()
-            row.update(overlap_report(hlo))
+            row.update(exchange_report(hlo))
+            print(markdown_table(row), flush=True)
             with open(os.path.join(args.out_dir, f"hlo-{name}{args.tag}.txt"), "w") as f:
                 f.write(hlo)
         except Exception as error:  # noqa: BLE001 - a variant's failure is a result
             row["error"] = f"{type(error).__name__}: {str(error)[:400]}"
         results["variants"][name] = row
-        print(name, json.dumps({k: v for k, v in row.items() if k != "exchanges"}), flush=True)
-        for exchange in row.get("exchanges", []):
-            print("   ", exchange, flush=True)
+        lists = ("exchanges", "sync_exchanges", "loops")
+        print(name, json.dumps({k: v for k, v in row.items() if k not in lists}), flush=True)
     with open(os.path.join(args.out_dir, f"ep-mock-topology-ep{args.ep}{args.tag}.json"), "w") as f:
         json.dump(results, f, indent=1)
 

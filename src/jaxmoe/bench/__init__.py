@@ -7,5 +7,6 @@
   a reference), ``gemm_tile_sweep`` (Pallas Triton tile sweep).
 - the layer: ``layer`` (jaxmoe against dense JAX and ``torch_layer``, a PyTorch layer).
 - expert parallelism: ``expert_parallel`` (the driver), ``sharded_correctness``,
-  ``exchange_bandwidth``, ``layer_scaling``.
+  ``exchange_bandwidth``, ``layer_scaling``; ``hlo_schedule`` reads what XLA scheduled around
+  each exchange in a compiled module's HLO.
 """
