@@ -126,17 +126,23 @@ REFUSED = [
 ]
 
 
-def test_named_pallas_takes_mosaic_wgrad_and_auto_keeps_triton():
+def test_named_pallas_takes_mosaic_wgrad_and_auto_takes_it_past_1024():
     # interpret=False: traced as for a GPU (a jaxpr only; nothing runs on this host). 'auto'
-    # keeps the Triton wgrad: the Mosaic one is slower on skewed routing (H100 run2).
+    # takes the Mosaic wgrad where min(K, N) > 1024 (faster on Mixtral and DeepSeek shapes,
+    # H100 run 8) and Triton's below (slower on skewed Qwen3, H100 wgrad run2) or where the
+    # Mosaic kernel refuses the operands.
     triton = PallasTritonGroupedMatmul(TRITON_TILES, TRITON_TILES, interpret=False)
     named = PallasMosaicGroupedMatmul(tgmm_tiles=SMALL, triton=triton, interpret=False)
     assert _tgmm_kernel(named, 128, 64, 128, "bfloat16") == (True, False)
     auto = PallasMosaicGroupedMatmul(
         tgmm_tiles=SMALL, triton=triton, triton_fallback=True, interpret=False
     )
-    for args in [(128, 64, 128, "bfloat16")] + [args for args, _ in REFUSED]:
+    for args in [(128, 64, 128, "bfloat16"), (128, 2048, 1024, "bfloat16")] + [
+        args for args, _ in REFUSED
+    ]:
         assert _tgmm_kernel(auto, *args) == (False, True), args
+    assert _tgmm_kernel(auto, 128, 1152, 2048, "bfloat16") == (True, False)
+    assert _tgmm_kernel(auto, 128, 1152, 2048, "float32") == (False, True)  # refused: Triton
 
 
 @pytest.mark.parametrize("args, why", REFUSED, ids=["fp32", "m", "n"])

@@ -397,6 +397,10 @@ def launch_gmm(
     )
 
 
+#: ``auto``'s wgrad is the Mosaic kernel where ``min(K, N)`` exceeds this (see below).
+AUTO_MOSAIC_WGRAD_MIN_KN = 1024
+
+
 @dataclasses.dataclass(frozen=True)
 class PallasMosaicGroupedMatmul(GroupedMatmulBackend):
     """``gmm`` (forward, dgrad) and ``tgmm`` (wgrad) by the Mosaic GPU kernels.
@@ -412,10 +416,12 @@ class PallasMosaicGroupedMatmul(GroupedMatmulBackend):
       them. This is the measured rule of ``auto``: where the Mosaic ``gmm`` applies it was exact and
       1.14-1.24x the Triton kernel on every shape measured (H100, ``benchmarks/results/raw/
       h100-run4``), so it is chosen wherever it applies, Triton elsewhere.
-    - The wgrad (``tgmm``): the Mosaic kernel (:mod:`.pallas_mosaic_wgrad`) runs only for the
-      strict backend (``triton_fallback=False``); ``auto`` keeps the Triton wgrad. Measured (H100,
-      ``benchmarks/results/raw/h100-wgrad/run2``): exact everywhere, 1.07-1.13x Triton with
-      balanced routing but 0.86-0.96x on skewed Qwen3 and DeepSeek-up, so not yet the default.
+    - The wgrad (``tgmm``): the Mosaic kernel (:mod:`.pallas_mosaic_wgrad`) for the strict
+      backend; ``auto`` takes it where ``min(K, N) > 1024`` (:data:`AUTO_MOSAIC_WGRAD_MIN_KN`) and
+      it applies, the Triton wgrad elsewhere. Measured (H100): exact everywhere; inside fwd+bwd
+      the Mosaic wgrad made Mixtral up/down and DeepSeek up 3-5% faster with balanced routing
+      and Mixtral 3% faster skewed (``benchmarks/results/raw/h100-run8/call4``, ``call5``), but
+      alone it was 0.86-0.88x Triton on skewed Qwen3 (``raw/h100-wgrad/run2``), hence the bound.
 
     Attributes:
       gmm_tiles: Mosaic block sizes; ``None``: :func:`default_mosaic_gmm_tiles`.
@@ -473,11 +479,12 @@ class PallasMosaicGroupedMatmul(GroupedMatmulBackend):
         )
 
     def tgmm(self, lhs, rhs, group_sizes, *, out_dtype):
-        if self.triton_fallback:  # see the class docstring: not faster on skewed routing yet
-            return self.triton.tgmm(lhs, rhs, group_sizes, out_dtype=out_dtype)
         wgrad = pallas_mosaic_wgrad
         m, k = lhs.shape
-        cfg = self.tgmm_tiles or wgrad.default_mosaic_tgmm_tiles(m, k, rhs.shape[1])
+        n = rhs.shape[1]
+        if self.triton_fallback and min(k, n) <= AUTO_MOSAIC_WGRAD_MIN_KN:
+            return self.triton.tgmm(lhs, rhs, group_sizes, out_dtype=out_dtype)
+        cfg = self.tgmm_tiles or wgrad.default_mosaic_tgmm_tiles(m, k, n)
         interpreted = pallas_triton._use_interpret(self.interpret)
         reason = wgrad.unsupported_tgmm_reason(
             lhs.shape, rhs.shape, lhs.dtype, out_dtype, cfg, interpreted
@@ -486,6 +493,8 @@ class PallasMosaicGroupedMatmul(GroupedMatmulBackend):
             return wgrad.tgmm(
                 lhs, rhs, group_sizes, out_dtype=out_dtype, tiles=cfg, interpret=self.interpret
             )
+        if self.triton_fallback:
+            return self.triton.tgmm(lhs, rhs, group_sizes, out_dtype=out_dtype)
         raise NotImplementedError(
             f"grouped_matmul backend 'pallas' (Mosaic GPU) wgrad: lhs {lhs.shape} "
             f"{lhs.dtype}, rhs {rhs.shape}, out {jnp.dtype(out_dtype)}: {reason}. Use "
