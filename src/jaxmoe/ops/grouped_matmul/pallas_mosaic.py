@@ -17,6 +17,10 @@ Layout of the work (``bm, bn, bk`` are the block sizes)::
                  A tile whose rows all belong to its group is one store; a tile cut by a group
                  boundary stores its rows ``[lo, hi)`` as power-of-two runs, because a TMA box has
                  a static shape: ``hi - lo = 0b1011`` is stored as runs of 8, 2 and 1 rows.
+                 With ``swizzled_epilogue`` a whole slab is instead written in 64-column chunks
+                 to a 128-byte-swizzled buffer (no shared-memory bank conflicts), two slots per
+                 warpgroup, one store left in flight; only cut slabs use the unswizzled slab,
+                 which shares its memory with the slots (``plgpu.RefUnion``).
 
 Why a second lowering: the Triton kernel (``pallas_triton``) is not persistent and cannot overlap
 its epilogue with the next tile's main loop, which costs most on short-K shapes (benchmarks/).
