@@ -18,6 +18,7 @@ One device call, three phases, each row written to ``$OUT/mosaic-probe.json`` as
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import functools
 import json
@@ -40,6 +41,11 @@ def main() -> None:
     parser.add_argument("--phases", default="smoke,exact,time")
     parser.add_argument("--out-dir", default=os.environ.get("OUT", "/tmp"))
     parser.add_argument("--time-budget-s", type=float, default=520)
+    parser.add_argument(
+        "--exact-swizzled",
+        action="store_true",
+        help="exactness phase: the default tiles with swizzled_epilogue=True as well",
+    )
     args = parser.parse_args()
     start = time.time()
 
@@ -112,6 +118,12 @@ def main() -> None:
         "s4e64g16": cfg(128, 256, 64, 4, 16, epilogue_rows=64),
         "s4e64g32": cfg(128, 256, 64, 4, 32, epilogue_rows=64),
         "s4e64chaing16": cfg(128, 256, 64, 4, 16, pipelined_tiles=True, epilogue_rows=64),
+        # The swizzled, double-buffered epilogue (whole slabs through 128-byte-swizzled 64-column
+        # chunks, one TMA store in flight; boundary slabs unswizzled), next to s4e64(chain).
+        "s4e64swz": cfg(128, 256, 64, 4, 8, epilogue_rows=64, swizzled_epilogue=True),
+        "s4e64chainswz": cfg(
+            128, 256, 64, 4, 8, pipelined_tiles=True, epilogue_rows=64, swizzled_epilogue=True
+        ),
     }
     if args.variants != "all":
         variants = {k: variants[k] for k in args.variants.split(",")}
@@ -267,6 +279,11 @@ def main() -> None:
                     tiles = pallas_mosaic_tiles.default_mosaic_gmm_tiles(
                         shape.m, lhs.shape[1], n_out
                     )
+                    mosaic_tiles = {"mosaic-default": tiles}
+                    if args.exact_swizzled:
+                        mosaic_tiles["mosaic-default-swz"] = dataclasses.replace(
+                            tiles, swizzled_epilogue=True
+                        )
                     base = {
                         "phase": "exact",
                         "shape": shape_name,
@@ -288,18 +305,19 @@ def main() -> None:
                                 bound,
                             )
                         )
-                        emit(
-                            check(
-                                {**base, "impl": "mosaic-default", "tiles": repr(tiles)},
-                                mosaic_fn(transpose, tiles),
-                                lhs,
-                                w,
-                                gs,
-                                transpose,
-                                want,
-                                bound,
+                        for impl, impl_tiles in mosaic_tiles.items():
+                            emit(
+                                check(
+                                    {**base, "impl": impl, "tiles": repr(impl_tiles)},
+                                    mosaic_fn(transpose, impl_tiles),
+                                    lhs,
+                                    w,
+                                    gs,
+                                    transpose,
+                                    want,
+                                    bound,
+                                )
                             )
-                        )
                         del want
                     except Exception as e:  # noqa: BLE001
                         emit({**base, "error": record_error(f"exact {base}", e)})

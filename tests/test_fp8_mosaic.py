@@ -15,6 +15,7 @@ of the product of the operands' magnitudes.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax
@@ -38,6 +39,12 @@ CHAINED = MosaicTileConfig(64, 128, 128, stages=2, group_swizzle=2, pipelined_ti
 # Blockwise: each compute warpgroup's 128 columns are one scale block, so block_n = 256.
 BW_SMALL = MosaicTileConfig(64, 256, 128, stages=2, group_swizzle=2)
 BW_CHAINED = MosaicTileConfig(64, 256, 128, stages=2, group_swizzle=2, pipelined_tiles=True)
+# The swizzled epilogue (MosaicTileConfig.swizzled_epilogue): the same store as the bf16 kernel.
+BW_SWIZZLED = MosaicTileConfig(64, 256, 128, stages=2, group_swizzle=2, swizzled_epilogue=True)
+
+
+def _swizzled(cfg):
+    return dataclasses.replace(cfg, swizzled_epilogue=True)
 
 
 def _quantized(group_count, m=M, k=K, n=N, seed=0):
@@ -90,7 +97,7 @@ def _check_within_one_bf16_ulp(got, want, magnitude=None):
     )
 
 
-@pytest.mark.parametrize("cfg", [SMALL, CHAINED], ids=["plain", "chained"])
+@pytest.mark.parametrize("cfg", [SMALL, CHAINED, BW_SWIZZLED], ids=["plain", "chained", "swizzled"])
 def test_forward_empty_groups_straddling_tiles_and_tail(cfg):
     # Groups end at rows 70, 70, 73, 173, 213: an empty group, a 3-row group inside one tile,
     # boundaries inside tiles and 43 tail rows, which must be zeros.
@@ -121,14 +128,20 @@ def test_backend_matches_reference_backend_through_the_api_with_k_major_weights(
     assert np.max(np.abs(np.asarray(got, np.float64) - want)) <= 2.0**-8 * np.max(np.abs(want))
 
 
+@pytest.mark.parametrize("swizzled", [False, True], ids=["unswizzled", "swizzled"])
 @pytest.mark.parametrize("rhs_layout", ["gkn", "gnk"])
-def test_lowers_for_cuda_with_k_major_weights(rhs_layout):
+def test_lowers_for_cuda_with_k_major_weights(rhs_layout, swizzled):
     # No GPU needed: Mosaic GPU's lowering (run at .lower()) accepts the FP8 wgmma with the
     # weights K-major (transposed in the kernel's terms) and the scale loads of the epilogue.
     m, k, n, g = 256, 1024, 512, 5
     rhs_shape = (g, n, k) if rhs_layout == "gnk" else (g, k, n)
+    tiles = None
+    if swizzled:
+        tiles = MosaicTileConfig(128, 256, 128, 4, epilogue_rows=64, swizzled_epilogue=True)
     fn = jax.jit(
-        functools.partial(fp8_mosaic.scaled_gmm_kn, rhs_layout=rhs_layout, interpret=False)
+        functools.partial(
+            fp8_mosaic.scaled_gmm_kn, rhs_layout=rhs_layout, interpret=False, tiles=tiles
+        )
     )
     fp8 = jnp.float8_e4m3fn
     lowered = fn.trace(
@@ -206,10 +219,11 @@ def test_blockwise_forward_and_dgrad_through_the_api_match_the_xla_backend():
         assert np.all(got[220:] == 0)
 
 
+@pytest.mark.parametrize("swizzled", [False, True], ids=["unswizzled", "swizzled"])
 @pytest.mark.parametrize(
     "rhs_layout, k, n", [("gkn", 1024, 512), ("gnk", 2048, 2048)], ids=["gkn-chained", "gnk"]
 )
-def test_blockwise_lowers_for_cuda_with_k_major_weights(rhs_layout, k, n):
+def test_blockwise_lowers_for_cuda_with_k_major_weights(rhs_layout, k, n, swizzled):
     # The per-K-step path on the GPU: a scoped wgmma accumulator per step, the row scales loaded
     # in its row layout, the block scale a scalar load; with one pipeline across a CTA's tiles
     # (default tiles where min(K, N) <= 1024) and without.
@@ -217,7 +231,11 @@ def test_blockwise_lowers_for_cuda_with_k_major_weights(rhs_layout, k, n):
     rhs_shape = (g, n, k) if rhs_layout == "gnk" else (g, k, n)
     fn = jax.jit(
         functools.partial(
-            fp8_mosaic.scaled_gmm_kn, rhs_layout=rhs_layout, interpret=False, recipe="blockwise"
+            fp8_mosaic.scaled_gmm_kn,
+            rhs_layout=rhs_layout,
+            interpret=False,
+            recipe="blockwise",
+            tiles=_swizzled(fp8_mosaic.default_fp8_tiles(m, k, n, BLOCKWISE)) if swizzled else None,
         )
     )
     fp8 = jnp.float8_e4m3fn

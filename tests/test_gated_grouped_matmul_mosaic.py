@@ -27,6 +27,8 @@ from jaxmoe.ops.grouped_matmul.pallas_mosaic import MosaicTileConfig
 M, K, F = 128, 128, 256
 SMALL = MosaicTileConfig(block_m=64, block_n=128, block_k=64, stages=2, group_swizzle=2)
 CHAINED = MosaicTileConfig(64, 128, 64, stages=2, group_swizzle=2, pipelined_tiles=True)
+# The swizzled epilogue: three results stored in turn, the slots alternating across them.
+SWIZZLED = MosaicTileConfig(64, 256, 64, stages=2, group_swizzle=2, swizzled_epilogue=True)
 KERNEL = PallasMosaicGatedGroupedMatmul(grouped=ReferenceGroupedMatmul(), tiles=SMALL)
 TOL = {"bfloat16": 1.6e-2, "float16": 2e-3}
 
@@ -44,7 +46,12 @@ def _relative(got, want):
 
 @pytest.mark.parametrize(
     "activation, dtype, cfg",
-    [("swiglu", "bfloat16", SMALL), ("geglu", "bfloat16", CHAINED), ("swiglu", "float16", SMALL)],
+    [
+        ("swiglu", "bfloat16", SMALL),
+        ("geglu", "bfloat16", CHAINED),
+        ("swiglu", "float16", SMALL),
+        ("swiglu", "bfloat16", SWIZZLED),
+    ],
 )
 def test_forward_empty_groups_straddling_tiles_and_tail(activation, dtype, cfg):
     # Groups end at rows 50, 50, 53, 100: an empty group, a 3-row group inside a tile, a boundary
@@ -97,14 +104,23 @@ def test_vjp_matches_the_unfused_path_within_bf16_rounding(activation, residuals
     assert np.all(np.asarray(vjp(cotangent)[0][end:]) == 0)
 
 
+@pytest.mark.parametrize("swizzled", [False, True], ids=["unswizzled", "swizzled"])
 @pytest.mark.parametrize("residuals", [False, True])
 @pytest.mark.parametrize("k", [2048, 512], ids=["plain", "chained"])
-def test_default_tiles_lower_for_cuda(residuals, k):
+def test_default_tiles_lower_for_cuda(residuals, k, swizzled):
     # No GPU needed: the two-accumulator kernel passes Mosaic GPU's lowering with the default
     # tiles (a 4-deep ring; at K = 512 one pipeline across a CTA's tiles).
     fn = jax.jit(
         functools.partial(
-            fused_mosaic.fused_gmm, activation="geglu", residuals=residuals, interpret=False
+            fused_mosaic.fused_gmm,
+            activation="geglu",
+            residuals=residuals,
+            interpret=False,
+            tiles=dataclasses.replace(
+                fused_mosaic.default_gated_tiles(256, k, 512), swizzled_epilogue=True
+            )
+            if swizzled
+            else None,
         )
     )
     lowered = fn.trace(

@@ -39,7 +39,26 @@ CONFIGS = {
     "half_slab": MosaicTileConfig(
         128, 128, 64, stages=2, group_swizzle=2, pipelined_tiles=True, epilogue_rows=64
     ),
+    # The swizzled epilogue (whole slabs through 64-column swizzled chunks, boundary slabs
+    # through the unswizzled slab): two chunks per slab, the slots alternating within it ...
+    "swizzled": MosaicTileConfig(64, 256, 64, stages=2, group_swizzle=2, swizzled_epilogue=True),
+    # ... one chunk per slab, two slabs per tile (the slots alternating between slabs) ...
+    "swizzled_half_slab": MosaicTileConfig(
+        128,
+        128,
+        64,
+        stages=2,
+        group_swizzle=2,
+        pipelined_tiles=True,
+        epilogue_rows=64,
+        swizzled_epilogue=True,
+    ),
+    # ... and one store per result (one slot).
+    "swizzled_one_slot": MosaicTileConfig(
+        64, 128, 64, stages=2, group_swizzle=2, swizzled_epilogue=True
+    ),
 }
+SWIZZLED = [name for name in CONFIGS if name.startswith("swizzled")]
 TRITON_TILES = TileConfig(block_m=32, block_n=32, block_k=32, num_warps=4, num_stages=2)
 
 
@@ -61,14 +80,26 @@ def test_forward_empty_groups_straddling_tiles_and_tail(name):
     assert np.all(got[213:] == 0), "rows past sum(group_sizes) are not zero"
 
 
-def test_forward_single_group_holds_every_row():
-    got, want = mosaic_forward([0, M, 0], SMALL, seed=1)
+@pytest.mark.parametrize("name", ["plain", *SWIZZLED])
+def test_forward_single_group_holds_every_row(name):
+    got, want = mosaic_forward([0, M, 0], CONFIGS[name], seed=1)
     assert np.max(np.abs(got - want)) / np.max(np.abs(want)) <= 1.6e-2
 
 
-def test_forward_no_rows_at_all_is_zeros():
-    got, _ = mosaic_forward([0, 0], SMALL, m=64, n=128)
+@pytest.mark.parametrize("name", ["plain", "swizzled"])
+def test_forward_no_rows_at_all_is_zeros(name):
+    got, _ = mosaic_forward([0, 0], CONFIGS[name], m=64, n=CONFIGS[name].block_n)
     assert np.all(got == 0)
+
+
+@pytest.mark.parametrize("name", ["swizzled", "swizzled_half_slab"])
+def test_swizzled_epilogue_groups_aligned_to_tiles_and_tail(name):
+    # The MoE layer's case (groups padded to the alignment): every stored slab is whole, so every
+    # store takes the swizzled path (64-row tiles); an empty group, and 64 tail rows (zeros, by
+    # the same path). With 128-row tiles a 64-row group leaves the other slab empty.
+    got, want = mosaic_forward([128, 0, 64], CONFIGS[name], seed=4)
+    assert np.max(np.abs(got - want)) / np.max(np.abs(want)) <= 1.6e-2
+    assert np.all(got[192:] == 0)
 
 
 def test_backend_forward_and_grads_against_reference():
@@ -131,12 +162,28 @@ def test_pallas_name_is_strict_auto_falls_back_triton_is_triton(monkeypatch):
         assert isinstance(chosen, PallasMosaicGroupedMatmul) and chosen.triton_fallback
 
 
+# The default tiles with the swizzled epilogue, plain and chained (one pipeline across tiles);
+# on the GPU its two buffers are one aliased region (plgpu.RefUnion), which only lowering tests.
+LOWERED = {
+    "default": None,
+    "chained": CONFIGS["chained"],
+    "swizzled": MosaicTileConfig(stages=4, epilogue_rows=64, swizzled_epilogue=True),
+    "swizzled_chained": MosaicTileConfig(
+        stages=4, epilogue_rows=64, pipelined_tiles=True, swizzled_epilogue=True
+    ),
+    "swizzled_n128": MosaicTileConfig(
+        128, 128, 64, stages=4, epilogue_rows=64, swizzled_epilogue=True
+    ),
+}
+
+
 @pytest.mark.parametrize("transpose_rhs", [False, True], ids=["fwd", "dgrad"])
-@pytest.mark.parametrize("name", ["default", "chained"])
+@pytest.mark.parametrize("name", list(LOWERED))
 def test_lowers_for_cuda(transpose_rhs, name):
-    # No GPU needed: proves both operand layouts and the chained pipeline pass Mosaic GPU's
-    # lowering (the interpreter cannot run the transposed one).
-    cfg = None if name == "default" else CONFIGS[name]
+    # No GPU needed: proves both operand layouts, the chained pipeline and the swizzled
+    # epilogue pass Mosaic GPU's lowering (layout inference included; the interpreter cannot
+    # run the transposed operand).
+    cfg = LOWERED[name]
     k = 2048  # default tiles: a 4-stage chained ring at K = 2048, N = 256
     rhs_shape = (5, N, k) if transpose_rhs else (5, k, N)
     fn = jax.jit(
@@ -183,11 +230,32 @@ def test_bad_tiles_raise_value_error(field, value):
         PallasMosaicGroupedMatmul(gmm_tiles=MosaicTileConfig(**{field: value}))
 
 
+def test_tiles_that_do_not_fit_in_shared_memory_are_refused():
+    # A 4-deep ring (192 KiB) leaves 35 KiB: a 64-row slab (32 KiB) fits, swizzled or not (the
+    # two buffers share it); the whole-tile slab (64 KiB) and a 5-deep ring do not.
+    fits = MosaicTileConfig(stages=4, epilogue_rows=64, swizzled_epilogue=True)
+    pallas_mosaic_tiles.check_tiles(fits)
+    assert pallas_mosaic_tiles.epilogue_smem_bytes(fits) == 32 * 1024
+    for cfg in (
+        MosaicTileConfig(stages=4),
+        MosaicTileConfig(stages=4, swizzled_epilogue=True),
+        MosaicTileConfig(stages=5, epilogue_rows=64, swizzled_epilogue=True),
+    ):
+        with pytest.raises(ValueError, match="shared memory.*does not fit"):
+            PallasMosaicGroupedMatmul(gmm_tiles=cfg)
+    # block_n = 128: the swizzled slots (2 x 64 columns) are twice the 64-column slab.
+    n128 = MosaicTileConfig(128, 128, 64, stages=4, epilogue_rows=64, swizzled_epilogue=True)
+    assert pallas_mosaic_tiles.epilogue_smem_bytes(n128) == 32 * 1024
+    unswizzled = MosaicTileConfig(128, 128, 64, stages=4, epilogue_rows=64)
+    assert pallas_mosaic_tiles.epilogue_smem_bytes(unswizzled) == 16 * 1024
+
+
+@pytest.mark.parametrize("name", ["plain", "swizzled"])
 @settings(max_examples=3, deadline=None, derandomize=True)
 @given(sizes=st.lists(st.integers(0, 90), min_size=3, max_size=3))
-def test_forward_random_group_sizes(sizes):
+def test_forward_random_group_sizes(name, sizes):
     # Sums from 0 to 270 > M: empty output, tails of every length, and truncation at M.
-    got, want = mosaic_forward(sizes, SMALL, seed=sum(sizes))
+    got, want = mosaic_forward(sizes, CONFIGS[name], seed=sum(sizes))
     assert np.max(np.abs(got - want)) <= 1.6e-2 * max(np.max(np.abs(want)), 1e-6)
     assert np.all(got[min(sum(sizes), M) :] == 0)
 

@@ -107,7 +107,7 @@ def fused_gmm(
     pallas_triton._check(lhs, rhs_up, group_sizes, False, "fused gated gmm")
     m, k = lhs.shape
     cfg = tiles or default_gated_tiles(m, k, rhs_gate.shape[2])
-    check_tiles(cfg)
+    check_tiles(cfg, num_rhs=2)
     interpret_params = common.interpret_params(interpret)
     reason = unsupported_reason(
         lhs.shape, rhs_gate.shape, lhs.dtype, cfg, interpret_params is not None
@@ -163,7 +163,7 @@ class PallasMosaicGatedGroupedMatmul(GatedGroupedMatmulBackend):
     def __post_init__(self):
         super().__post_init__()
         if self.tiles is not None:
-            check_tiles(self.tiles)
+            check_tiles(self.tiles, num_rhs=2)
 
     def _tiles(self, lhs_shape, rhs_shape):
         return self.tiles or default_gated_tiles(lhs_shape[0], lhs_shape[1], rhs_shape[2])

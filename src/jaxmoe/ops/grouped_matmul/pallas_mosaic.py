@@ -17,6 +17,10 @@ Layout of the work (``bm, bn, bk`` are the block sizes)::
                  A tile whose rows all belong to its group is one store; a tile cut by a group
                  boundary stores its rows ``[lo, hi)`` as power-of-two runs, because a TMA box has
                  a static shape: ``hi - lo = 0b1011`` is stored as runs of 8, 2 and 1 rows.
+                 With ``swizzled_epilogue`` a whole slab is instead written in 64-column chunks
+                 to a 128-byte-swizzled buffer (no shared-memory bank conflicts), two slots per
+                 warpgroup, one store left in flight; only cut slabs use the unswizzled slab,
+                 which shares its memory with the slots (``plgpu.RefUnion``).
 
 Why a second lowering: the Triton kernel (``pallas_triton``) is not persistent and cannot overlap
 its epilogue with the next tile's main loop, which costs most on short-K shapes (benchmarks/).
@@ -51,6 +55,7 @@ from jaxmoe.ops.grouped_matmul.pallas_mosaic_tiles import (
     MosaicTileConfig,
     check_tiles,
     default_mosaic_gmm_tiles,
+    epilogue_layout,
     unsupported_reason,
 )
 from jaxmoe.ops.grouped_matmul.pallas_triton import gmm_work_items
@@ -73,6 +78,7 @@ def _jaxmoe_mosaic_gmm(
     combine=None,
     num_outputs: int = 1,
     k_step_scale=None,
+    interpreted: bool = False,
 ):
     # ``epilogue(acc, *epilogue_gmem, group=, row0=, col0=)`` maps a compute warpgroup's float32
     # ``[bm, bn / 2]`` accumulator (columns from ``col0``) before the cast: the FP8 kernel's scales.
@@ -132,57 +138,132 @@ def _jaxmoe_mosaic_gmm(
         lhs_gmem.at[pl.ds(0, bm), :], *(rhs_block_source(rhs, 0, 0) for rhs in rhs_gmems)
     )
 
+    # Unswizzled so that a run may start at any row (group boundaries are arbitrary).
+    runs_alloc = plgpu.SMEM((common.NUM_COMPUTE_WARPGROUPS, stage_rows, wg_n), out_dtype)
+    epi = epilogue_layout(cfg, jnp.dtype(out_dtype).itemsize)
+    chunk_cols, num_slots = epi["chunk_cols"], epi["slots"]
+    if cfg.swizzled_epilogue:
+        # Whole slabs: [stage_rows, chunk_cols] chunks, 128-byte swizzled (conflict-free writes
+        # of the wgmma registers), two slots per warpgroup so that one store stays in flight.
+        out_swizzle = plgpu.find_swizzle(chunk_cols * jnp.dtype(out_dtype).itemsize * 8)
+        swizzled_alloc = plgpu.SMEM(
+            (common.NUM_COMPUTE_WARPGROUPS, num_slots, stage_rows, chunk_cols),
+            out_dtype,
+            transforms=(
+                plgpu.TilingTransform((8, out_swizzle // jnp.dtype(out_dtype).itemsize)),
+                plgpu.SwizzleTransform(out_swizzle),
+            ),
+        )
+        # On the GPU both buffers share one region (shared memory is full); a warpgroup switching
+        # between them first waits until its stores have read it. The interpreter has no aliased
+        # refs (and no shared-memory limit): two buffers there.
+        out_alloc = (
+            (runs_alloc, swizzled_alloc)
+            if interpreted
+            else plgpu.RefUnion(runs_alloc, swizzled_alloc)
+        )
+    else:
+        out_alloc = runs_alloc
+
     @functools.partial(
         pl.run_scoped,
         pipeline_allocs=allocations,
-        # Unswizzled so that a run may start at any row (group boundaries are arbitrary).
-        out_smem=plgpu.SMEM((common.NUM_COMPUTE_WARPGROUPS, stage_rows, wg_n), out_dtype),
+        out_smem=out_alloc,
         collective_axes="wg",
     )
     def _scope(pipeline_allocs, out_smem):
+        if cfg.swizzled_epilogue:
+            out_smem, swizzled_smem = out_smem
         wg = lax.axis_index("wg")
         wg_cols = pl.ds(wg * wg_n, wg_n)
         num_compute_work = work_counts_gmem[0]
         num_tail_work = work_counts_gmem[1]
 
+        def store_runs(stage, dst, part_lo, part_hi):
+            """Slab rows ``[part_lo, part_hi)``, staged in the unswizzled ``stage``, as
+            power-of-two runs (a TMA box has a static shape: ``0b1011`` rows are runs of 8, 2
+            and 1)."""
+            size = part_hi - part_lo
+            first = part_lo
+            run = stage_rows
+            while run >= 1:
+                this_run = run
+
+                @pl.when((size & this_run) != 0)
+                def _store_run(first=first, this_run=this_run):
+                    plgpu.copy_smem_to_gmem(
+                        stage.at[pl.ds(first, this_run)], dst.at[pl.ds(first, this_run)]
+                    )
+
+                first = first + (size & this_run)
+                run //= 2
+
+        def store_swizzled(values, dst, first_store):
+            """A whole slab through the swizzled slots: ``chunk_cols`` columns per TMA store; the
+            slot alternates over a result's stores (``first_store``: this slab's first index)."""
+            for chunk in range(epi["chunks"]):
+                slot = (first_store + chunk) % num_slots
+                # At most one store in flight: the one from the other slot.
+                plgpu.wait_smem_to_gmem(num_slots - 1, wait_read_only=True)
+                cols = slice(chunk * chunk_cols, (chunk + 1) * chunk_cols)
+                swizzled_smem[wg, slot] = values[:, cols]
+                plgpu.commit_smem()
+                plgpu.copy_smem_to_gmem(
+                    swizzled_smem.at[wg, slot],
+                    dst.at[:, pl.ds(chunk * chunk_cols, chunk_cols)],
+                )
+
         def store(values, out_gmem, row0, col0, lo, hi):
             """A compute warpgroup's ``[bm, wg_n]`` result, rows ``[lo, hi)`` of the tile only."""
+            if cfg.swizzled_epilogue and epi["stores"] % 2:
+                # One slot: the previous result's store must have been read.
+                plgpu.wait_smem_to_gmem(0, wait_read_only=True)
             for part in range(bm // stage_rows):
                 first_row = part * stage_rows
                 part_lo = jnp.clip(lo - first_row, 0, stage_rows)
                 part_hi = jnp.clip(hi - first_row, 0, stage_rows)
-                # The previous store from this stage must have been read before we overwrite it.
-                plgpu.wait_smem_to_gmem(0, wait_read_only=True)
-                stage = out_smem.at[wg]
-                stage[...] = (
+                part_values = (
                     values if stage_rows == bm else values[first_row : first_row + stage_rows]
                 )
-                plgpu.commit_smem()
                 dst = out_gmem.at[
                     pl.ds(row0 + first_row, stage_rows), pl.ds(col0 + wg * wg_n, wg_n)
                 ]
                 whole = (part_lo == 0) & (part_hi == stage_rows)
+                if not cfg.swizzled_epilogue:
+                    # The previous store from this slab must have been read before we overwrite
+                    # it.
+                    plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+                    stage = out_smem.at[wg]
+                    stage[...] = part_values
+                    plgpu.commit_smem()
+
+                    @pl.when(whole)
+                    def _store_whole(stage=stage, dst=dst):
+                        plgpu.copy_smem_to_gmem(stage, dst)
+
+                    @pl.when(jnp.logical_not(whole))
+                    def _store_part(stage=stage, dst=dst, lo=part_lo, hi=part_hi):
+                        store_runs(stage, dst, lo, hi)
+
+                    continue
 
                 @pl.when(whole)
-                def _store_whole(stage=stage, dst=dst):
-                    plgpu.copy_smem_to_gmem(stage, dst)
+                def _store_whole_swizzled(part_values=part_values, dst=dst, part=part):
+                    store_swizzled(part_values, dst, part * epi["chunks"])
 
                 @pl.when(jnp.logical_not(whole))
-                def _store_runs(part_lo=part_lo, part_hi=part_hi, stage=stage, dst=dst):
-                    size = part_hi - part_lo
-                    first = part_lo
-                    run = stage_rows
-                    while run >= 1:
-                        this_run = run
-
-                        @pl.when((size & this_run) != 0)
-                        def _store_run(first=first, this_run=this_run):
-                            plgpu.copy_smem_to_gmem(
-                                stage.at[pl.ds(first, this_run)], dst.at[pl.ds(first, this_run)]
-                            )
-
-                        first = first + (size & this_run)
-                        run //= 2
+                def _store_part_unswizzled(
+                    part_values=part_values, dst=dst, lo=part_lo, hi=part_hi
+                ):
+                    # The unswizzled slab aliases both swizzled slots: every store of this
+                    # warpgroup must have read it before it is written, and the runs must have
+                    # been read before the slots are written again.
+                    plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+                    stage = out_smem.at[wg]
+                    stage[...] = part_values
+                    plgpu.commit_smem()
+                    store_runs(stage, dst, lo, hi)
+                    plgpu.wait_smem_to_gmem(0, wait_read_only=True)
 
         def tile_rows(work):
             group = work_group_gmem[work]
@@ -380,6 +461,7 @@ def launch_gmm(
         combine=combine,
         num_outputs=num_outputs,
         k_step_scale=k_step_scale,
+        interpreted=interpret_params is not None,
     )
     out_type = jax.ShapeDtypeStruct((m, n), out_dtype)
     kernel = plgpu.kernel(

@@ -25,6 +25,15 @@ class MosaicTileConfig:
     ``stages``. ``epilogue_rows`` (default ``block_m``) is the height of the shared-memory slab
     that stages the result for its TMA store: half of ``block_m`` frees shared memory for a
     deeper ring.
+
+    ``swizzled_epilogue`` stages a slab whose rows all belong to the tile's group (every slab of
+    the MoE layer, whose groups are padded to the alignment) through a 128-byte-swizzled buffer
+    instead: ``[epilogue_rows, 64]`` column chunks, two slots per compute warpgroup, one TMA
+    store left in flight while the next chunk is written (bank-conflict-free writes of the
+    ``wgmma`` registers; jax's ``hopper_matmul_mgpu`` epilogue). Slabs cut by a group boundary
+    keep the unswizzled slab and its row runs; the two buffers share the same shared memory
+    (a ``plgpu.RefUnion``), so the epilogue costs no more of it than the unswizzled one when
+    ``block_n = 256``.
     """
 
     block_m: int = 128
@@ -34,6 +43,54 @@ class MosaicTileConfig:
     group_swizzle: int = 8
     pipelined_tiles: bool = False
     epilogue_rows: int | None = None
+    swizzled_epilogue: bool = False
+
+
+# Hopper's opt-in shared memory per block (227 KiB); the barriers use a few hundred bytes more.
+SMEM_LIMIT_BYTES = 227 * 1024
+NUM_COMPUTE_WARPGROUPS = 2
+# The swizzled epilogue's column chunk: one 128-byte row, the widest TMA swizzle.
+SWIZZLE_BYTES = 128
+
+
+def epilogue_layout(cfg: MosaicTileConfig, out_bytes: int = 2) -> dict[str, int]:
+    """The epilogue's shared-memory buffers (sizes in elements, per compute warpgroup).
+
+    ``rows``: the slab's height; ``wg_n``: a compute warpgroup's columns (the unswizzled slab is
+    ``[rows, wg_n]``); with ``swizzled_epilogue``, ``chunk_cols`` (one swizzled row),
+    ``chunks`` (column chunks per slab), ``stores`` (swizzled stores per result) and ``slots``
+    (buffers per warpgroup: two, or one when a result is a single store).
+    """
+    rows = cfg.epilogue_rows or cfg.block_m
+    wg_n = cfg.block_n // NUM_COMPUTE_WARPGROUPS
+    chunk_cols = min(wg_n, SWIZZLE_BYTES // out_bytes)
+    chunks = wg_n // chunk_cols
+    stores = (cfg.block_m // rows) * chunks
+    return dict(
+        rows=rows,
+        wg_n=wg_n,
+        chunk_cols=chunk_cols,
+        chunks=chunks,
+        stores=stores,
+        slots=min(2, stores),
+    )
+
+
+def epilogue_smem_bytes(cfg: MosaicTileConfig, out_bytes: int = 2) -> int:
+    """Shared memory of the epilogue's staging buffers (the larger of the two when swizzled:
+    they are aliased)."""
+    lay = epilogue_layout(cfg, out_bytes)
+    unswizzled = lay["rows"] * lay["wg_n"]
+    swizzled = lay["slots"] * lay["rows"] * lay["chunk_cols"] if cfg.swizzled_epilogue else 0
+    return NUM_COMPUTE_WARPGROUPS * max(unswizzled, swizzled) * out_bytes
+
+
+def smem_bytes(cfg: MosaicTileConfig, operand_bytes: int = 2, num_rhs: int = 1) -> int:
+    """Shared memory of the kernel's buffers: the TMA ring (``stages`` slots of one ``lhs``
+    block and ``num_rhs`` weight blocks) and the epilogue's staging."""
+    bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
+    ring = cfg.stages * (bm * bk + num_rhs * bk * bn) * operand_bytes
+    return ring + epilogue_smem_bytes(cfg)
 
 
 def default_mosaic_gmm_tiles(m: int, k: int, n: int) -> MosaicTileConfig:
@@ -119,9 +176,10 @@ def _compute_capability() -> str | None:
     return getattr(device, "compute_capability", None)
 
 
-def check_tiles(cfg: MosaicTileConfig, operand_bytes: int = 2) -> None:
+def check_tiles(cfg: MosaicTileConfig, operand_bytes: int = 2, num_rhs: int = 1) -> None:
     """Raises ``ValueError`` for block sizes the kernel cannot lower (``operand_bytes``: 2 for
-    bf16/fp16, 1 for FP8)."""
+    bf16/fp16, 1 for FP8; ``num_rhs``: weights sharing each lhs block, 2 for the fused gated
+    kernel), or whose buffers do not fit in shared memory."""
     bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
     problems = []
     if bm not in (64, 128):
@@ -144,5 +202,16 @@ def check_tiles(cfg: MosaicTileConfig, operand_bytes: int = 2) -> None:
             f"epilogue_rows={cfg.epilogue_rows} must be None, block_m or block_m // 2 >= 64 "
             "(smaller slabs fail Mosaic's layout inference)"
         )
+    if not problems:
+        need = smem_bytes(cfg, operand_bytes, num_rhs)
+        if need > SMEM_LIMIT_BYTES:
+            ring = need - epilogue_smem_bytes(cfg)
+            problems.append(
+                f"shared memory: stages={cfg.stages} ring ({ring // 1024} KiB) + epilogue "
+                f"staging ({epilogue_smem_bytes(cfg) // 1024} KiB, epilogue_rows="
+                f"{cfg.epilogue_rows}, swizzled_epilogue={cfg.swizzled_epilogue}) = "
+                f"{need // 1024} KiB does not fit in {SMEM_LIMIT_BYTES // 1024} KiB; use fewer "
+                "stages or epilogue_rows=block_m // 2"
+            )
     if problems:
         raise ValueError("MosaicTileConfig: " + "; ".join(problems) + ".")
