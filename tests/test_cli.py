@@ -300,15 +300,19 @@ def _table_head(out: str, first_column: str) -> list[str]:
 
 
 def test_gemm_skips_peers_the_platform_lacks(tmp_path, capsys):
-    """On CPU: jax's Mosaic GPU peer (and torch without CUDA) are skipped rows with a reason."""
+    """On CPU: jax's Mosaic GPU peer and jaxmoe's Mosaic backend (and torch without CUDA) are
+    skipped rows with a reason."""
+    from jaxmoe.bench import gemm as gemm_bench
+
     out = tmp_path / "gemm.json"
     argv = ["bench", "gemm", "--preset", "tiny", "--pass", "fwd", "--routings", "balanced"]
     assert main([*argv, "--repeats", "1", "--out", str(out)]) == 0
     rows = _bench_rows(out)
     by_impl = {r["impl"]: r for r in rows}
-    assert set(by_impl) == {"torch", "jaxmoe", "jaxmoe_triton", "xla_ragged_dot", "jax_mosaic"}
+    assert set(by_impl) == set(gemm_bench.IMPLS)
     assert not any(r.get("error") for r in rows)
     assert "NVIDIA GPU" in by_impl["jax_mosaic"]["skipped"]
+    assert "Mosaic GPU" in by_impl["jaxmoe_pallas"]["skipped"]
     assert by_impl["jax_mosaic"]["ms"] is None
     stdout = capsys.readouterr().out
     assert "ERROR" not in stdout
