@@ -158,10 +158,17 @@ def gpu_checks() -> list[dict]:
     tail_zero = bool((got_t[bounds[-1] :] == 0).all())
     rows.append({"check": "skewed fwd vs fp64", "tail_zero": tail_zero, **errors(got_t, ref)})
 
-    dy = jax.random.normal(kd, (m, n))
+    rows += pallas_against_xla(x, w, gs, jax.random.normal(kd, (m, n)), "rowwise", "")
+    del torch
+    return rows
+
+
+def pallas_against_xla(x, w, gs, dy, recipe, label: str) -> list[dict]:
+    """``fp8_grouped_matmul(backend="pallas")`` against ``"xla"``: the bf16 output and both
+    gradients of ``sum(out * dy)``, as relative Frobenius errors."""
 
     def loss(backend, a, b):
-        out = fp8_grouped_matmul(a, b, gs, backend=backend)  # bf16 out: the kernel's
+        out = fp8_grouped_matmul(a, b, gs, recipe=recipe, backend=backend)  # bf16 out
         return jnp.sum(out.astype(jnp.float32) * dy), out
 
     results = {}
@@ -169,11 +176,11 @@ def gpu_checks() -> list[dict]:
         fn = jax.jit(jax.grad(functools.partial(loss, backend), argnums=(0, 1), has_aux=True))
         (dx, dw), out = fn(x.astype(jnp.bfloat16), w.astype(jnp.bfloat16))
         results[backend] = (out, dx, dw)
+    rows = []
     for name, a, b in zip(("out", "dx", "dw"), results["pallas"], results["xla"], strict=True):
         a64, b64 = (to_torch(v.astype(jnp.float32)).double() for v in (a, b))
         err = float((a64 - b64).norm() / b64.norm().clamp_min(1e-30))
-        rows.append({"check": f"fp8_grouped_matmul pallas vs xla: {name}", "rel_err": err})
-    del torch
+        rows.append({"check": f"{label}fp8_grouped_matmul pallas vs xla: {name}", "rel_err": err})
     return rows
 
 
@@ -211,24 +218,9 @@ def blockwise_checks() -> list[dict]:
     rows.append(
         {"check": "blockwise skewed fwd vs fp64", "tail_zero": tail_zero, **errors(got_t, ref)}
     )
-    dy = jax.random.normal(kd, (m, n))
-
-    def loss(backend, a, b):
-        out = fp8_grouped_matmul(a, b, gs, recipe=BLOCKWISE, backend=backend)
-        return jnp.sum(out.astype(jnp.float32) * dy), out
-
-    results = {}
-    for backend in ("pallas", "xla"):
-        fn = jax.jit(jax.grad(functools.partial(loss, backend), argnums=(0, 1), has_aux=True))
-        (dx, dw), out = fn(x.astype(jnp.bfloat16), w.astype(jnp.bfloat16))
-        results[backend] = (out, dx, dw)
-    for name, a, b in zip(("out", "dx", "dw"), results["pallas"], results["xla"], strict=True):
-        a64, b64 = (to_torch(v.astype(jnp.float32)).double() for v in (a, b))
-        err = float((a64 - b64).norm() / b64.norm().clamp_min(1e-30))
-        rows.append(
-            {"check": f"blockwise fp8_grouped_matmul pallas vs xla: {name}", "rel_err": err}
-        )
-    return rows
+    return rows + pallas_against_xla(
+        x, w, gs, jax.random.normal(kd, (m, n)), BLOCKWISE, "blockwise "
+    )
 
 
 def median_time(timer, fn, *args) -> float:
