@@ -22,11 +22,8 @@ from test_grouped_matmul import check_all, np_gmm, random_inputs
 
 from jaxmoe.ops.grouped_matmul import pallas_mosaic, pallas_mosaic_tiles
 from jaxmoe.ops.grouped_matmul.api import resolve_backend
-from jaxmoe.ops.grouped_matmul.pallas_mosaic import (
-    MosaicTileConfig,
-    PallasMosaicGroupedMatmul,
-    default_mosaic_gmm_tiles,
-)
+from jaxmoe.ops.grouped_matmul.pallas_mosaic import MosaicTileConfig, default_mosaic_gmm_tiles
+from jaxmoe.ops.grouped_matmul.pallas_mosaic_backend import PallasMosaicGroupedMatmul
 from jaxmoe.ops.grouped_matmul.pallas_triton import PallasTritonGroupedMatmul, TileConfig
 
 M, K, N = 256, 128, 256

@@ -20,7 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from jaxmoe.ops.grouped_matmul import pallas_mosaic_wgrad as wgrad
-from jaxmoe.ops.grouped_matmul.pallas_mosaic import PallasMosaicGroupedMatmul
+from jaxmoe.ops.grouped_matmul.pallas_mosaic_backend import PallasMosaicGroupedMatmul
 from jaxmoe.ops.grouped_matmul.pallas_mosaic_wgrad import MosaicTgmmTileConfig
 from jaxmoe.ops.grouped_matmul.pallas_triton import PallasTritonGroupedMatmul, TileConfig
 

@@ -41,7 +41,7 @@ Triton wgrad with balanced routing, 1.01-1.05x on skewed DeepSeek-down and Mixtr
 tiles against Triton's hardware scheduling), and 0.91-1.03x ``torch._grouped_mm``. Inside
 fwd+bwd (run 8) it made Mixtral and DeepSeek-up 3-5% faster than with Triton's, balanced and
 skewed. So ``backend="auto"`` takes it where ``min(K, N) > 1024`` and Triton's wgrad below
-(``PallasMosaicGroupedMatmul``); ``"pallas"`` always takes this one.
+(``pallas_mosaic_backend.PallasMosaicGroupedMatmul``); ``"pallas"`` always takes this one.
 
 Limits: bf16/fp16 operands, a 2-byte result, ``M`` a positive multiple of ``bm``, ``K % bk == 0``,
 ``N % bn == 0``, and a Hopper GPU. Mosaic GPU's interpreter has no transposed ``wgmma`` operand,

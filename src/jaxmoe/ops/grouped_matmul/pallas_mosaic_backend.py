@@ -1,0 +1,125 @@
+"""The Mosaic GPU grouped-matmul backend (``backend="pallas"``, and ``"auto"`` on a Hopper):
+which kernel takes each call, :mod:`.pallas_mosaic`'s ``gmm`` (forward, dgrad),
+:mod:`.pallas_mosaic_wgrad`'s ``tgmm`` or the Triton kernels of :mod:`.pallas_triton`."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import ClassVar
+
+import jax.numpy as jnp
+
+from jaxmoe.ops.grouped_matmul import pallas_mosaic_wgrad, pallas_triton
+from jaxmoe.ops.grouped_matmul.base import GroupedMatmulBackend
+from jaxmoe.ops.grouped_matmul.pallas_mosaic import gmm
+from jaxmoe.ops.grouped_matmul.pallas_mosaic_tiles import (
+    MosaicTileConfig,
+    check_tiles,
+    default_mosaic_gmm_tiles,
+    unsupported_reason,
+)
+
+#: ``auto``'s wgrad is the Mosaic kernel where ``min(K, N)`` exceeds this (see below).
+AUTO_MOSAIC_WGRAD_MIN_KN = 1024
+
+
+@dataclasses.dataclass(frozen=True)
+class PallasMosaicGroupedMatmul(GroupedMatmulBackend):
+    """``gmm`` (forward, dgrad) and ``tgmm`` (wgrad) by the Mosaic GPU kernels.
+
+    Decision (issue 15) on operands the Mosaic kernels cannot take (fp32, ``M``/``K``/``N`` not
+    multiples of the blocks, a GPU other than a Hopper, a transposed ``wgmma`` operand (dgrad,
+    wgrad) in the CPU interpreter):
+
+    - ``triton_fallback=False`` (``backend="pallas"``, and this class built by hand): raise
+      ``NotImplementedError`` saying why. A backend the user names never switches kernels
+      silently; ``"pallas_triton"`` or ``"auto"`` are the ways to get the Triton kernel.
+    - ``triton_fallback=True`` (what ``backend="auto"`` builds on a GPU): the Triton kernel takes
+      them. This is the measured rule of ``auto``: where the Mosaic ``gmm`` applies it was exact and
+      1.14-1.24x the Triton kernel on every shape measured (H100, ``benchmarks/results/raw/
+      h100-run4``), so it is chosen wherever it applies, Triton elsewhere.
+    - The wgrad (``tgmm``): the Mosaic kernel (:mod:`.pallas_mosaic_wgrad`) for the strict
+      backend; ``auto`` takes it where ``min(K, N) > 1024`` (:data:`AUTO_MOSAIC_WGRAD_MIN_KN`) and
+      it applies, the Triton wgrad elsewhere. Measured (H100): exact everywhere; inside fwd+bwd
+      the Mosaic wgrad made Mixtral up/down and DeepSeek up 3-5% faster with balanced routing
+      and Mixtral 3% faster skewed (``benchmarks/results/raw/h100-run8/call4``, ``call5``), but
+      alone it was 0.86-0.88x Triton on skewed Qwen3 (``raw/h100-wgrad/run2``), hence the bound.
+
+    Attributes:
+      gmm_tiles: Mosaic block sizes; ``None``: :func:`default_mosaic_gmm_tiles`.
+      tgmm_tiles: the Mosaic wgrad's block sizes; ``None``: ``default_mosaic_tgmm_tiles``.
+      triton: the Triton backend that takes, with ``triton_fallback``, the operands the Mosaic
+        kernels refuse; ``None``: default tiles and the same ``interpret``.
+      triton_fallback: see above.
+      interpret: ``None`` runs the interpreters when JAX's default backend is not a GPU.
+    """
+
+    supports_check_vma: ClassVar[bool] = False  # Pallas outputs carry no vma types
+    name: str = dataclasses.field(default="pallas", init=False)
+    gmm_tiles: MosaicTileConfig | None = None
+    tgmm_tiles: pallas_mosaic_wgrad.MosaicTgmmTileConfig | None = None
+    triton: pallas_triton.PallasTritonGroupedMatmul | None = None
+    triton_fallback: bool = False
+    interpret: bool | None = None
+
+    def __post_init__(self):
+        if self.gmm_tiles is not None:
+            check_tiles(self.gmm_tiles)
+        if self.tgmm_tiles is not None:
+            pallas_mosaic_wgrad.check_tgmm_tiles(self.tgmm_tiles)
+        if self.triton is None:  # frozen dataclass: fill the default in place
+            triton = pallas_triton.PallasTritonGroupedMatmul(interpret=self.interpret)
+            object.__setattr__(self, "triton", triton)
+
+    def gmm(self, lhs, rhs, group_sizes, *, transpose_rhs, out_dtype):
+        m, k = lhs.shape
+        n = rhs.shape[1] if transpose_rhs else rhs.shape[2]
+        cfg = self.gmm_tiles or default_mosaic_gmm_tiles(m, k, n)
+        interpreted = pallas_triton._use_interpret(self.interpret)
+        reason = unsupported_reason(
+            lhs.shape, rhs.shape, lhs.dtype, out_dtype, transpose_rhs, cfg, interpreted
+        )
+        if reason is None:
+            return gmm(
+                lhs,
+                rhs,
+                group_sizes,
+                transpose_rhs=transpose_rhs,
+                out_dtype=out_dtype,
+                tiles=cfg,
+                interpret=self.interpret,
+            )
+        if not self.triton_fallback:
+            raise NotImplementedError(
+                f"grouped_matmul backend 'pallas' (Mosaic GPU): lhs {lhs.shape} {lhs.dtype}, "
+                f"rhs {rhs.shape}, out {jnp.dtype(out_dtype)}: {reason}. Use "
+                "backend='pallas_triton' (Triton kernels), or 'auto', which takes the Triton "
+                "kernel wherever the Mosaic one does not apply."
+            )
+        return self.triton.gmm(
+            lhs, rhs, group_sizes, transpose_rhs=transpose_rhs, out_dtype=out_dtype
+        )
+
+    def tgmm(self, lhs, rhs, group_sizes, *, out_dtype):
+        wgrad = pallas_mosaic_wgrad
+        m, k = lhs.shape
+        n = rhs.shape[1]
+        if self.triton_fallback and min(k, n) <= AUTO_MOSAIC_WGRAD_MIN_KN:
+            return self.triton.tgmm(lhs, rhs, group_sizes, out_dtype=out_dtype)
+        cfg = self.tgmm_tiles or wgrad.default_mosaic_tgmm_tiles(m, k, n)
+        interpreted = pallas_triton._use_interpret(self.interpret)
+        reason = wgrad.unsupported_tgmm_reason(
+            lhs.shape, rhs.shape, lhs.dtype, out_dtype, cfg, interpreted
+        )
+        if reason is None:
+            return wgrad.tgmm(
+                lhs, rhs, group_sizes, out_dtype=out_dtype, tiles=cfg, interpret=self.interpret
+            )
+        if self.triton_fallback:
+            return self.triton.tgmm(lhs, rhs, group_sizes, out_dtype=out_dtype)
+        raise NotImplementedError(
+            f"grouped_matmul backend 'pallas' (Mosaic GPU) wgrad: lhs {lhs.shape} "
+            f"{lhs.dtype}, rhs {rhs.shape}, out {jnp.dtype(out_dtype)}: {reason}. Use "
+            "backend='pallas_triton' (Triton kernels), or 'auto', which takes the Triton "
+            "kernel wherever the Mosaic one does not apply."
+        )
