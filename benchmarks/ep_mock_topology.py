@@ -2,11 +2,11 @@
 read what XLA scheduled: memory per device and whether anything overlaps the exchanges.
 
 For each variant, the DeepSeek-like layer (T=4096 tokens per GPU, H=7168, F=2048, E=32, K=8,
-bf16, dropless) is lowered and compiled forward+backward for a mock ``1 x ep x 1`` topology
-(ep hosts of one GPU each: jax refuses a mock whose devices per host differ from the local GPU
-count), and the scheduled HLO of the entry computation is scanned: for every async all-to-all,
-how many fusions, custom calls (the grouped matmul kernels) and GEMMs XLA placed between its
-start and its done. Nothing is executed.
+bf16, dropless) is lowered and compiled as a training step (y and every gradient from an input
+cotangent) for a mock ``1 x ep x 1`` topology (ep hosts of one GPU each: jax refuses a mock
+whose devices per host differ from the local GPU count), and the scheduled HLO of the entry
+computation is scanned: for every async all-to-all, how many fusions, custom calls (the grouped
+matmul kernels) and GEMMs XLA placed between its start and its done. Nothing is executed.
 
 The reading of the scheduled HLO is :func:`jaxmoe.bench.hlo_schedule.exchange_report` (payload,
 op_name scope and the classified ops between each start and done; the sync all-to-alls; the
@@ -14,10 +14,11 @@ loops); rerun it on the saved texts with ``python -m jaxmoe.bench.hlo_schedule -
 
 Status (H100, jax 0.11.2, 2026-11-24): with ``1x1x4`` jax refuses the topology; with ``1x4x1``
 autotuning does not finish (it waits for the mock devices): set
-``XLA_FLAGS=--xla_gpu_autotune_level=0`` and a small layer compiles in 20 s
-(``benchmarks/results/ep-schedule-mock-h100.md``).
+``XLA_FLAGS=--xla_gpu_autotune_level=0`` and the full-size training step compiles in 17-33 s
+at ep 4 and 8 (``benchmarks/results/ep-schedule-mock-h100.md``).
 
-    PYTHONPATH=src python benchmarks/ep_mock_topology.py --ep 4 --out-dir $OUT
+    XLA_FLAGS=--xla_gpu_autotune_level=0 PYTHONPATH=src python benchmarks/ep_mock_topology.py \
+        --ep 4 --out-dir $OUT
 """
 
 from __future__ import annotations
