@@ -367,8 +367,11 @@ class MoEConfig:
         (``T_local * K`` rows) always.
       ep_chunks: split each device's tokens into this many chunks, each with its own
         exchange and expert matmuls, so that XLA can overlap one chunk's all-to-all with
-        another's matmuls (GPU: needs ``--xla_gpu_enable_latency_hiding_scheduler=true``).
-        Every chunk's fast window runs before the overflow, one loop for all chunks.
+        another's matmuls. Every chunk's fast window runs before the overflow, one loop for
+        all chunks. On a GPU XLA keeps one collective in flight by default, which leaves the
+        forward exchanges under no matmul: set
+        ``XLA_FLAGS=--xla_gpu_experimental_parallel_collective_overlap_limit=2`` (README,
+        "Overlapping the exchange").
         Needs ``capacity_factor=None``; must divide the tokens per device.
       ep_dispatch: what one expert-parallel exchange row holds. ``"copies"``: one row per
         (token, expert) copy. ``"tokens"``: one row per (token, destination rank) pair with
