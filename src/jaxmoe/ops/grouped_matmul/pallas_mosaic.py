@@ -212,7 +212,7 @@ def _jaxmoe_mosaic_gmm(
 
         def store(values, out_gmem, row0, col0, lo, hi):
             """A compute warpgroup's ``[bm, wg_n]`` result, rows ``[lo, hi)`` of the tile only."""
-            if cfg.swizzled_epilogue and epi["stores"] % 2:
+            if cfg.swizzled_epilogue and num_slots == 1:
                 # One slot: the previous result's store must have been read.
                 plgpu.wait_smem_to_gmem(0, wait_read_only=True)
             for part in range(bm // stage_rows):

@@ -13,6 +13,8 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
+from jaxmoe.ops.grouped_matmul.pallas_mosaic_common import NUM_COMPUTE_WARPGROUPS
+
 
 @dataclasses.dataclass(frozen=True)
 class MosaicTileConfig:
@@ -48,7 +50,6 @@ class MosaicTileConfig:
 
 # Hopper's opt-in shared memory per block (227 KiB); the barriers use a few hundred bytes more.
 SMEM_LIMIT_BYTES = 227 * 1024
-NUM_COMPUTE_WARPGROUPS = 2
 # The swizzled epilogue's column chunk: one 128-byte row, the widest TMA swizzle.
 SWIZZLE_BYTES = 128
 
