@@ -1,0 +1,111 @@
+"""Where the MoE layer's time goes on the GPU: kernel time per XLA op (jaxmoe) and per CUDA kernel
+(the torch peer), forward and forward+backward, for each preset.
+
+The jaxmoe functions are the layer bench's (``jit(moe)``; ``jit`` of ``vjp`` returning ``y`` and
+all gradients). Writes ``layer-profile-{impl}.json`` and ``.md`` under ``--out-dir``. XLA's
+command buffers (CUDA graphs) hide which op launched a kernel: turn them off to see the ops::
+
+    XLA_FLAGS=--xla_gpu_enable_command_buffer= PYTHONPATH=src \
+      python3 benchmarks/layer_profile.py --presets mixtral --out-dir /tmp/w
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+
+import jax
+import jax.numpy as jnp
+
+import jaxmoe
+from jaxmoe.bench.harness import results_header
+from jaxmoe.bench.kernel_profile import format_breakdown, kernel_breakdown, summarize
+from jaxmoe.bench.layer import layer_config
+from jaxmoe.bench.presets import LAYER_PRESETS
+
+
+def jax_functions(cfg):
+    def forward(params, x):
+        return jaxmoe.moe(params, x, cfg)[0]
+
+    def forward_backward(params, x, dy):
+        y, vjp = jax.vjp(forward, params, x)
+        return y, *vjp(dy)
+
+    return {"fwd": jax.jit(forward), "fwd+bwd": jax.jit(forward_backward)}
+
+
+def torch_breakdown(params, x, dy, top_k, pass_, calls=5):
+    """The plain torch peer's CUDA kernels, per kernel name (torch.profiler)."""
+    import torch
+
+    from jaxmoe.bench.torch_layer import TorchMoELayer, to_torch_input
+
+    layer = TorchMoELayer(jax.device_get(params), top_k, torch.bfloat16, "cuda")
+    tx = to_torch_input(jax.device_get(x), torch.bfloat16, "cuda")
+    tdy = to_torch_input(jax.device_get(dy), torch.bfloat16, "cuda")
+    weights = list(layer.parameters())
+
+    def call():
+        if pass_ == "fwd":
+            with torch.no_grad():
+                return layer(tx)
+        tx.requires_grad_(True)
+        y = layer(tx)
+        return torch.autograd.grad(y, [tx, *weights], tdy)
+
+    for _ in range(3):
+        call()
+    torch.cuda.synchronize()
+    activity = torch.profiler.ProfilerActivity.CUDA
+    with torch.profiler.profile(activities=[activity]) as prof:
+        for _ in range(calls):
+            call()
+        torch.cuda.synchronize()
+    events = []
+    for event in prof.events():
+        if event.device_type == torch.autograd.DeviceType.CUDA:
+            start = event.time_range.start * 1e3
+            events.append((event.name, "", start, event.time_range.elapsed_us() * 1e3))
+    return summarize(events, calls)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--presets", default="mixtral,dsv3,qwen3")
+    parser.add_argument("--passes", default="fwd,fwd+bwd")
+    # One per process: once torch's profiler has held CUPTI, JAX's trace gets no GPU events.
+    parser.add_argument("--impl", choices=("jaxmoe", "torch"), default="jaxmoe")
+    parser.add_argument("--out-dir", default=".")
+    args = parser.parse_args()
+    out_dir = pathlib.Path(args.out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    results, text = [], ["# MoE layer: kernel time per op", ""]
+    for name in args.presets.split(","):
+        preset = LAYER_PRESETS[name]
+        cfg = layer_config(preset, jnp.bfloat16)
+        kp, kx, kd = jax.random.split(jax.random.key(0), 3)
+        params = jaxmoe.init_params(kp, cfg)
+        x = jax.random.normal(kx, (preset.tokens, preset.hidden_size)).astype(jnp.bfloat16)
+        dy = jax.random.normal(kd, x.shape).astype(jnp.bfloat16)
+        functions = jax_functions(cfg)
+        for pass_ in args.passes.split(","):
+            if args.impl == "jaxmoe":
+                operands = (params, x) if pass_ == "fwd" else (params, x, dy)
+                breakdown = kernel_breakdown(functions[pass_], *operands)
+            else:
+                breakdown = torch_breakdown(params, x, dy, preset.top_k, pass_)
+            title = f"{name} {pass_} {args.impl}"
+            results.append({"preset": name, "pass": pass_, "impl": args.impl, **breakdown})
+            text += [format_breakdown(title, breakdown), ""]
+            print(format_breakdown(title, breakdown), flush=True)
+    header = results_header("benchmarks/layer_profile.py")
+    (out_dir / f"layer-profile-{args.impl}.json").write_text(
+        json.dumps({"header": header, "rows": results}, indent=1)
+    )
+    (out_dir / f"layer-profile-{args.impl}.md").write_text("\n".join(text))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,123 @@
+"""Where a jitted function's device time goes: GPU kernel durations from a JAX profiler trace,
+summed per XLA op.
+
+``kernel_breakdown(fn, *args)`` runs ``fn`` a few times under :func:`jax.profiler.trace`, reads
+the trace back with :class:`jax.profiler.ProfileData` (no TensorBoard needed) and sums the
+duration of every kernel on the device planes, grouped by the HLO op that launched it (the
+``hlo_op`` stat; the kernel's own name where there is none). Durations are per call: the sum
+over the traced calls divided by their number. On a CPU there are no device planes and the
+breakdown is empty.
+"""
+
+from __future__ import annotations
+
+import collections
+import glob
+import os
+import tempfile
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import jax
+
+
+def summarize(
+    events: Iterable[tuple[str, str, float, float]], calls: int, top: int = 25
+) -> dict[str, Any]:
+    """Aggregates ``(kernel_name, hlo_op, start_ns, duration_ns)`` events of ``calls`` calls.
+
+    Returns ``{"total_ms", "span_ms", "kernels", "rows"}``: the kernels' milliseconds per call,
+    the span from the first kernel's start to the last one's end per call (with calls launched
+    back to back, ``span_ms - total_ms`` is the device's idle time per call), the number of
+    kernel launches per call, and the ``top`` ops by time, each ``{"op", "kernel", "ms",
+    "share", "launches"}`` (``kernel``: the op's longest-running kernel name, shortened). An
+    event whose op is a command buffer (a CUDA graph) counts under its kernel's name.
+    """
+    if calls < 1:
+        raise ValueError(f"`calls` must be >= 1; got {calls}.")
+    time_ns: dict[str, float] = collections.defaultdict(float)
+    launches: dict[str, int] = collections.Counter()
+    longest: dict[str, tuple[float, str]] = {}
+    events = list(events)
+    for kernel, op, _, duration_ns in events:
+        key = kernel if not op or op.startswith("command_buffer") else op
+        time_ns[key] += duration_ns
+        launches[key] += 1
+        if duration_ns > longest.get(key, (-1.0, ""))[0]:
+            longest[key] = (duration_ns, kernel)
+    total_ns = sum(time_ns.values())
+    ordered = sorted(time_ns, key=time_ns.get, reverse=True)[:top]
+    rows = [
+        {
+            "op": key,
+            "kernel": longest[key][1][:80],
+            "ms": time_ns[key] / calls / 1e6,
+            "share": time_ns[key] / total_ns if total_ns else 0.0,
+            "launches": launches[key] / calls,
+        }
+        for key in ordered
+    ]
+    starts = [start for _, _, start, _ in events]
+    ends = [start + duration for _, _, start, duration in events]
+    span_ns = max(ends) - min(starts) if events else 0.0
+    return {
+        "total_ms": total_ns / calls / 1e6,
+        "span_ms": span_ns / calls / 1e6,
+        "kernels": sum(launches.values()) / calls,
+        "rows": rows,
+    }
+
+
+def device_events(xplane_path: str) -> list[tuple[str, str, float, float]]:
+    """``(kernel_name, hlo_op, start_ns, duration_ns)`` for every event on the trace's device
+    planes."""
+    data = jax.profiler.ProfileData.from_file(xplane_path)
+    events = []
+    for plane in data.planes:
+        if not plane.name.startswith("/device:"):
+            continue
+        lines = list(plane.lines)
+        # XLA's GPU planes hold one line per stream plus derived lines ("XLA Ops", "XLA
+        # Modules", ...) that repeat the kernels' time: keep the streams where they are named.
+        streams = [line for line in lines if line.name.startswith("Stream")] or lines
+        for line in streams:
+            for event in line.events:
+                stats = dict(event.stats)
+                op = str(stats.get("hlo_op", ""))
+                events.append((event.name, op, event.start_ns, event.duration_ns))
+    return events
+
+
+def kernel_breakdown(
+    fn: Callable[..., Any], *args: Any, calls: int = 5, top: int = 25
+) -> dict[str, Any]:
+    """Profiles ``calls`` calls of ``fn(*args)`` (compiled and warmed up first); see
+    :func:`summarize`."""
+    if calls < 1:
+        raise ValueError(f"`calls` must be >= 1; got {calls}.")
+    jax.block_until_ready(fn(*args))
+    with tempfile.TemporaryDirectory() as log_dir:
+        with jax.profiler.trace(log_dir):
+            for _ in range(calls):
+                out = fn(*args)
+            jax.block_until_ready(out)
+        paths = glob.glob(os.path.join(log_dir, "**", "*.xplane.pb"), recursive=True)
+        events = device_events(max(paths, key=os.path.getmtime)) if paths else []
+    return summarize(events, calls, top)
+
+
+def format_breakdown(title: str, breakdown: dict[str, Any]) -> str:
+    """A markdown table of :func:`summarize`'s rows under ``title``."""
+    lines = [
+        f"### {title}: {breakdown['total_ms']:.3f} ms of kernels per call, span "
+        f"{breakdown['span_ms']:.3f} ms, {breakdown['kernels']:.0f} launches",
+        "",
+        "| op | ms | share | launches | kernel |",
+        "|---|---|---|---|---|",
+    ]
+    for row in breakdown["rows"]:
+        lines.append(
+            f"| {row['op']} | {row['ms']:.3f} | {row['share']:.1%} | {row['launches']:.0f} "
+            f"| {row['kernel']} |"
+        )
+    return "\n".join(lines)
