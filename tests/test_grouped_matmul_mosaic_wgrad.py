@@ -92,8 +92,12 @@ def test_row_blocks_of_a_group():
 
 @pytest.mark.parametrize(
     "cfg",
-    [None, MosaicTgmmTileConfig(block_m=128, block_k=64, block_n=128, stages=2)],
-    ids=["default", "small"],
+    [
+        None,
+        MosaicTgmmTileConfig(block_m=128, block_k=64, block_n=128, stages=2),
+        MosaicTgmmTileConfig(cross_tile=False),
+    ],
+    ids=["default", "small", "pipeline-per-tile"],
 )
 def test_lowers_for_cuda_through_mosaic_to_nvvm(cfg):
     # No GPU needed: Mosaic GPU's layout inference and lowering run on the host, down to NVVM

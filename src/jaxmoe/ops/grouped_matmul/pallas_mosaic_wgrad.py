@@ -73,7 +73,9 @@ class MosaicTgmmTileConfig:
 
     ``block_m`` rows of the contraction per pipeline step; the output tile is
     ``block_k x block_n`` (``block_k`` is ``wgmma``'s M: 64 or 128), each compute warpgroup owning
-    half of ``block_n``. ``stages`` is the depth of the shared-memory ring.
+    half of ``block_n``. ``stages`` is the depth of the shared-memory ring. ``cross_tile``: one
+    ring for all of a CTA's tiles (the next tile's row blocks load while this one computes and
+    stores); otherwise a pipeline per tile, which drains at each tile's end.
     """
 
     block_m: int = 64
@@ -81,6 +83,7 @@ class MosaicTgmmTileConfig:
     block_n: int = 256
     stages: int = 3
     group_swizzle: int = 8
+    cross_tile: bool = True
 
 
 def default_mosaic_tgmm_tiles(m: int, k: int, n: int) -> MosaicTgmmTileConfig:
@@ -215,15 +218,7 @@ def _jaxmoe_mosaic_tgmm(
 
                 @pl.when((lo > 0) | (hi < bm))
                 def _mask_rows_outside_group():
-                    for ref, cols in ((lhs_smem, bk), (rhs_block, wg_n)):
-                        rows = plgpu.layout_cast(
-                            lax.broadcasted_iota(jnp.int32, (bm, cols), 0), plgpu.Layout.WGMMA
-                        )
-                        values = ref[...]
-                        ref[...] = jnp.where((rows >= lo) & (rows < hi), values, 0).astype(
-                            values.dtype
-                        )
-                    plgpu.commit_smem()  # generic-proxy writes, then wgmma's async-proxy reads
+                    _zero_rows_outside(((lhs_smem, bk), (rhs_block, wg_n)), lo, hi, bm)
 
                 plgpu.wgmma(acc_ref, plgpu.transpose_ref(lhs_smem, (1, 0)), rhs_block)
                 plgpu.wgmma_wait(0)
@@ -233,14 +228,10 @@ def _jaxmoe_mosaic_tgmm(
                 @functools.partial(pl.run_scoped, acc_ref=plgpu.ACC((bk, wg_n), jnp.float32))
                 def _acc_scope(acc_ref):
                     eval_pipeline(acc_ref)  # no steps for an empty group: zeros
-                    values = acc_ref[...].astype(out_dtype)
-                    stage = out_smem.at[wg]
-                    # The previous tile's store from this stage must have been read.
-                    plgpu.wait_smem_to_gmem(0, wait_read_only=True)
-                    stage[...] = values
-                    plgpu.commit_smem()
-                    plgpu.copy_smem_to_gmem(
-                        stage, out_gmem.at[group, pl.ds(k0, bk), pl.ds(col0 + wg * wg_n, wg_n)]
+                    _store_tile(
+                        acc_ref[...].astype(out_dtype),
+                        out_smem.at[wg],
+                        out_gmem.at[group, pl.ds(k0, bk), pl.ds(col0 + wg * wg_n, wg_n)],
                     )
 
             make_pipeline(mma, context, first_block, (num_blocks,))(
@@ -250,6 +241,161 @@ def _jaxmoe_mosaic_tgmm(
         @pl.when(wg < common.NUM_COMPUTE_WARPGROUPS)
         def _drain():
             plgpu.wait_smem_to_gmem(0)
+
+
+def _jaxmoe_mosaic_tgmm_cross_tile(
+    group_order_gmem, offsets_gmem, lhs_gmem, rhs_gmem, out_gmem, *, cfg: MosaicTgmmTileConfig
+):
+    """The same tiles, masks and epilogue as :func:`_jaxmoe_mosaic_tgmm`, on one ring of
+    ``stages`` slots that runs through all of the CTA's tiles: the memory warpgroup walks
+    (tile, row block) in the order the compute warpgroups consume them, so it loads the next
+    tile's first blocks while they finish this one. A global step counter names the slot
+    (``step % stages``); a slot is refilled once both compute warpgroups have released it.
+    Each compute warpgroup keeps one ``wgmma`` in flight and releases a slot one step late.
+    An empty group's tile takes one fully masked step (zeros, like every other tile's path)."""
+    bm, bk, bn, stages = cfg.block_m, cfg.block_k, cfg.block_n, cfg.stages
+    wg_n = bn // common.NUM_COMPUTE_WARPGROUPS
+    num_groups, k, n = out_gmem.shape
+    num_row_blocks = lhs_gmem.shape[0] // bm
+    num_k_tiles, num_n_tiles = k // bk, n // bn
+    tiles_per_group = num_k_tiles * num_n_tiles
+    num_tiles = num_groups * tiles_per_group
+    num_ctas = lax.axis_size("sm")
+    out_dtype = out_gmem.dtype
+    dtype = lhs_gmem.dtype
+    itemsize = jnp.dtype(dtype).itemsize
+    swizzle = plgpu.find_swizzle(64 * itemsize * 8)
+    transforms = (
+        plgpu.TilingTransform((8, swizzle // itemsize)),
+        plgpu.SwizzleTransform(swizzle),
+    )
+    cta = lax.axis_index("sm")
+    my_tiles = (num_tiles - cta + num_ctas - 1) // num_ctas
+
+    def tile_info(local_tile):
+        index = cta + local_tile * num_ctas
+        group = group_order_gmem[index // tiles_per_group]
+        k_tile, n_tile = common.swizzle(
+            index % tiles_per_group, num_k_tiles, num_n_tiles, cfg.group_swizzle
+        )
+        start, end = offsets_gmem[group], offsets_gmem[group + 1]
+        first_block, num_blocks = group_row_blocks(start, end, bm)
+        # An empty group still takes one (fully masked) step, on a block that exists.
+        first_block = jnp.minimum(first_block, num_row_blocks - 1)
+        return group, k_tile * bk, n_tile * bn, start, end, first_block, jnp.maximum(num_blocks, 1)
+
+    @functools.partial(
+        pl.run_scoped,
+        lhs_ring=plgpu.SMEM((stages, bm, bk), dtype, transforms=transforms),
+        rhs_ring=plgpu.SMEM((stages, bm, bn), dtype, transforms=transforms),
+        loaded=plgpu.Barrier(num_arrivals=2, num_barriers=stages),
+        released=plgpu.Barrier(num_arrivals=common.NUM_COMPUTE_WARPGROUPS, num_barriers=stages),
+        out_smem=plgpu.SMEM(
+            (common.NUM_COMPUTE_WARPGROUPS, bk, wg_n), out_dtype, transforms=transforms
+        ),
+        collective_axes="wg",
+    )
+    def _scope(lhs_ring, rhs_ring, loaded, released, out_smem):
+        wg = lax.axis_index("wg")
+
+        @pl.when(wg == common.NUM_COMPUTE_WARPGROUPS)
+        def _memory_warpgroup():
+            plgpu.set_max_registers(common.MEMORY_REGISTERS, action="decrease")
+
+            def tile(local_tile, step):
+                _, k0, col0, _, _, first_block, num_steps = tile_info(local_tile)
+
+                def load(i, step):
+                    slot = lax.rem(step, stages)
+
+                    @pl.when(step >= stages)
+                    def _wait_released():
+                        plgpu.barrier_wait(released.at[slot])
+
+                    rows = pl.ds((first_block + i) * bm, bm)
+                    barrier = loaded.at[slot]
+                    plgpu.copy_gmem_to_smem(
+                        lhs_gmem.at[rows, pl.ds(k0, bk)], lhs_ring.at[slot], barrier
+                    )
+                    plgpu.copy_gmem_to_smem(
+                        rhs_gmem.at[rows, pl.ds(col0, bn)], rhs_ring.at[slot], barrier
+                    )
+                    return step + 1
+
+                return lax.fori_loop(0, num_steps, load, step)
+
+            lax.fori_loop(0, my_tiles, tile, jnp.int32(0))
+
+        @pl.when(wg < common.NUM_COMPUTE_WARPGROUPS)
+        def _compute_warpgroups():
+            plgpu.set_max_registers(COMPUTE_REGISTERS, action="increase")
+            wg_cols = pl.ds(wg * wg_n, wg_n)
+
+            def tile(local_tile, step):
+                group, k0, col0, start, end, first_block, num_steps = tile_info(local_tile)
+
+                def acc_scope(acc_ref):
+                    def mma(i, step):
+                        slot = lax.rem(step, stages)
+                        plgpu.barrier_wait(loaded.at[slot])
+                        lhs_smem, rhs_block = lhs_ring.at[slot], rhs_ring.at[slot].at[:, wg_cols]
+                        lo, hi = rows_in_group(start, end, (first_block + i) * bm, bm)
+
+                        @pl.when((lo > 0) | (hi < bm))
+                        def _mask_rows_outside_group():
+                            _zero_rows_outside(((lhs_smem, bk), (rhs_block, wg_n)), lo, hi, bm)
+
+                        plgpu.wgmma(acc_ref, plgpu.transpose_ref(lhs_smem, (1, 0)), rhs_block)
+                        plgpu.wgmma_wait(1)  # the previous step's wgmma is done: release it
+
+                        @pl.when(i > 0)
+                        def _release_previous():
+                            plgpu.barrier_arrive(released.at[lax.rem(step + stages - 1, stages)])
+
+                        return step + 1
+
+                    next_step = lax.fori_loop(0, num_steps, mma, step)
+                    plgpu.wgmma_wait(0)
+                    plgpu.barrier_arrive(released.at[lax.rem(next_step + stages - 1, stages)])
+                    _store_tile(
+                        acc_ref[...].astype(out_dtype),
+                        out_smem.at[wg],
+                        out_gmem.at[group, pl.ds(k0, bk), pl.ds(col0 + wg * wg_n, wg_n)],
+                    )
+                    return next_step
+
+                return pl.run_scoped(acc_scope, plgpu.ACC((bk, wg_n), jnp.float32))
+
+            lax.fori_loop(0, my_tiles, tile, jnp.int32(0))
+            plgpu.wait_smem_to_gmem(0)
+
+
+# The compute warpgroups' register budget next to the memory warpgroup's (as jax's pipeline
+# splits them: the 512 per thread of one warpgroup, less the memory one's, halved, <= 256).
+COMPUTE_REGISTERS = min(
+    256, (512 - common.MEMORY_REGISTERS) // common.NUM_COMPUTE_WARPGROUPS // 8 * 8
+)
+
+
+def _zero_rows_outside(refs_and_widths, lo, hi, block_m: int) -> None:
+    """Sets the rows outside ``[lo, hi)`` of each ``[block_m, width]`` shared-memory block to zero
+    (not just ignored: ``0 * NaN`` would leak a neighbour's NaN into the sum)."""
+    for ref, width in refs_and_widths:
+        rows = plgpu.layout_cast(
+            lax.broadcasted_iota(jnp.int32, (block_m, width), 0), plgpu.Layout.WGMMA
+        )
+        values = ref[...]
+        ref[...] = jnp.where((rows >= lo) & (rows < hi), values, 0).astype(values.dtype)
+    plgpu.commit_smem()  # generic-proxy writes, then wgmma's async-proxy reads
+
+
+def _store_tile(values, stage, out_ref) -> None:
+    """Stages a compute warpgroup's tile in shared memory and stores it by TMA, not waiting: the
+    next tile waits only until this stage has been read."""
+    plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+    stage[...] = values
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(stage, out_ref)
 
 
 def tgmm(
@@ -287,8 +433,9 @@ def tgmm(
     offsets = _offsets(group_sizes, m)
     # Largest group first (stable: equal sizes keep their order, neighbours share L2).
     group_order = jnp.argsort(-(offsets[1:] - offsets[:-1]), stable=True).astype(jnp.int32)
+    body = _jaxmoe_mosaic_tgmm_cross_tile if cfg.cross_tile else _jaxmoe_mosaic_tgmm
     kernel = plgpu.kernel(
-        functools.partial(_jaxmoe_mosaic_tgmm, cfg=cfg),
+        functools.partial(body, cfg=cfg),
         out_type=jax.ShapeDtypeStruct((num_groups, k, n), out_dtype),
         grid=(common.num_sms(interpret_params),),
         grid_names=("sm",),
