@@ -20,6 +20,16 @@ Implementations (``impls`` names):
 All get the same weights and inputs, and every output (and, for forward+backward, every input
 gradient) is checked against a float32 per-expert reference before anything is timed.
 
+Timing (:mod:`jaxmoe.bench.timing`): per (preset, pass), every impl that passed its check is
+warmed up, then all are timed together in ``repeats`` interleaved rounds
+(:func:`jaxmoe.bench.timing.time_interleaved`): one sample of each per round, starting one impl
+later each round, so that peers share the GPU's clock and temperature (an H100's drifts by up to
+15% within a minute of sustained load, enough to skew the ratios of peers timed one after the
+other). A sample is as many calls back to back as fill about :data:`SAMPLE_TARGET_MS`, then one
+device sync: ``ms``, the median over the rounds, is what a training loop sees. After the rounds
+each impl's calls are also timed one at a time, each waited for (``ms_per_call``). The torch
+peers stay alive through the rounds; torch's CUDA cache is freed after each preset.
+
 Throughput counts the expert matmuls only: forward ``3 * 2*T*K*H*F`` FLOPs (gate, up, down),
 forward+backward three times that. MFU divides it by the dense peak measured in the same run
 (one large ``jnp.dot`` in the benchmark dtype).
@@ -35,6 +45,7 @@ import jax
 import jax.numpy as jnp
 
 import jaxmoe
+from jaxmoe.bench import timing
 from jaxmoe.bench.harness import (
     fill_ratios,
     package_version,
@@ -42,12 +53,15 @@ from jaxmoe.bench.harness import (
     release_torch_memory,
 )
 from jaxmoe.bench.presets import LAYER_PRESETS, LayerPreset
-from jaxmoe.bench.timing import _time_with_sync, time_jax, time_torch
 
 PASSES = ("fwd", "fwd+bwd")
 DEFAULT_IMPLS = ("torch", "jaxmoe", "jaxmoe-xla", "dense")
-# The PyTorch peers: run before the JAX ones, each followed by freeing torch's CUDA cache.
+# The PyTorch peers: prepared before the JAX ones; torch's CUDA cache is freed after each preset.
 TORCH_IMPLS = ("torch", "torchtitan")
+# Milliseconds of back-to-back calls per timed sample. Long enough that a sample holds several
+# calls of the slowest case (a 16 ms fwd+bwd on an H100 makes six): at timing's 20 ms default it
+# held one, so the "calls back to back" figure was really one call plus a sync.
+SAMPLE_TARGET_MS = 100.0
 DTYPES = {
     "bf16": jnp.bfloat16,
     "bfloat16": jnp.bfloat16,
@@ -67,8 +81,10 @@ CPU_MEMORY_BYTES = 4 << 30
 # What the results header says about the numbers.
 HEADER_FACTS = {
     "flops": "expert matmuls only: fwd 3*2*T*K*H*F, fwd+bwd 3x that",
-    "timing": "median ms per call after warm-up, device-synchronised (jaxmoe.bench.timing): ms = "
-    "calls back to back (a training loop), ms_per_call = each call waited for on its own",
+    "timing": "median ms per call after warm-up, device-synchronised (jaxmoe.bench.timing); per "
+    "(preset, pass) the impls are sampled in interleaved rounds, one sample of each per round: "
+    f"ms = calls back to back filling ~{SAMPLE_TARGET_MS:.0f} ms per sample (a training loop), "
+    "ms_per_call = each call waited for on its own (timed after the rounds)",
 }
 # The table ``jaxmoe bench layer`` prints (see jaxmoe.bench.harness.format_table).
 COLUMNS = (
@@ -163,7 +179,8 @@ def device_memory_bytes() -> int:
 
 
 # --------------------------------------------------------------------------------------------------
-# Cases: each returns (fn, args, timer, outputs()) for one (impl, pass).
+# Cases: each returns (call, sync, outputs) for one (impl, pass): ``call()`` runs it once,
+# ``sync(out)`` waits for a result of ``call`` and ``outputs()`` gives what is checked.
 # --------------------------------------------------------------------------------------------------
 
 
@@ -188,7 +205,10 @@ def _jax_case(layer_fn: Callable, params, x, dy, pass_: str):
             y, _, grad_x = fn(*args)
             return {"y": y, "dx": grad_x}
 
-    return fn, args, time_jax, outputs
+    def call():
+        return fn(*args)
+
+    return call, timing.jax_sync, outputs
 
 
 def _torch_case(params, x, dy, top_k: int, dtype, pass_: str, impl: str = "torch"):
@@ -237,20 +257,11 @@ def _torch_case(params, x, dy, top_k: int, dtype, pass_: str, impl: str = "torch
             y, grads = fn()
             return {"y": y.detach().float().cpu().numpy(), "dx": grads[0].float().cpu().numpy()}
 
-    return fn, (), time_torch if device == "cuda" else _time_torch_cpu, outputs
+    return fn, timing.torch_sync if device == "cuda" else _torch_cpu_sync, outputs
 
 
-def _time_torch_cpu(fn, *args, **kwargs):
-    # torch on CPU runs synchronously: nothing to wait for after the calls.
-    return _time_with_sync(
-        lambda: fn(*args),
-        lambda _: None,
-        warmup=kwargs.get("warmup", 3),
-        repeats=kwargs.get("repeats", 10),
-        target_sample_ms=kwargs.get("target_sample_ms", 20.0),
-        max_inner=kwargs.get("max_inner", 50),
-        per_call=kwargs.get("per_call", False),
-    )
+def _torch_cpu_sync(_: Any) -> None:
+    """torch on CPU runs synchronously: a call's result is ready when it returns."""
 
 
 class _Skip(Exception):
@@ -264,8 +275,8 @@ def measure_dense_peak(dtype, size: int | None = None) -> dict[str, float]:
     ka, kb = jax.random.split(jax.random.key(0))
     a = jax.random.normal(ka, (size, size), jnp.float32).astype(dtype)
     b = jax.random.normal(kb, (size, size), jnp.float32).astype(dtype)
-    timing = time_jax(jax.jit(jnp.dot), a, b)
-    return {"size": size, "ms": timing.median_ms, "tflops": 2 * size**3 / timing.median_ms / 1e9}
+    ms = timing.time_jax(jax.jit(jnp.dot), a, b).median_ms
+    return {"size": size, "ms": ms, "tflops": 2 * size**3 / ms / 1e9}
 
 
 def check_impls(impls: Sequence[str]) -> None:
@@ -300,7 +311,8 @@ def run_layer_benchmark(
     log: Callable[[str], None] = print,
     on_row: Callable[[list[dict[str, Any]]], None] | None = None,
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """Checks then times every (preset, pass, impl).
+    """Checks then times every (preset, pass, impl): per (preset, pass) the impls that pass their
+    check are timed together in ``repeats`` interleaved rounds (see the module docstring).
 
     Args:
       presets: names in :data:`LAYER_PRESETS` or :class:`LayerPreset` objects.
@@ -309,16 +321,17 @@ def run_layer_benchmark(
       passes: ``"fwd"`` and/or ``"fwd+bwd"``.
       dtype: ``"bf16"`` or ``"fp32"`` for inputs, weights and expert compute.
       tokens: overrides every preset's token count.
-      repeats: timed samples per row (median reported).
+      repeats: interleaved rounds, one timed sample of each impl per round (median reported).
       progress: called once per finished row (e.g. a progress bar's update).
       log: where each row's one-line summary goes.
-      on_row: called with the rows so far after every row (e.g. to rewrite a results file, so
-        that a run cut by a time limit keeps what it measured).
+      on_row: called with the rows so far after every (preset, pass) (e.g. to rewrite a results
+        file, so that a run cut by a time limit keeps what it measured).
 
     Returns:
       ``(extra_header, rows)``: ``extra_header`` holds the measured dense peak; each row is
-      ``{"preset", "pass", "impl", "ms", "tflops", "mfu", "ratio", "ratio_vs_torch", "rel_err",
-      ...}`` with ``"skipped"`` (a reason) or ``"error"`` instead of timings when it did not run.
+      ``{"preset", "pass", "impl", "ms", "ms_per_call", "timing", "tflops", "mfu", "ratio",
+      "ratio_vs_torch", "rel_err", ...}`` with ``"skipped"`` (a reason) or ``"error"`` instead of
+      timings when it did not run.
     """
     if dtype not in DTYPES:
         raise ValueError(f"`dtype` must be one of {sorted(DTYPES)}; got {dtype!r}.")
@@ -347,11 +360,18 @@ def run_layer_benchmark(
         want["y"] = ref_y
         if "fwd+bwd" in passes:
             want["dx"] = ref_vjp(dy.astype(jnp.float32))[1]
-        # torch peers first, then free its cache, so the two frameworks' allocators do not compete.
+        # torch peers first: prepared first, and the first sampled in the first round.
         order = [i for i in impls if i in TORCH_IMPLS] + [i for i in impls if i not in TORCH_IMPLS]
-        for impl in order:
-            for pass_ in passes:
-                row = _run_case(impl, pass_, preset, cfg, params, x, dy, want, repeats)
+        for pass_ in passes:
+            here = [_row(impl, pass_, preset, cfg) for impl in order]
+            contenders = {}
+            for row in here:
+                contender = _prepare(row, preset, cfg, params, x, dy, want)
+                if contender is not None:
+                    contenders[row["impl"]] = contender
+            _time_rows(here, contenders, repeats)
+            contenders = None  # free this pass's cases before the next one
+            for row in here:
                 row["tflops"] = (
                     expert_flops(preset, pass_) / (row["ms"] * 1e-3) / 1e12 if row["ms"] else None
                 )
@@ -359,17 +379,17 @@ def run_layer_benchmark(
                 rows.append(row)
                 log(row_line(row))
                 if progress:
-                    progress(f"{preset.name} {impl} {pass_}")
-                if on_row:
-                    on_row(rows)
-            if impl in TORCH_IMPLS:
-                release_torch_memory()
+                    progress(f"{preset.name} {row['impl']} {pass_}")
+            if on_row:
+                on_row(rows)
+        # After all of the preset's passes, so that the two frameworks' allocators do not compete.
+        release_torch_memory()
     fill_ratios(rows, ("preset", "pass"), impls)
     return {"dense_peak": peak, "dtype": jdtype.name}, rows
 
 
-def _run_case(impl, pass_, preset, cfg, params, x, dy, want, repeats) -> dict[str, Any]:
-    row: dict[str, Any] = {
+def _row(impl: str, pass_: str, preset: LayerPreset, cfg: jaxmoe.MoEConfig) -> dict[str, Any]:
+    return {
         "preset": preset.name,
         "pass": pass_,
         "impl": impl,
@@ -381,6 +401,13 @@ def _run_case(impl, pass_, preset, cfg, params, x, dy, want, repeats) -> dict[st
         "dtype": cfg.dtype.name,
         "ms": None,
     }
+
+
+def _prepare(row, preset, cfg, params, x, dy, want):
+    """Builds and checks ``row``'s case, then warms it up: ``(call, sync, inner)`` for
+    :func:`jaxmoe.bench.timing.time_interleaved`, or ``None`` with ``row["skipped"]`` or
+    ``row["error"]`` set when it cannot run or fails (wrong result, out of memory, ...)."""
+    impl, pass_ = row["impl"], row["pass"]
     tolerance = REL_TOL[cfg.dtype]
     try:
         if impl in TORCH_IMPLS:
@@ -390,7 +417,7 @@ def _run_case(impl, pass_, preset, cfg, params, x, dy, want, repeats) -> dict[st
                 raise _Skip(f"torch is not installed ({error})") from error
             if impl == "torchtitan":
                 row["torchtitan"] = package_version("torchtitan")
-            fn, args, timer, outputs = _torch_case(params, x, dy, cfg.top_k, cfg.dtype, pass_, impl)
+            call, sync, outputs = _torch_case(params, x, dy, cfg.top_k, cfg.dtype, pass_, impl)
         elif impl == "dense":
             need = dense_bytes(preset, cfg.dtype.itemsize)
             have = device_memory_bytes()
@@ -400,34 +427,58 @@ def _run_case(impl, pass_, preset, cfg, params, x, dy, want, repeats) -> dict[st
                     f"{DENSE_MEMORY_SHARE:.0%} of {have / 2**30:.1f} GiB"
                 )
             layer_fn = lambda p, x: dense_layer(p, x, cfg.top_k)  # noqa: E731
-            fn, args, timer, outputs = _jax_case(layer_fn, params, x, dy, pass_)
+            call, sync, outputs = _jax_case(layer_fn, params, x, dy, pass_)
         elif impl.startswith(FP8_PREFIX):
             recipe = impl.removeprefix(FP8_PREFIX)
             row["fp8_recipe"] = recipe
             tolerance = FP8_REL_TOL
             layer_cfg = dataclasses.replace(cfg, fp8_recipe=recipe)
             layer_fn = lambda p, x: jaxmoe.moe(p, x, layer_cfg)[0]  # noqa: E731
-            fn, args, timer, outputs = _jax_case(layer_fn, params, x, dy, pass_)
+            call, sync, outputs = _jax_case(layer_fn, params, x, dy, pass_)
         else:
             backend = impl.removeprefix("jaxmoe-") if impl.startswith("jaxmoe-") else None
             layer_cfg = dataclasses.replace(cfg, grouped_matmul_backend=backend)
             if backend is not None:
                 jaxmoe.ops.grouped_matmul.resolve_backend(backend)  # unknown names fail here
             layer_fn = lambda p, x: jaxmoe.moe(p, x, layer_cfg)[0]  # noqa: E731
-            fn, args, timer, outputs = _jax_case(layer_fn, params, x, dy, pass_)
+            call, sync, outputs = _jax_case(layer_fn, params, x, dy, pass_)
         errors = {name: relative_error(value, want[name]) for name, value in outputs().items()}
         row["rel_err"] = max(errors.values())
         if not row["rel_err"] <= tolerance:
             raise AssertionError(f"wrong result, relative errors {errors} > {tolerance}")
-        timing = timer(fn, *args, repeats=repeats, per_call=True)
-        row["ms"] = timing.median_ms
-        row["ms_per_call"] = timing.per_call_median_ms
-        row["timing"] = timing.as_dict()
+        return call, sync, timing.warm_up(call, sync, target_sample_ms=SAMPLE_TARGET_MS)
     except _Skip as skip:
         row["skipped"] = str(skip)
     except Exception as error:  # noqa: BLE001 - record it and go on (out of memory, no kernel)
-        row["error"] = f"{type(error).__name__}: {str(error)[:300]}"
-    return row
+        row["error"] = _error_text(error)
+    return None
+
+
+def _time_rows(rows, contenders, repeats: int) -> None:
+    """Times the prepared cases into their rows: ``repeats`` interleaved rounds of samples
+    (``ms``), then each impl's calls one at a time (``ms_per_call``)."""
+    by_impl = {row["impl"]: row for row in rows}
+    try:
+        timings = timing.time_interleaved(contenders, rounds=repeats)
+    except Exception as error:  # noqa: BLE001 - e.g. out of memory with both frameworks' buffers
+        for impl in contenders:
+            by_impl[impl]["error"] = _error_text(error)
+        return
+    for impl, (call, sync, _) in contenders.items():
+        row = by_impl[impl]
+        try:
+            per_call_ms = timing.per_call_median_ms(call, sync, calls=max(repeats, 20))
+        except Exception as error:  # noqa: BLE001 - record it and go on
+            row["error"] = _error_text(error)
+            continue
+        row_timing = dataclasses.replace(timings[impl], per_call_median_ms=per_call_ms)
+        row["ms"] = row_timing.median_ms
+        row["ms_per_call"] = row_timing.per_call_median_ms
+        row["timing"] = row_timing.as_dict()
+
+
+def _error_text(error: Exception) -> str:
+    return f"{type(error).__name__}: {str(error)[:300]}"
 
 
 def row_line(row: dict[str, Any]) -> str:

@@ -85,15 +85,20 @@ def _time_with_sync(
         call, sync, warmup=warmup, target_sample_ms=target_sample_ms, max_inner=max_inner
     )
     samples = [take_sample(call, sync, inner) for _ in range(repeats)]
-    per_call_ms = None
-    if per_call:
-        single = []
-        for _ in range(max(repeats, 20)):
-            t0 = time.perf_counter()
-            sync(call())
-            single.append((time.perf_counter() - t0) * 1e3)
-        per_call_ms = statistics.median(single)
+    per_call_ms = per_call_median_ms(call, sync, calls=max(repeats, 20)) if per_call else None
     return _timing(samples, inner, per_call_ms)
+
+
+def per_call_median_ms(
+    call: Callable[[], Any], sync: Callable[[Any], None], calls: int = 20
+) -> float:
+    """Median milliseconds of ``calls`` calls, each waited for before the next is launched."""
+    single = []
+    for _ in range(calls):
+        t0 = time.perf_counter()
+        sync(call())
+        single.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(single)
 
 
 def time_interleaved(
