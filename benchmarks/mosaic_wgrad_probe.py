@@ -102,7 +102,6 @@ def main() -> None:  # noqa: PLR0915 - one straight-line probe
     cfg = pallas_mosaic_wgrad.MosaicTgmmTileConfig
     variants = {  # (block_m, block_k, block_n, stages)
         "m64k128n256s3": cfg(64, 128, 256, 3),
-        "m64k128n256s3pertile": cfg(64, 128, 256, 3, cross_tile=False),
         "m64k128n128s4": cfg(64, 128, 128, 4),
         "m128k128n128s3": cfg(128, 128, 128, 3),
         "m64k64n256s4": cfg(64, 64, 256, 4),

@@ -19,9 +19,6 @@ from jaxmoe.ops.grouped_matmul.pallas_mosaic_tiles import (
     unsupported_reason,
 )
 
-#: ``auto``'s wgrad is the Mosaic kernel where ``min(K, N)`` exceeds this (see below).
-AUTO_MOSAIC_WGRAD_MIN_KN = 1024
-
 
 @dataclasses.dataclass(frozen=True)
 class PallasMosaicGroupedMatmul(GroupedMatmulBackend):
@@ -38,12 +35,14 @@ class PallasMosaicGroupedMatmul(GroupedMatmulBackend):
       them. This is the measured rule of ``auto``: where the Mosaic ``gmm`` applies it was exact and
       1.14-1.24x the Triton kernel on every shape measured (H100, ``benchmarks/results/raw/
       h100-run4``), so it is chosen wherever it applies, Triton elsewhere.
-    - The wgrad (``tgmm``): the Mosaic kernel (:mod:`.pallas_mosaic_wgrad`) for the strict
-      backend; ``auto`` takes it where ``min(K, N) > 1024`` (:data:`AUTO_MOSAIC_WGRAD_MIN_KN`) and
-      it applies, the Triton wgrad elsewhere. Measured (H100): exact everywhere; inside fwd+bwd
-      the Mosaic wgrad made Mixtral up/down and DeepSeek up 3-5% faster with balanced routing
-      and Mixtral 3% faster skewed (``benchmarks/results/raw/h100-run8/call4``, ``call5``), but
-      alone it was 0.86-0.88x Triton on skewed Qwen3 (``raw/h100-wgrad/run2``), hence the bound.
+    - The wgrad (``tgmm``): the Mosaic kernel (:mod:`.pallas_mosaic_wgrad`) wherever it applies,
+      for both; ``auto`` takes the Triton wgrad only where it does not. Measured (H100, session 8,
+      ``benchmarks/results/raw/h100-run9/call4``) with one ring across a CTA's tiles: exact on
+      the six shapes, balanced and skewed; balanced 1.00-1.13x ``torch._grouped_mm``'s wgrad
+      and 1.15-1.29x Triton's; skewed 0.97-1.02x torch, but 0.89x Triton's on skewed Qwen3
+      (small groups: a tile of one or two row blocks cannot hide its epilogue). Qwen3's
+      fwd+bwd loses less on skewed routing than it gains on balanced, so there is no shape
+      rule.
 
     Attributes:
       gmm_tiles: Mosaic block sizes; ``None``: :func:`default_mosaic_gmm_tiles`.
@@ -104,8 +103,6 @@ class PallasMosaicGroupedMatmul(GroupedMatmulBackend):
         wgrad = pallas_mosaic_wgrad
         m, k = lhs.shape
         n = rhs.shape[1]
-        if self.triton_fallback and min(k, n) <= AUTO_MOSAIC_WGRAD_MIN_KN:
-            return self.triton.tgmm(lhs, rhs, group_sizes, out_dtype=out_dtype)
         cfg = self.tgmm_tiles or wgrad.default_mosaic_tgmm_tiles(m, k, n)
         interpreted = pallas_triton._use_interpret(self.interpret)
         reason = wgrad.unsupported_tgmm_reason(

@@ -4,22 +4,27 @@
 rows, whose count is only known on the device. Layout of the work (``bm`` rows per step, output
 tiles of ``bk x bn``)::
 
-    output tiles one per (group, K tile, N tile); one CTA per SM loops over them
-                 (``plgpu.nd_loop``), group-major so that the CTAs working on one group at a time
+    output tiles one per (group, K tile, N tile); one CTA per SM takes every ``num_sms``-th
+                 (round-robin), group-major so that the CTAs working on one group at a time
                  share its rows in L2, walking ``group_swizzle`` K tiles along N inside a group.
                  Groups go largest first (an order sorted on the device): a tile's cost is its
                  group's row count and the CTAs take tiles round-robin, so this is the
                  longest-first rule against stragglers (skewed routing: H100 numbers below).
-    one tile     three warpgroups. The memory warpgroup streams the group's row blocks, ``[bm, bk]``
-                 of ``lhs`` and ``[bm, bn]`` of ``rhs``, into a ring of ``stages`` shared-memory
-                 slots by TMA; the pipeline's length is the group's block count, read on the
-                 device (``0`` for an empty group: the accumulator stays zero and zeros are
-                 written). Row blocks are aligned to ``bm`` (they never cross the array's end,
-                 since ``M % bm == 0``), so a group's first and last block may hold rows of its
-                 neighbours or rows past ``sum(group_sizes)``.
+    one ring     three warpgroups and one ring of ``stages`` shared-memory slots for all of the
+                 CTA's tiles. The memory warpgroup walks (tile, row block) in the order the
+                 compute warpgroups consume them and loads ``[bm, bk]`` of ``lhs`` and ``[bm, bn]``
+                 of ``rhs`` into slot ``step % stages`` by TMA (``step`` counts the CTA's row
+                 blocks over all its tiles), once both compute warpgroups have released the slot:
+                 so the next tile's first blocks arrive while this tile computes and stores (no
+                 drain between tiles). A tile's row-block count is its group's, read on the device;
+                 an empty group's tile takes one fully masked step (zeros). Row blocks are aligned
+                 to ``bm`` (they never cross the array's end, since ``M % bm == 0``), so a group's
+                 first and last block may hold rows of its neighbours or rows past
+                 ``sum(group_sizes)``.
     the mma      the two compute warpgroups each own ``bn / 2`` columns and a ``[bk, bn / 2]``
                  float32 accumulator; ``wgmma`` reads the ``lhs`` block transposed in place
-                 (``transpose_ref``: the A operand is M-major in shared memory), no copy.
+                 (``transpose_ref``: the A operand is M-major in shared memory), no copy. Each
+                 keeps one ``wgmma`` in flight and releases a slot one step late.
     masking      in a boundary block the rows outside the group are set to zero in shared memory,
                  in both operands (so NaN or Inf in the other rows cannot leak: ``0 * NaN``), before
                  the ``wgmma``. Each compute warpgroup zeroes its own ``rhs`` columns and the whole
@@ -29,19 +34,17 @@ tiles of ``bk x bn``)::
                  without waiting; the next tile waits only until the stage has been read.
 
 Why: the Triton wgrad (``pallas_triton.tgmm``) is not persistent, has no warp specialization and
-overlaps nothing with its epilogue. No cross-tile prefetch: jax's pipeline of pipelines
-(``PipelinePipeline``) does not take a dynamic grid, and the row-block count is dynamic here, so
-the ring drains at the end of each tile.
+overlaps nothing with its epilogue. Why a hand-written ring rather than jax's
+``emit_pipeline_warp_specialized``: that pipeline drains at the end of each tile, and its
+pipeline of pipelines (``PipelinePipeline``) does not take a dynamic grid (here the row-block
+count is the group's, known on the device only).
 
-Measured (H100, jax 0.11.2, ``benchmarks/results/raw/h100-wgrad/run2``, default tiles): exact
-against a float32 reference on all six benchmark shapes, balanced and skewed with empty groups
-and NaN in the rows past the sum (the same error as the Triton kernel, 1.66e-3); 1.07-1.13x the
-Triton wgrad with balanced routing, 1.01-1.05x on skewed DeepSeek-down and Mixtral, but
-0.86-0.88x on skewed Qwen3 and 0.96x on skewed DeepSeek-up (stragglers: a static round-robin of
-tiles against Triton's hardware scheduling), and 0.91-1.03x ``torch._grouped_mm``. Inside
-fwd+bwd (run 8) it made Mixtral and DeepSeek-up 3-5% faster than with Triton's, balanced and
-skewed. So ``backend="auto"`` takes it where ``min(K, N) > 1024`` and Triton's wgrad below
-(``pallas_mosaic_backend.PallasMosaicGroupedMatmul``); ``"pallas"`` always takes this one.
+Measured (H100, jax 0.11.2, session 8, ``benchmarks/results/raw/h100-run9/call4``, default tiles,
+against ``torch._grouped_mm``'s wgrad): exact on the six benchmark shapes, balanced and skewed
+with empty groups and NaN in the rows past the sum (1.66e-3, as Triton's). Balanced: 1.00-1.13x
+torch, 1.04-1.13x the per-tile pipeline it replaced, 1.15-1.29x the Triton wgrad. Skewed
+(Dirichlet 0.3): 0.97-1.02x torch, 1.02-1.07x the per-tile pipeline, but 0.89x Triton's on
+Qwen3 (groups of one or two row blocks, whose tiles cannot hide their epilogue behind compute).
 
 Limits: bf16/fp16 operands, a 2-byte result, ``M`` a positive multiple of ``bm``, ``K % bk == 0``,
 ``N % bn == 0``, and a Hopper GPU. Mosaic GPU's interpreter has no transposed ``wgmma`` operand,
@@ -73,9 +76,8 @@ class MosaicTgmmTileConfig:
 
     ``block_m`` rows of the contraction per pipeline step; the output tile is
     ``block_k x block_n`` (``block_k`` is ``wgmma``'s M: 64 or 128), each compute warpgroup owning
-    half of ``block_n``. ``stages`` is the depth of the shared-memory ring. ``cross_tile``: one
-    ring for all of a CTA's tiles (the next tile's row blocks load while this one computes and
-    stores); otherwise a pipeline per tile, which drains at each tile's end.
+    half of ``block_n``. ``stages`` is the depth of the shared-memory ring, one ring for all of
+    a CTA's tiles.
     """
 
     block_m: int = 64
@@ -83,7 +85,6 @@ class MosaicTgmmTileConfig:
     block_n: int = 256
     stages: int = 3
     group_swizzle: int = 8
-    cross_tile: bool = True
 
 
 def default_mosaic_tgmm_tiles(m: int, k: int, n: int) -> MosaicTgmmTileConfig:
@@ -150,104 +151,8 @@ def rows_in_group(start, end, row0, block_m: int):
 def _jaxmoe_mosaic_tgmm(
     group_order_gmem, offsets_gmem, lhs_gmem, rhs_gmem, out_gmem, *, cfg: MosaicTgmmTileConfig
 ):
-    bm, bk, bn = cfg.block_m, cfg.block_k, cfg.block_n
-    wg_n = bn // common.NUM_COMPUTE_WARPGROUPS
-    num_groups, k, n = out_gmem.shape
-    num_k_tiles, num_n_tiles = k // bk, n // bn
-    tiles_per_group = num_k_tiles * num_n_tiles
-    out_dtype = out_gmem.dtype
-    itemsize = jnp.dtype(lhs_gmem.dtype).itemsize
-    swizzle = plgpu.find_swizzle(64 * itemsize * 8)  # 128 bytes: every minor dim is >= 64 wide
-    transforms = (
-        plgpu.TilingTransform((8, swizzle // itemsize)),
-        plgpu.SwizzleTransform(swizzle),
-    )
-
-    def make_pipeline(body, context, first_block, grid):
-        # Block i of the pipeline is row block first_block + i of the (K- or N-sliced) operand.
-        return plgpu.emit_pipeline_warp_specialized(
-            body,
-            grid=grid,
-            memory_registers=common.MEMORY_REGISTERS,
-            in_specs=[
-                plgpu.BlockSpec((bm, bk), lambda i: (first_block + i, 0), transforms=transforms),
-                plgpu.BlockSpec((bm, bn), lambda i: (first_block + i, 0), transforms=transforms),
-            ],
-            wg_axis="wg",
-            num_compute_wgs=common.NUM_COMPUTE_WARPGROUPS,
-            max_concurrent_steps=cfg.stages,
-            compute_context=context,
-        )
-
-    def operands(k0, col0):
-        return lhs_gmem.at[:, pl.ds(k0, bk)], rhs_gmem.at[:, pl.ds(col0, bn)]
-
-    def unused(*args, **kwargs):
-        del args, kwargs
-
-    # A static grid as long as the ring: the allocation must not shrink to fewer stages.
-    allocations = make_pipeline(unused, unused, 0, (cfg.stages,)).get_allocations(*operands(0, 0))
-
-    @functools.partial(
-        pl.run_scoped,
-        pipeline_allocs=allocations,
-        out_smem=plgpu.SMEM(
-            (common.NUM_COMPUTE_WARPGROUPS, bk, wg_n), out_dtype, transforms=transforms
-        ),
-        collective_axes="wg",
-    )
-    def _scope(pipeline_allocs, out_smem):
-        wg = lax.axis_index("wg")
-        wg_cols = pl.ds(wg * wg_n, wg_n)
-
-        @plgpu.nd_loop((num_groups * tiles_per_group,), collective_axes="sm")
-        def _tile_loop(loop_info):
-            (index,) = loop_info.index
-            group = group_order_gmem[index // tiles_per_group]
-            k_tile, n_tile = common.swizzle(
-                index % tiles_per_group, num_k_tiles, num_n_tiles, cfg.group_swizzle
-            )
-            k0, col0 = k_tile * bk, n_tile * bn
-            start, end = offsets_gmem[group], offsets_gmem[group + 1]
-            first_block, num_blocks = group_row_blocks(start, end, bm)
-
-            def mma(indices, lhs_smem, rhs_smem, acc_ref):
-                (step,) = indices
-                lo, hi = rows_in_group(start, end, (first_block + step) * bm, bm)
-                rhs_block = rhs_smem.at[:, wg_cols]
-
-                @pl.when((lo > 0) | (hi < bm))
-                def _mask_rows_outside_group():
-                    _zero_rows_outside(((lhs_smem, bk), (rhs_block, wg_n)), lo, hi, bm)
-
-                plgpu.wgmma(acc_ref, plgpu.transpose_ref(lhs_smem, (1, 0)), rhs_block)
-                plgpu.wgmma_wait(0)
-                return acc_ref
-
-            def context(eval_pipeline):
-                @functools.partial(pl.run_scoped, acc_ref=plgpu.ACC((bk, wg_n), jnp.float32))
-                def _acc_scope(acc_ref):
-                    eval_pipeline(acc_ref)  # no steps for an empty group: zeros
-                    _store_tile(
-                        acc_ref[...].astype(out_dtype),
-                        out_smem.at[wg],
-                        out_gmem.at[group, pl.ds(k0, bk), pl.ds(col0 + wg * wg_n, wg_n)],
-                    )
-
-            make_pipeline(mma, context, first_block, (num_blocks,))(
-                *operands(k0, col0), allocations=pipeline_allocs
-            )
-
-        @pl.when(wg < common.NUM_COMPUTE_WARPGROUPS)
-        def _drain():
-            plgpu.wait_smem_to_gmem(0)
-
-
-def _jaxmoe_mosaic_tgmm_cross_tile(
-    group_order_gmem, offsets_gmem, lhs_gmem, rhs_gmem, out_gmem, *, cfg: MosaicTgmmTileConfig
-):
-    """The same tiles, masks and epilogue as :func:`_jaxmoe_mosaic_tgmm`, on one ring of
-    ``stages`` slots that runs through all of the CTA's tiles: the memory warpgroup walks
+    """The kernel (see the module docstring). One ring of ``stages`` shared-memory slots runs
+    through all of the CTA's tiles: the memory warpgroup walks
     (tile, row block) in the order the compute warpgroups consume them, so it loads the next
     tile's first blocks while they finish this one. A global step counter names the slot
     (``step % stages``); a slot is refilled once both compute warpgroups have released it.
@@ -433,9 +338,8 @@ def tgmm(
     offsets = _offsets(group_sizes, m)
     # Largest group first (stable: equal sizes keep their order, neighbours share L2).
     group_order = jnp.argsort(-(offsets[1:] - offsets[:-1]), stable=True).astype(jnp.int32)
-    body = _jaxmoe_mosaic_tgmm_cross_tile if cfg.cross_tile else _jaxmoe_mosaic_tgmm
     kernel = plgpu.kernel(
-        functools.partial(body, cfg=cfg),
+        functools.partial(_jaxmoe_mosaic_tgmm, cfg=cfg),
         out_type=jax.ShapeDtypeStruct((num_groups, k, n), out_dtype),
         grid=(common.num_sms(interpret_params),),
         grid_names=("sm",),
