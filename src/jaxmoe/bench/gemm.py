@@ -27,7 +27,7 @@ from jaxmoe.bench.timing import Timing
 IMPLS = ("torch", "jaxmoe", "jaxmoe_pallas", "jaxmoe_triton", "xla_ragged_dot", "jax_mosaic")
 IMPL_LABELS = {
     "jaxmoe": "jaxmoe default backend ('auto': Mosaic GPU fwd/dgrad where it applies, and the "
-    "Mosaic wgrad where also min(K, N) > 1024; Triton elsewhere)",
+    "Mosaic wgrad; Triton where they do not apply)",
     "jaxmoe_pallas": "jaxmoe backend='pallas' (Mosaic GPU fwd, dgrad and wgrad; GPU only)",
     "jaxmoe_triton": "jaxmoe backend='pallas_triton' (Triton kernels only)",
     "xla_ragged_dot": "jax.lax.ragged_dot (jaxmoe backend='xla')",

@@ -105,9 +105,9 @@ def grouped_matmul(
       rhs: ``[G, K, N]`` one matrix per group (e.g. expert weights).
       group_sizes: ``[G]`` integer row counts, >= 0. Lists, tuples and NumPy arrays are
         accepted (as ``jnp.asarray`` takes them), as for ``lhs`` and ``rhs``.
-      backend: ``None``/``"auto"`` (on a GPU: the Mosaic GPU kernels for the forward and dgrad
-        where they apply, i.e. Hopper, bf16/fp16 and block-aligned shapes, and for the wgrad
-        where also ``min(K, N) > 1024``; the Triton kernels for the rest; ``"xla"`` elsewhere),
+      backend: ``None``/``"auto"`` (on a GPU: the Mosaic GPU kernels for the forward, dgrad and
+        wgrad where they apply, i.e. Hopper, bf16/fp16 and block-aligned shapes; the Triton
+        kernels for the rest; ``"xla"`` elsewhere),
         ``"reference"``, ``"xla"`` (``jax.lax.ragged_dot``), ``"pallas"`` (the Mosaic GPU
         kernels; ``NotImplementedError`` where they do not apply), ``"pallas_triton"``
         (Triton kernels only), or a configured backend object.
