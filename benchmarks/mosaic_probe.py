@@ -46,6 +46,11 @@ def main() -> None:
         action="store_true",
         help="exactness phase: the default tiles with swizzled_epilogue=True as well",
     )
+    parser.add_argument(
+        "--exact-ring",
+        action="store_true",
+        help="also check the default tiles on the hand-written ring (ring=True) for exactness",
+    )
     args = parser.parse_args()
     start = time.time()
 
@@ -123,6 +128,12 @@ def main() -> None:
         "s4e64swz": cfg(128, 256, 64, 4, 8, epilogue_rows=64, swizzled_epilogue=True),
         "s4e64chainswz": cfg(
             128, 256, 64, 4, 8, pipelined_tiles=True, epilogue_rows=64, swizzled_epilogue=True
+        ),
+        # The hand-written ring across a CTA's tiles, wgmma kept in flight (session 8).
+        "s4e64ring": cfg(128, 256, 64, 4, 8, epilogue_rows=64, ring=True),
+        "s3ring": cfg(128, 256, 64, 3, 8, ring=True),
+        "s4e64ringswz": cfg(
+            128, 256, 64, 4, 8, epilogue_rows=64, swizzled_epilogue=True, ring=True
         ),
     }
     if args.variants != "all":
@@ -284,6 +295,8 @@ def main() -> None:
                         mosaic_tiles["mosaic-default-swz"] = dataclasses.replace(
                             tiles, swizzled_epilogue=True
                         )
+                    if args.exact_ring:
+                        mosaic_tiles["mosaic-default-ring"] = dataclasses.replace(tiles, ring=True)
                     base = {
                         "phase": "exact",
                         "shape": shape_name,

@@ -39,6 +39,9 @@ CHAINED = MosaicTileConfig(64, 128, 128, stages=2, group_swizzle=2, pipelined_ti
 # Blockwise: each compute warpgroup's 128 columns are one scale block, so block_n = 256.
 BW_SMALL = MosaicTileConfig(64, 256, 128, stages=2, group_swizzle=2)
 BW_CHAINED = MosaicTileConfig(64, 256, 128, stages=2, group_swizzle=2, pipelined_tiles=True)
+# The hand-written ring: the rowwise epilogue, and the blockwise per-step scales in its carry.
+RING = MosaicTileConfig(64, 128, 128, stages=2, group_swizzle=2, ring=True)
+BW_RING = MosaicTileConfig(64, 256, 128, stages=2, group_swizzle=2, ring=True)
 # The swizzled epilogue (MosaicTileConfig.swizzled_epilogue): the same store as the bf16 kernel.
 BW_SWIZZLED = MosaicTileConfig(64, 256, 128, stages=2, group_swizzle=2, swizzled_epilogue=True)
 
@@ -97,7 +100,9 @@ def _check_within_one_bf16_ulp(got, want, magnitude=None):
     )
 
 
-@pytest.mark.parametrize("cfg", [SMALL, CHAINED, BW_SWIZZLED], ids=["plain", "chained", "swizzled"])
+@pytest.mark.parametrize(
+    "cfg", [SMALL, CHAINED, BW_SWIZZLED, RING], ids=["plain", "chained", "swizzled", "ring"]
+)
 def test_forward_empty_groups_straddling_tiles_and_tail(cfg):
     # Groups end at rows 70, 70, 73, 173, 213: an empty group, a 3-row group inside one tile,
     # boundaries inside tiles and 43 tail rows, which must be zeros.
@@ -178,7 +183,7 @@ def test_default_tiles_are_the_bf16_kernels_with_128_wide_k_blocks():
         pallas_mosaic_tiles.check_tiles(MosaicTileConfig(), operand_bytes=1)
 
 
-@pytest.mark.parametrize("cfg", [BW_SMALL, BW_CHAINED], ids=["plain", "chained"])
+@pytest.mark.parametrize("cfg", [BW_SMALL, BW_CHAINED, BW_RING], ids=["plain", "chained", "ring"])
 def test_blockwise_forward_empty_groups_straddling_tiles_and_tail(cfg):
     # Two K blocks (K = 256), four column scale blocks over two N tiles (N = 512): each K step's
     # partial product is scaled by its own row and block scales. Groups as in the rowwise test.

@@ -29,6 +29,8 @@ SMALL = MosaicTileConfig(block_m=64, block_n=128, block_k=64, stages=2, group_sw
 CHAINED = MosaicTileConfig(64, 128, 64, stages=2, group_swizzle=2, pipelined_tiles=True)
 # The swizzled epilogue: three results stored in turn, the slots alternating across them.
 SWIZZLED = MosaicTileConfig(64, 256, 64, stages=2, group_swizzle=2, swizzled_epilogue=True)
+# Two weights per step on the hand-written ring (three TMA copies per slot).
+RING = MosaicTileConfig(64, 128, 64, stages=3, group_swizzle=2, ring=True)
 KERNEL = PallasMosaicGatedGroupedMatmul(grouped=ReferenceGroupedMatmul(), tiles=SMALL)
 TOL = {"bfloat16": 1.6e-2, "float16": 2e-3}
 
@@ -51,6 +53,7 @@ def _relative(got, want):
         ("geglu", "bfloat16", CHAINED),
         ("swiglu", "float16", SMALL),
         ("swiglu", "bfloat16", SWIZZLED),
+        ("swiglu", "bfloat16", RING),
     ],
 )
 def test_forward_empty_groups_straddling_tiles_and_tail(activation, dtype, cfg):

@@ -54,6 +54,15 @@ CONFIGS = {
     "swizzled_one_slot": MosaicTileConfig(
         64, 128, 64, stages=2, group_swizzle=2, swizzled_epilogue=True
     ),
+    # The hand-written ring across a CTA's tiles (2 K steps per tile, 2 and 3 slots: the slot
+    # wraps inside a tile and across tiles), with the half slab and with the swizzled epilogue.
+    "ring": MosaicTileConfig(64, 128, 64, stages=2, group_swizzle=2, ring=True),
+    "ring_three_slots": MosaicTileConfig(
+        128, 128, 64, stages=3, group_swizzle=2, epilogue_rows=64, ring=True
+    ),
+    "ring_swizzled": MosaicTileConfig(
+        64, 256, 64, stages=2, group_swizzle=2, swizzled_epilogue=True, ring=True
+    ),
 }
 SWIZZLED = [name for name in CONFIGS if name.startswith("swizzled")]
 TRITON_TILES = TileConfig(block_m=32, block_n=32, block_k=32, num_warps=4, num_stages=2)
@@ -77,13 +86,13 @@ def test_forward_empty_groups_straddling_tiles_and_tail(name):
     assert np.all(got[213:] == 0), "rows past sum(group_sizes) are not zero"
 
 
-@pytest.mark.parametrize("name", ["plain", *SWIZZLED])
+@pytest.mark.parametrize("name", ["plain", "ring", *SWIZZLED])
 def test_forward_single_group_holds_every_row(name):
     got, want = mosaic_forward([0, M, 0], CONFIGS[name], seed=1)
     assert np.max(np.abs(got - want)) / np.max(np.abs(want)) <= 1.6e-2
 
 
-@pytest.mark.parametrize("name", ["plain", "swizzled"])
+@pytest.mark.parametrize("name", ["plain", "swizzled", "ring"])
 def test_forward_no_rows_at_all_is_zeros(name):
     got, _ = mosaic_forward([0, 0], CONFIGS[name], m=64, n=CONFIGS[name].block_n)
     assert np.all(got == 0)
@@ -171,6 +180,7 @@ LOWERED = {
     "swizzled_n128": MosaicTileConfig(
         128, 128, 64, stages=4, epilogue_rows=64, swizzled_epilogue=True
     ),
+    "ring": MosaicTileConfig(stages=4, epilogue_rows=64, ring=True),
 }
 
 
@@ -247,7 +257,7 @@ def test_tiles_that_do_not_fit_in_shared_memory_are_refused():
     assert pallas_mosaic_tiles.epilogue_smem_bytes(unswizzled) == 16 * 1024
 
 
-@pytest.mark.parametrize("name", ["plain", "swizzled"])
+@pytest.mark.parametrize("name", ["plain", "swizzled", "ring_three_slots"])
 @settings(max_examples=3, deadline=None, derandomize=True)
 @given(sizes=st.lists(st.integers(0, 90), min_size=3, max_size=3))
 def test_forward_random_group_sizes(name, sizes):

@@ -131,9 +131,20 @@ def _jaxmoe_mosaic_gmm(
     def unused(*args, **kwargs):
         del args, kwargs
 
-    allocations = make_pipeline(unused, unused).get_allocations(
-        lhs_gmem.at[pl.ds(0, bm), :], *(rhs_block_source(rhs, 0, 0) for rhs in rhs_gmems)
-    )
+    if cfg.ring:
+        rhs_block = (bn, bk) if transpose_rhs else (bk, bn)
+        allocations = {
+            "lhs": plgpu.SMEM((cfg.stages, bm, bk), lhs_gmem.dtype, transforms=transforms),
+            "rhs": [
+                plgpu.SMEM((cfg.stages, *rhs_block), rhs.dtype, transforms=transforms)
+                for rhs in rhs_gmems
+            ],
+            **common.ring_barriers(cfg.stages, copies_per_step=1 + num_rhs),
+        }
+    else:
+        allocations = make_pipeline(unused, unused).get_allocations(
+            lhs_gmem.at[pl.ds(0, bm), :], *(rhs_block_source(rhs, 0, 0) for rhs in rhs_gmems)
+        )
 
     # Unswizzled so that a run may start at any row (group boundaries are arbitrary).
     runs_alloc = plgpu.SMEM((common.NUM_COMPUTE_WARPGROUPS, stage_rows, wg_n), out_dtype)
@@ -279,14 +290,7 @@ def _jaxmoe_mosaic_gmm(
                 for out in out_gmems:
                     store(jnp.zeros((bm, wg_n), out_dtype), out, row0, col0, lo, hi)
 
-        # The compute work items come first in gmm_work_items' list: [0, num_compute_work).
-        @plgpu.nd_loop((num_compute_work * num_n_tiles,), collective_axes="sm")
-        def _tile_loop(loop_info):
-            (index,) = loop_info.index
-            work, n_tile = common.swizzle(index, num_compute_work, num_n_tiles, cfg.group_swizzle)
-            group, row0, lo, hi = tile_rows(work)
-            col0 = n_tile * bn
-
+        def make_context(group, row0, lo, hi, col0):
             def context(eval_pipeline):
                 if k_step_scale is not None:  # the main accumulator is the pipeline's carry
                     acc = eval_pipeline(jnp.zeros((bm, wg_n), jnp.float32))
@@ -313,6 +317,12 @@ def _jaxmoe_mosaic_gmm(
                         store(result.astype(out_dtype), out, row0, col0, lo, hi)
 
                 pl.run_scoped(acc_scope, *[plgpu.ACC((bm, wg_n), jnp.float32)] * num_rhs)
+
+            return context
+
+        def make_mma(group, row0, col0):
+            """One K step's ``wgmma`` (per rhs). On the ring they stay in flight (the ring
+            waits); in jax's pipeline the step waits for them."""
 
             def mma(indices, lhs_smem, *rhs_smems_and_accs):
                 *rhs_smems, acc_refs = rhs_smems_and_accs
@@ -341,31 +351,104 @@ def _jaxmoe_mosaic_gmm(
                     )
                 for rhs_block, acc_ref in zip(rhs_blocks, acc_refs, strict=True):
                     plgpu.wgmma(acc_ref, lhs_smem, rhs_block)
-                plgpu.wgmma_wait(0)
+                if not cfg.ring:
+                    plgpu.wgmma_wait(0)
                 return acc_refs
 
-            operands = (
-                lhs_gmem.at[pl.ds(row0, bm), :],
-                *(rhs_block_source(rhs, group, col0) for rhs in rhs_gmems),
-            )
-            if not chained:
-                make_pipeline(mma, context)(*operands, allocations=pipeline_allocs)
-                return
-            # One pipeline across this CTA's tiles: the memory warpgroup loads the next tile
-            # while the compute warpgroups finish this one (no drain between tiles).
-            local, count = loop_info.local_index, loop_info.num_local_steps
-            state = jnp.where(
-                local == 0, plgpu.PipelinePipeline.START, plgpu.PipelinePipeline.STEADY
-            )
-            state = jnp.where(local == count - 1, plgpu.PipelinePipeline.STOP, state)
+            return mma
 
-            @pl.when(count == 1)  # START and STOP at once: a plain pipeline.
-            def _single():
-                make_pipeline(mma, context)(*operands, allocations=pipeline_allocs)
+        num_tiles = num_compute_work * num_n_tiles
 
-            @pl.when(count > 1)
-            def _chain():
-                make_pipeline(mma, context, state)(*operands, allocations=pipeline_allocs)
+        def tile_parts(index):
+            work, n_tile = common.swizzle(index, num_compute_work, num_n_tiles, cfg.group_swizzle)
+            group, row0, lo, hi = tile_rows(work)
+            return group, row0, lo, hi, n_tile * bn
+
+        def ring_tiles(ring):
+            """The CTA's tiles on :mod:`.pallas_mosaic_common`'s ring: ``k / bk`` steps each."""
+            steps = k // bk
+            my_tiles = common.cta_tile_count(num_tiles)
+
+            def parts(local_tile):
+                return tile_parts(common.cta_tile_index(local_tile)), steps
+
+            @pl.when(wg == common.NUM_COMPUTE_WARPGROUPS)
+            def _memory_warpgroup():
+                def load(info, i, slot):
+                    group, row0, _, _, col0 = info
+                    barrier = ring["loaded"].at[slot]
+                    k_cols = pl.ds(i * bk, bk)
+                    lhs_block = lhs_gmem.at[pl.ds(row0, bm), k_cols]
+                    plgpu.copy_gmem_to_smem(lhs_block, ring["lhs"].at[slot], barrier)
+                    for rhs, rhs_ring in zip(rhs_gmems, ring["rhs"], strict=True):
+                        source = rhs_block_source(rhs, group, col0)
+                        block = source.at[:, k_cols] if transpose_rhs else source.at[k_cols, :]
+                        plgpu.copy_gmem_to_smem(block, rhs_ring.at[slot], barrier)
+
+                common.ring_produce(
+                    my_tiles, parts, load, stages=cfg.stages, released=ring["released"]
+                )
+
+            @pl.when(wg < common.NUM_COMPUTE_WARPGROUPS)
+            def _compute_warpgroups():
+                plgpu.set_max_registers(common.COMPUTE_REGISTERS, action="increase")
+
+                def tile(local_tile, carry):
+                    (group, row0, lo, hi, col0), count = parts(local_tile)
+                    mma = make_mma(group, row0, col0)
+
+                    def eval_steps(acc):
+                        def step(i, slot, acc):
+                            rhs_smems = [rhs_ring.at[slot] for rhs_ring in ring["rhs"]]
+                            return mma((i,), ring["lhs"].at[slot], *rhs_smems, acc)
+
+                        return common.ring_consume(
+                            local_tile * count,
+                            count,
+                            step,
+                            acc,
+                            stages=cfg.stages,
+                            loaded=ring["loaded"],
+                            released=ring["released"],
+                        )
+
+                    make_context(group, row0, lo, hi, col0)(eval_steps)
+                    return carry
+
+                lax.fori_loop(0, my_tiles, tile, jnp.int32(0))
+
+        if cfg.ring:
+            ring_tiles(pipeline_allocs)
+        else:
+            # The compute work items come first in gmm_work_items' list: [0, num_compute_work).
+            @plgpu.nd_loop((num_tiles,), collective_axes="sm")
+            def _tile_loop(loop_info):
+                (index,) = loop_info.index
+                group, row0, lo, hi, col0 = tile_parts(index)
+                context = make_context(group, row0, lo, hi, col0)
+                mma = make_mma(group, row0, col0)
+                operands = (
+                    lhs_gmem.at[pl.ds(row0, bm), :],
+                    *(rhs_block_source(rhs, group, col0) for rhs in rhs_gmems),
+                )
+                if not chained:
+                    make_pipeline(mma, context)(*operands, allocations=pipeline_allocs)
+                    return
+                # One pipeline across this CTA's tiles: the memory warpgroup loads the next tile
+                # while the compute warpgroups finish this one (no drain between tiles).
+                local, count = loop_info.local_index, loop_info.num_local_steps
+                state = jnp.where(
+                    local == 0, plgpu.PipelinePipeline.START, plgpu.PipelinePipeline.STEADY
+                )
+                state = jnp.where(local == count - 1, plgpu.PipelinePipeline.STOP, state)
+
+                @pl.when(count == 1)  # START and STOP at once: a plain pipeline.
+                def _single():
+                    make_pipeline(mma, context)(*operands, allocations=pipeline_allocs)
+
+                @pl.when(count > 1)
+                def _chain():
+                    make_pipeline(mma, context, state)(*operands, allocations=pipeline_allocs)
 
         @pl.when(wg < common.NUM_COMPUTE_WARPGROUPS)
         def _drain():

@@ -1,9 +1,14 @@
 """What the Mosaic GPU kernels here share: their warpgroup layout and register split, the grid
-size (SMs), the interpreter's parameters on a CPU, and the tile order (an L2 swizzle)."""
+size (SMs), the interpreter's parameters on a CPU, the tile order (an L2 swizzle), and the
+shared-memory ring that runs across a CTA's tiles (:func:`ring_produce`, :func:`ring_consume`)."""
 
 from __future__ import annotations
 
 import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from jaxmoe.ops.grouped_matmul import pallas_triton
 
@@ -11,6 +16,9 @@ NUM_COMPUTE_WARPGROUPS = 2
 # The memory warpgroup only issues TMA copies; giving it few registers leaves more to the
 # compute warpgroups' accumulators (Hopper redistributes registers between warpgroups).
 MEMORY_REGISTERS = 40
+# The compute warpgroups' share next to it (as jax's pipeline splits them: the 512 per thread of
+# one warpgroup, less the memory one's, halved, at most 256, a multiple of 8).
+COMPUTE_REGISTERS = min(256, (512 - MEMORY_REGISTERS) // NUM_COMPUTE_WARPGROUPS // 8 * 8)
 _H100_SMS = 132
 
 
@@ -34,3 +42,90 @@ def num_sms(interpret) -> int:
 
 # One tile order for every Pallas kernel here (neighbouring tiles share their operands in L2).
 swizzle = pallas_triton.swizzle
+
+
+# --- A shared-memory ring across a CTA's tiles -------------------------------------------------
+#
+# The memory warpgroup and the compute warpgroups walk the same (tile, step) sequence; a global
+# step counter ``step`` (all earlier tiles' steps plus this one's) names the slot ``step %
+# stages``. ``loaded[slot]`` completes when the slot's TMA copies have landed; ``released[slot]``
+# when both compute warpgroups are done reading it. So the next tile's first blocks load while
+# this tile finishes its last ``wgmma`` and its epilogue (jax's warp-specialized pipeline drains
+# at each tile's end, and its pipeline of pipelines takes no dynamic step count).
+
+
+def ring_produce(num_tiles, tile_steps, load, *, stages: int, released) -> None:
+    """The memory warpgroup's side: for each of the CTA's ``num_tiles`` tiles, ``info, count =
+    tile_steps(t)`` (``count >= 1`` steps), then for each step waits until the slot is released
+    and calls ``load(info, i, slot)`` to start its TMA copies (each arriving on the slot's
+    ``loaded`` barrier); at the end, waits for the last slots' releases."""
+    plgpu.set_max_registers(MEMORY_REGISTERS, action="decrease")
+
+    def tile(t, step):
+        info, count = tile_steps(t)
+
+        def one(i, step):
+            slot = lax.rem(step, stages)
+
+            @pl.when(step >= stages)
+            def _wait_released():
+                plgpu.barrier_wait(released.at[slot])
+
+            load(info, i, slot)
+            return step + 1
+
+        return lax.fori_loop(0, count, one, step)
+
+    steps = lax.fori_loop(0, num_tiles, tile, jnp.int32(0))
+
+    # Observe the last slots' releases too, so that every barrier ends each phase it began
+    # (the kernel ends after the compute warpgroups' last release; Mosaic GPU's interpreter
+    # checks that no phase of a barrier goes unobserved).
+    @pl.loop(jnp.maximum(steps - stages, 0), steps)
+    def _observe_last_releases(step):
+        plgpu.barrier_wait(released.at[lax.rem(step, stages)])
+
+
+def ring_consume(step, count, mma, carry, *, stages: int, loaded, released):
+    """A compute warpgroup's side for one tile of ``count >= 1`` steps from global ``step``:
+    waits for each slot's loads, ``carry = mma(i, slot, carry)`` issues the step's ``wgmma``
+    (without waiting), keeps one ``wgmma`` in flight and releases each slot one step late.
+    Returns ``carry`` once the tile's ``wgmma`` are done and all its slots released."""
+
+    def one(i, state):
+        step, carry = state
+        slot = lax.rem(step, stages)
+        plgpu.barrier_wait(loaded.at[slot])
+        carry = mma(i, slot, carry)
+        plgpu.wgmma_wait(1)  # the previous step's wgmma is done: its slot can go
+
+        @pl.when(i > 0)
+        def _release_previous():
+            plgpu.barrier_arrive(released.at[lax.rem(step + stages - 1, stages)])
+
+        return step + 1, carry
+
+    step, carry = lax.fori_loop(0, count, one, (step, carry))
+    plgpu.wgmma_wait(0)
+    plgpu.barrier_arrive(released.at[lax.rem(step + stages - 1, stages)])
+    return carry
+
+
+def ring_barriers(stages: int, copies_per_step: int) -> dict:
+    """``loaded`` (one arrival per TMA copy of a step) and ``released`` (one per compute
+    warpgroup) barriers, ``stages`` of each, for ``pl.run_scoped``."""
+    return {
+        "loaded": plgpu.Barrier(num_arrivals=copies_per_step, num_barriers=stages),
+        "released": plgpu.Barrier(num_arrivals=NUM_COMPUTE_WARPGROUPS, num_barriers=stages),
+    }
+
+
+def cta_tile_count(num_tiles):
+    """How many of ``num_tiles`` tiles (round-robin over the CTAs) this CTA takes."""
+    cta, num_ctas = lax.axis_index("sm"), lax.axis_size("sm")
+    return jnp.maximum(num_tiles - cta + num_ctas - 1, 0) // num_ctas
+
+
+def cta_tile_index(local_tile):
+    """The global index of this CTA's ``local_tile``-th tile (round-robin)."""
+    return lax.axis_index("sm") + local_tile * lax.axis_size("sm")

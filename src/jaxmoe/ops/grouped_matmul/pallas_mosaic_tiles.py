@@ -28,6 +28,11 @@ class MosaicTileConfig:
     that stages the result for its TMA store: half of ``block_m`` frees shared memory for a
     deeper ring.
 
+    ``ring``: one hand-written shared-memory ring for all of a CTA's tiles
+    (:func:`.pallas_mosaic_common.ring_produce`), each compute warpgroup keeping one ``wgmma`` in
+    flight, instead of jax's warp-specialized pipeline per tile (``pipelined_tiles`` is then
+    moot: the ring never drains between tiles).
+
     ``swizzled_epilogue`` stages a slab whose rows all belong to the tile's group (every slab of
     the MoE layer, whose groups are padded to the alignment) through a 128-byte-swizzled buffer
     instead: ``[epilogue_rows, 64]`` column chunks, two slots per compute warpgroup, one TMA
@@ -46,6 +51,7 @@ class MosaicTileConfig:
     pipelined_tiles: bool = False
     epilogue_rows: int | None = None
     swizzled_epilogue: bool = False
+    ring: bool = False
 
 
 # Hopper's opt-in shared memory per block (227 KiB); the barriers use a few hundred bytes more.

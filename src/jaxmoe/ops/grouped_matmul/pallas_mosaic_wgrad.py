@@ -151,21 +151,16 @@ def rows_in_group(start, end, row0, block_m: int):
 def _jaxmoe_mosaic_tgmm(
     group_order_gmem, offsets_gmem, lhs_gmem, rhs_gmem, out_gmem, *, cfg: MosaicTgmmTileConfig
 ):
-    """The kernel (see the module docstring). One ring of ``stages`` shared-memory slots runs
-    through all of the CTA's tiles: the memory warpgroup walks
-    (tile, row block) in the order the compute warpgroups consume them, so it loads the next
-    tile's first blocks while they finish this one. A global step counter names the slot
-    (``step % stages``); a slot is refilled once both compute warpgroups have released it.
-    Each compute warpgroup keeps one ``wgmma`` in flight and releases a slot one step late.
-    An empty group's tile takes one fully masked step (zeros, like every other tile's path)."""
+    """The kernel (see the module docstring), on the ring of :mod:`.pallas_mosaic_common`: a
+    tile's steps are its group's row blocks; an empty group's tile takes one fully masked step
+    (zeros, like every other tile's path)."""
     bm, bk, bn, stages = cfg.block_m, cfg.block_k, cfg.block_n, cfg.stages
     wg_n = bn // common.NUM_COMPUTE_WARPGROUPS
     num_groups, k, n = out_gmem.shape
     num_row_blocks = lhs_gmem.shape[0] // bm
     num_k_tiles, num_n_tiles = k // bk, n // bn
     tiles_per_group = num_k_tiles * num_n_tiles
-    num_tiles = num_groups * tiles_per_group
-    num_ctas = lax.axis_size("sm")
+    my_tiles = common.cta_tile_count(num_groups * tiles_per_group)
     out_dtype = out_gmem.dtype
     dtype = lhs_gmem.dtype
     itemsize = jnp.dtype(dtype).itemsize
@@ -174,11 +169,9 @@ def _jaxmoe_mosaic_tgmm(
         plgpu.TilingTransform((8, swizzle // itemsize)),
         plgpu.SwizzleTransform(swizzle),
     )
-    cta = lax.axis_index("sm")
-    my_tiles = (num_tiles - cta + num_ctas - 1) // num_ctas
 
     def tile_info(local_tile):
-        index = cta + local_tile * num_ctas
+        index = common.cta_tile_index(local_tile)
         group = group_order_gmem[index // tiles_per_group]
         k_tile, n_tile = common.swizzle(
             index % tiles_per_group, num_k_tiles, num_n_tiles, cfg.group_swizzle
@@ -187,62 +180,47 @@ def _jaxmoe_mosaic_tgmm(
         first_block, num_blocks = group_row_blocks(start, end, bm)
         # An empty group still takes one (fully masked) step, on a block that exists.
         first_block = jnp.minimum(first_block, num_row_blocks - 1)
-        return group, k_tile * bk, n_tile * bn, start, end, first_block, jnp.maximum(num_blocks, 1)
+        info = (group, k_tile * bk, n_tile * bn, start, end, first_block)
+        return info, jnp.maximum(num_blocks, 1)
 
     @functools.partial(
         pl.run_scoped,
         lhs_ring=plgpu.SMEM((stages, bm, bk), dtype, transforms=transforms),
         rhs_ring=plgpu.SMEM((stages, bm, bn), dtype, transforms=transforms),
-        loaded=plgpu.Barrier(num_arrivals=2, num_barriers=stages),
-        released=plgpu.Barrier(num_arrivals=common.NUM_COMPUTE_WARPGROUPS, num_barriers=stages),
         out_smem=plgpu.SMEM(
             (common.NUM_COMPUTE_WARPGROUPS, bk, wg_n), out_dtype, transforms=transforms
         ),
+        **common.ring_barriers(stages, copies_per_step=2),
         collective_axes="wg",
     )
-    def _scope(lhs_ring, rhs_ring, loaded, released, out_smem):
+    def _scope(lhs_ring, rhs_ring, out_smem, loaded, released):
         wg = lax.axis_index("wg")
 
         @pl.when(wg == common.NUM_COMPUTE_WARPGROUPS)
         def _memory_warpgroup():
-            plgpu.set_max_registers(common.MEMORY_REGISTERS, action="decrease")
+            def load(info, i, slot):
+                _, k0, col0, _, _, first_block = info
+                rows = pl.ds((first_block + i) * bm, bm)
+                barrier = loaded.at[slot]
+                plgpu.copy_gmem_to_smem(
+                    lhs_gmem.at[rows, pl.ds(k0, bk)], lhs_ring.at[slot], barrier
+                )
+                plgpu.copy_gmem_to_smem(
+                    rhs_gmem.at[rows, pl.ds(col0, bn)], rhs_ring.at[slot], barrier
+                )
 
-            def tile(local_tile, step):
-                _, k0, col0, _, _, first_block, num_steps = tile_info(local_tile)
-
-                def load(i, step):
-                    slot = lax.rem(step, stages)
-
-                    @pl.when(step >= stages)
-                    def _wait_released():
-                        plgpu.barrier_wait(released.at[slot])
-
-                    rows = pl.ds((first_block + i) * bm, bm)
-                    barrier = loaded.at[slot]
-                    plgpu.copy_gmem_to_smem(
-                        lhs_gmem.at[rows, pl.ds(k0, bk)], lhs_ring.at[slot], barrier
-                    )
-                    plgpu.copy_gmem_to_smem(
-                        rhs_gmem.at[rows, pl.ds(col0, bn)], rhs_ring.at[slot], barrier
-                    )
-                    return step + 1
-
-                return lax.fori_loop(0, num_steps, load, step)
-
-            lax.fori_loop(0, my_tiles, tile, jnp.int32(0))
+            common.ring_produce(my_tiles, tile_info, load, stages=stages, released=released)
 
         @pl.when(wg < common.NUM_COMPUTE_WARPGROUPS)
         def _compute_warpgroups():
-            plgpu.set_max_registers(COMPUTE_REGISTERS, action="increase")
+            plgpu.set_max_registers(common.COMPUTE_REGISTERS, action="increase")
             wg_cols = pl.ds(wg * wg_n, wg_n)
 
             def tile(local_tile, step):
-                group, k0, col0, start, end, first_block, num_steps = tile_info(local_tile)
+                (group, k0, col0, start, end, first_block), count = tile_info(local_tile)
 
                 def acc_scope(acc_ref):
-                    def mma(i, step):
-                        slot = lax.rem(step, stages)
-                        plgpu.barrier_wait(loaded.at[slot])
+                    def mma(i, slot, carry):
                         lhs_smem, rhs_block = lhs_ring.at[slot], rhs_ring.at[slot].at[:, wg_cols]
                         lo, hi = rows_in_group(start, end, (first_block + i) * bm, bm)
 
@@ -251,35 +229,22 @@ def _jaxmoe_mosaic_tgmm(
                             _zero_rows_outside(((lhs_smem, bk), (rhs_block, wg_n)), lo, hi, bm)
 
                         plgpu.wgmma(acc_ref, plgpu.transpose_ref(lhs_smem, (1, 0)), rhs_block)
-                        plgpu.wgmma_wait(1)  # the previous step's wgmma is done: release it
+                        return carry
 
-                        @pl.when(i > 0)
-                        def _release_previous():
-                            plgpu.barrier_arrive(released.at[lax.rem(step + stages - 1, stages)])
-
-                        return step + 1
-
-                    next_step = lax.fori_loop(0, num_steps, mma, step)
-                    plgpu.wgmma_wait(0)
-                    plgpu.barrier_arrive(released.at[lax.rem(next_step + stages - 1, stages)])
+                    common.ring_consume(
+                        step, count, mma, None, stages=stages, loaded=loaded, released=released
+                    )
                     _store_tile(
                         acc_ref[...].astype(out_dtype),
                         out_smem.at[wg],
                         out_gmem.at[group, pl.ds(k0, bk), pl.ds(col0 + wg * wg_n, wg_n)],
                     )
-                    return next_step
 
-                return pl.run_scoped(acc_scope, plgpu.ACC((bk, wg_n), jnp.float32))
+                pl.run_scoped(acc_scope, plgpu.ACC((bk, wg_n), jnp.float32))
+                return step + count
 
             lax.fori_loop(0, my_tiles, tile, jnp.int32(0))
             plgpu.wait_smem_to_gmem(0)
-
-
-# The compute warpgroups' register budget next to the memory warpgroup's (as jax's pipeline
-# splits them: the 512 per thread of one warpgroup, less the memory one's, halved, <= 256).
-COMPUTE_REGISTERS = min(
-    256, (512 - common.MEMORY_REGISTERS) // common.NUM_COMPUTE_WARPGROUPS // 8 * 8
-)
 
 
 def _zero_rows_outside(refs_and_widths, lo, hi, block_m: int) -> None:
