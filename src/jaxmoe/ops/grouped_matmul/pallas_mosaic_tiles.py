@@ -101,17 +101,20 @@ def smem_bytes(cfg: MosaicTileConfig, operand_bytes: int = 2, num_rhs: int = 1) 
 
 
 def default_mosaic_gmm_tiles(m: int, k: int, n: int) -> MosaicTileConfig:
-    """Block sizes of the Mosaic ``gmm``, from one H100 sweep (run4, 2026-11-23, jax 0.11.2;
-    ``benchmarks/NOTES-grouped-matmul.md``).
+    """Block sizes of the Mosaic ``gmm``: ``128 x 256 x 64`` tiles, a 4-deep ring made to fit in
+    shared memory by a 64-row epilogue slab, the hand-written ring across a CTA's tiles and the
+    swizzled epilogue, on every shape.
 
-    ``128 x 256 x 64`` tiles, a 4-deep ring made to fit in shared memory by a 64-row epilogue
-    slab: the fastest or within 2% of it on all twelve (shape, fwd/dgrad) cases measured; a
-    3-deep ring with a whole-tile slab was 0-22% slower, a 2-deep ring 15-20% and
-    ``128 x 128`` tiles 5-15%. Where ``min(K, N) <= 1024`` (Qwen3), one pipeline across a CTA's
-    tiles as well (1-2% faster on all four Qwen3 cases; 0-6% slower on the larger shapes).
+    H100 sweeps: run4 (2026-11-23, ``benchmarks/NOTES-grouped-matmul.md``) chose the tiles, the
+    ring depth and the slab (a 3-deep ring with a whole-tile slab 0-22% slower, a 2-deep ring
+    15-20%, ``128 x 128`` tiles 5-15%). Session 8 (``benchmarks/results/raw/h100-run9/call8``,
+    exact on the six shapes, balanced and skewed): the ring with the swizzled epilogue was the
+    fastest variant on 10 of the 12 (shape, fwd/dgrad) cases, 1.03-1.07x ``torch._grouped_mm``
+    forward, against jax's pipeline per tile (the previous default, 0.87-1.04x there) and the
+    chained pipeline (which stays an option, ``pipelined_tiles``).
     """
-    del m
-    return MosaicTileConfig(stages=4, epilogue_rows=64, pipelined_tiles=min(k, n) <= 1024)
+    del m, k, n
+    return MosaicTileConfig(stages=4, epilogue_rows=64, swizzled_epilogue=True, ring=True)
 
 
 def supports(
