@@ -27,7 +27,7 @@ import jax.numpy as jnp
 
 import jaxmoe
 from jaxmoe.bench.harness import results_header
-from jaxmoe.bench.layer import layer_config
+from jaxmoe.bench.layer import layer_inputs
 from jaxmoe.bench.presets import LAYER_PRESETS
 from jaxmoe.bench.timing import host_launch_ms
 
@@ -89,11 +89,7 @@ def main():
     rows = []
     for name in args.presets.split(","):
         preset = LAYER_PRESETS[name]
-        cfg = layer_config(preset, jnp.bfloat16)
-        kp, kx, kd = jax.random.split(jax.random.key(0), 3)
-        params = jaxmoe.init_params(kp, cfg)
-        x = jax.random.normal(kx, (preset.tokens, preset.hidden_size)).astype(jnp.bfloat16)
-        dy = jax.random.normal(kd, x.shape).astype(jnp.bfloat16)
+        cfg, params, x, dy = layer_inputs(preset, jnp.bfloat16)
 
         def forward(params, x, cfg=cfg):
             return jaxmoe.moe(params, x, cfg)[0]

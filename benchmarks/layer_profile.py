@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import jaxmoe
 from jaxmoe.bench.harness import results_header
 from jaxmoe.bench.kernel_profile import format_breakdown, kernel_breakdown, summarize
-from jaxmoe.bench.layer import layer_config
+from jaxmoe.bench.layer import layer_inputs
 from jaxmoe.bench.presets import LAYER_PRESETS
 
 
@@ -84,11 +84,7 @@ def main():
     results, text = [], ["# MoE layer: kernel time per op", ""]
     for name in args.presets.split(","):
         preset = LAYER_PRESETS[name]
-        cfg = layer_config(preset, jnp.bfloat16)
-        kp, kx, kd = jax.random.split(jax.random.key(0), 3)
-        params = jaxmoe.init_params(kp, cfg)
-        x = jax.random.normal(kx, (preset.tokens, preset.hidden_size)).astype(jnp.bfloat16)
-        dy = jax.random.normal(kd, x.shape).astype(jnp.bfloat16)
+        cfg, params, x, dy = layer_inputs(preset, jnp.bfloat16)
         functions = jax_functions(cfg)
         for pass_ in args.passes.split(","):
             if args.impl == "jaxmoe":

@@ -112,6 +112,17 @@ def layer_config(preset: LayerPreset, dtype) -> jaxmoe.MoEConfig:
     )
 
 
+def layer_inputs(preset: LayerPreset, dtype, seed: int = 0):
+    """``(cfg, params, x, dy)``: the benchmarked layer's config, its parameters, a ``[T, H]``
+    input and an output cotangent (standard normal, in ``dtype``), from ``seed``."""
+    cfg = layer_config(preset, dtype)
+    kp, kx, kd = jax.random.split(jax.random.key(seed), 3)
+    params = jaxmoe.init_params(kp, cfg)
+    x = jax.random.normal(kx, (preset.tokens, preset.hidden_size), jnp.float32).astype(dtype)
+    dy = jax.random.normal(kd, x.shape, jnp.float32).astype(dtype)
+    return cfg, params, x, dy
+
+
 def expert_flops(preset: LayerPreset, pass_: str) -> float:
     """Useful expert-matmul FLOPs: ``3 * 2*T*K*H*F`` forward, three times that fwd+bwd."""
     forward = 3 * 2 * preset.tokens * preset.top_k * preset.hidden_size * preset.ffn_size
@@ -348,11 +359,7 @@ def run_layer_benchmark(
 
     rows: list[dict[str, Any]] = []
     for preset in presets:
-        cfg = layer_config(preset, jdtype)
-        kp, kx, kd = jax.random.split(jax.random.key(seed), 3)
-        params = jaxmoe.init_params(kp, cfg)
-        x = jax.random.normal(kx, (preset.tokens, preset.hidden_size), jnp.float32).astype(jdtype)
-        dy = jax.random.normal(kd, x.shape, jnp.float32).astype(jdtype)
+        cfg, params, x, dy = layer_inputs(preset, jdtype, seed)
         want = {}
         ref_y, ref_vjp = jax.vjp(
             jax.jit(lambda p, x, k=preset.top_k: reference_layer(p, x, k)), params, x
@@ -498,6 +505,7 @@ __all__ = [
     "check_impls",
     "dense_layer",
     "expert_flops",
+    "layer_inputs",
     "measure_dense_peak",
     "reference_layer",
     "run_layer_benchmark",

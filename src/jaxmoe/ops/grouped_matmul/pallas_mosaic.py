@@ -12,6 +12,12 @@ Layout of the work (``bm, bn, bk`` are the block sizes)::
                  of ``stages`` shared-memory slots by TMA; the two compute warpgroups each
                  multiply into a ``[bm, bn / 2]`` float32 accumulator with ``wgmma``. Because the
                  memory warpgroup runs ahead, the next pair's loads overlap this pair's epilogue.
+                 With ``ring`` (the default tiles) the ring is hand-written and spans all of the
+                 CTA's pairs (:func:`.pallas_mosaic_common.ring_produce`): it never drains
+                 between pairs, and each compute warpgroup keeps one ``wgmma`` in flight.
+                 Otherwise jax's ``emit_pipeline_warp_specialized`` runs per pair (chained
+                 across pairs with ``pipelined_tiles``); the FP8 and fused gated kernels' default
+                 tiles still take it (the ring is not measured with them yet).
     epilogue     the accumulator is cast and staged in shared memory, then stored by TMA without
                  waiting for completion (the next pair waits only until the stage has been read).
                  A tile whose rows all belong to its group is one store; a tile cut by a group
@@ -30,7 +36,10 @@ Limits: bf16/fp16 operands and a 2-byte result, ``M % bm == 0``, ``K % bk == 0``
 On a CPU the kernel runs in Mosaic GPU's interpreter (jax's GPU interpret mode), which the tests
 use; the interpreter has no transposed ``wgmma`` operand (dgrad).
 
-Measured (H100, jax 0.11.2, ``benchmarks/results/raw/h100-run4``): exact against a float32
+Measured (H100, jax 0.11.2, session 8, ``benchmarks/results/raw/h100-run9/call8``): the ring with
+the swizzled epilogue exact on the six shapes (balanced, skewed; fwd and dgrad) and the fastest
+of five variants on 10 of 12 (shape, fwd/dgrad) cases, 1.03-1.07x ``torch._grouped_mm`` forward
+in that probe. Earlier (``benchmarks/results/raw/h100-run4``): exact against a float32
 reference on all six benchmark shapes, balanced and skewed with empty groups and tail rows, fwd and
 dgrad (the same relative error as the Triton kernel, 1.66e-3); 1.14-1.24x the Triton kernel's
 TFLOP/s on every (shape, fwd/dgrad) case with the default tiles (probe, same run).
