@@ -1,4 +1,6 @@
-"""Why the layer bench's fwd+bwd ``ms`` is ~2.5 ms above the kernels' own time (issue 15).
+"""The layer's per-call latency against its steady per-call time, as a user's loop sees them
+(issue 15: session 8 found the old bench's fwd+bwd ``ms`` 2.5 ms above the kernels' own time;
+one call alone is 14.5 ms on Mixtral, 16 in a row 15.6 ms each: the clock drops under load).
 
 For each preset and pass, times ``n`` calls of the bench's jitted function launched back to back
 and then waited for, for several ``n``: the slope of a least-squares line through (n, ms) is the
@@ -27,7 +29,7 @@ import jax.numpy as jnp
 
 import jaxmoe
 from jaxmoe.bench.harness import results_header
-from jaxmoe.bench.layer import layer_inputs
+from jaxmoe.bench.layer import forward_backward, layer_inputs
 from jaxmoe.bench.presets import LAYER_PRESETS
 from jaxmoe.bench.timing import host_launch_ms
 
@@ -94,16 +96,12 @@ def main():
         def forward(params, x, cfg=cfg):
             return jaxmoe.moe(params, x, cfg)[0]
 
-        def forward_backward(params, x, dy):
-            y, vjp = jax.vjp(forward, params, x)
-            return y, *vjp(dy)
-
         def loss_grad(params, x, dy):
             return jax.grad(lambda p, x: jnp.sum(forward(p, x) * dy), argnums=(0, 1))(params, x)  # noqa: B023
 
         cases = {
             "fwd": (jax.jit(forward), (params, x)),
-            "fwd+bwd": (jax.jit(forward_backward), (params, x, dy)),
+            "fwd+bwd": (jax.jit(forward_backward(forward)), (params, x, dy)),
             "grad": (jax.jit(loss_grad), (params, x, dy)),
         }
         for pass_, (fn, operands) in cases.items():

@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import jaxmoe
 from jaxmoe.bench.harness import results_header
 from jaxmoe.bench.kernel_profile import format_breakdown, kernel_breakdown, summarize
-from jaxmoe.bench.layer import layer_inputs
+from jaxmoe.bench.layer import forward_backward, layer_inputs
 from jaxmoe.bench.presets import LAYER_PRESETS
 
 
@@ -29,11 +29,7 @@ def jax_functions(cfg):
     def forward(params, x):
         return jaxmoe.moe(params, x, cfg)[0]
 
-    def forward_backward(params, x, dy):
-        y, vjp = jax.vjp(forward, params, x)
-        return y, *vjp(dy)
-
-    return {"fwd": jax.jit(forward), "fwd+bwd": jax.jit(forward_backward)}
+    return {"fwd": jax.jit(forward), "fwd+bwd": jax.jit(forward_backward(forward))}
 
 
 def torch_breakdown(params, x, dy, top_k, pass_, calls=5):

@@ -195,6 +195,18 @@ def device_memory_bytes() -> int:
 # --------------------------------------------------------------------------------------------------
 
 
+def forward_backward(layer_fn: Callable) -> Callable:
+    """The timed fwd+bwd pass of ``layer_fn(params, x) -> y``: ``(params, x, dy) -> (y,
+    grad_params, grad_x)``, the forward and its VJP against the cotangent ``dy``."""
+
+    def fwd_bwd(params, x, dy):
+        y, vjp = jax.vjp(layer_fn, params, x)
+        grad_params, grad_x = vjp(dy)
+        return y, grad_params, grad_x
+
+    return fwd_bwd
+
+
 def _jax_case(layer_fn: Callable, params, x, dy, pass_: str):
     if pass_ == "fwd":
         fn = jax.jit(layer_fn)
@@ -203,13 +215,7 @@ def _jax_case(layer_fn: Callable, params, x, dy, pass_: str):
         def outputs():
             return {"y": fn(*args)}
     else:
-
-        def fwd_bwd(params, x, dy):
-            y, vjp = jax.vjp(layer_fn, params, x)
-            grad_params, grad_x = vjp(dy)
-            return y, grad_params, grad_x
-
-        fn = jax.jit(fwd_bwd)
+        fn = jax.jit(forward_backward(layer_fn))
         args = (params, x, dy)
 
         def outputs():
@@ -505,6 +511,7 @@ __all__ = [
     "check_impls",
     "dense_layer",
     "expert_flops",
+    "forward_backward",
     "layer_inputs",
     "measure_dense_peak",
     "reference_layer",

@@ -327,6 +327,8 @@ def simulate_tgmm(lhs, rhs, group_sizes, block_m: int) -> Array:
 
     For the tests, where Mosaic GPU's interpreter cannot run the kernel: every group visits
     :func:`group_row_blocks` and zeroes the rows :func:`rows_in_group` excludes, in both operands.
+    (An empty group visits no block here; the kernel takes one block with every row masked:
+    zeros either way.)
     """
     m = lhs.shape[0]
     offsets = _offsets(group_sizes, m)
