@@ -44,6 +44,12 @@ def main() -> None:
     parser.add_argument("--shapes", default="mixtral,dsv3,qwen3")
     parser.add_argument("--layers", default="mixtral,dsv3,qwen3")
     parser.add_argument("--time-budget-s", type=float, default=250)
+    parser.add_argument(
+        "--ring",
+        action="store_true",
+        help="also check and time the fused kernel on the hand-written ring (fwd; fwd+bwd with "
+        "the kernel writing the residuals), with and without the swizzled epilogue",
+    )
     args = parser.parse_args()
     start = time.time()
 
@@ -55,7 +61,10 @@ def main() -> None:
     from jaxmoe.bench.presets import LAYER_PRESETS
     from jaxmoe.bench.timing import time_jax
     from jaxmoe.ops.gated_grouped_matmul import gated_grouped_matmul
-    from jaxmoe.ops.gated_grouped_matmul.pallas_mosaic import PallasMosaicGatedGroupedMatmul
+    from jaxmoe.ops.gated_grouped_matmul.pallas_mosaic import (
+        PallasMosaicGatedGroupedMatmul,
+        default_gated_tiles,
+    )
     from jaxmoe.ops.grouped_matmul import resolve_backend
 
     os.makedirs(args.out_dir, exist_ok=True)
@@ -120,6 +129,57 @@ def main() -> None:
     def rel(a, b):
         a, b = a.astype(jnp.float32), b.astype(jnp.float32)
         return float(jnp.max(jnp.abs(a - b)) / jnp.maximum(jnp.max(jnp.abs(b)), 1e-6))
+
+    def ring_rows(name, m, k, f, g, x, wg, wu, ct):
+        """The ring variants against the reference (balanced and skewed), then timed against
+        the default fused forward and the default (unfused) fwd+bwd, interleaved."""
+        base = default_gated_tiles(m, k, f)
+        for swizzled in (True, False):
+            tiles = dataclasses.replace(
+                base, ring=True, pipelined_tiles=False, swizzled_epilogue=swizzled
+            )
+            row = {"phase": "ring", "shape": name, "tiles": str(tiles)}
+            try:
+                fused = PallasMosaicGatedGroupedMatmul(tiles=tiles)
+                residual = PallasMosaicGatedGroupedMatmul(
+                    grouped=unfused_backend, residuals_from_kernel=True, tiles=tiles
+                )
+                ring_fwd, ring_train = op(fused), fwd_bwd(residual)
+                for routing in ("balanced", "skewed"):
+                    gs = jnp.asarray(sizes_for(m, g, routing))
+                    end = int(gs.sum())
+                    want = reference(x, wg, wu, gs)
+                    got = ring_fwd(x, wg, wu, gs)
+                    row[f"{routing}_rel_err"] = rel(got, want)
+                    row[f"{routing}_tail_zero"] = bool(jnp.all(got[end:] == 0))
+                    h, *grads = ring_train(x, wg, wu, gs, ct)
+                    _, *want_grads = unfused_train(x, wg, wu, gs, ct)
+                    row[f"{routing}_train_rel_err"] = rel(h, want)
+                    row[f"{routing}_grads_bitwise"] = all(
+                        bool(jnp.all(a == b)) for a, b in zip(grads, want_grads, strict=True)
+                    )
+                    del want, got, h, grads, want_grads
+                gs = jnp.asarray(sizes_for(m, g, "balanced"))
+                samples = {}
+                for _ in range(3):  # interleaved rounds
+                    for label, fn, fargs in (
+                        ("fused_fwd", fused_fwd, (x, wg, wu, gs)),
+                        ("ring_fwd", ring_fwd, (x, wg, wu, gs)),
+                        ("unfused_fwd_bwd", unfused_train, (x, wg, wu, gs, ct)),
+                        ("ring_residuals_fwd_bwd", ring_train, (x, wg, wu, gs, ct)),
+                    ):
+                        timing = time_jax(fn, *fargs, repeats=5)
+                        samples.setdefault(label, []).append(timing.median_ms)
+                for label, values in samples.items():
+                    row[f"{label}_ms"] = float(np.median(values))
+                row["ring_fwd_speedup"] = row["fused_fwd_ms"] / row["ring_fwd_ms"]
+                row["ring_residuals_fwd_bwd_speedup"] = (
+                    row["unfused_fwd_bwd_ms"] / row["ring_residuals_fwd_bwd_ms"]
+                )
+            except Exception as error:  # noqa: BLE001
+                row["error"] = f"{type(error).__name__}: {error}"[:2000]
+                traceback.print_exc()
+            emit(row)
 
     for name in args.shapes.split(","):
         m, k, f, g = SHAPES[name]
@@ -198,6 +258,8 @@ def main() -> None:
             row["error"] = f"{type(error).__name__}: {error}"[:2000]
             traceback.print_exc()
         emit(row)
+        if args.ring:
+            ring_rows(name, m, k, f, g, x, wg, wu, ct)
         del x, wg, wu, ct
 
     for name in args.layers.split(","):

@@ -12,6 +12,7 @@ command buffers (CUDA graphs) hide which op launched a kernel: turn them off to 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import pathlib
 
@@ -74,6 +75,9 @@ def main():
     # One per process: once torch's profiler has held CUPTI, JAX's trace gets no GPU events.
     parser.add_argument("--impl", choices=("jaxmoe", "torch"), default="jaxmoe")
     parser.add_argument("--out-dir", default=".")
+    parser.add_argument(
+        "--fp8-recipe", default=None, help="jaxmoe only: the layer with MoEConfig.fp8_recipe"
+    )
     args = parser.parse_args()
     out_dir = pathlib.Path(args.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -81,6 +85,8 @@ def main():
     for name in args.presets.split(","):
         preset = LAYER_PRESETS[name]
         cfg, params, x, dy = layer_inputs(preset, jnp.bfloat16)
+        if args.fp8_recipe:
+            cfg = dataclasses.replace(cfg, fp8_recipe=args.fp8_recipe)
         functions = jax_functions(cfg)
         for pass_ in args.passes.split(","):
             if args.impl == "jaxmoe":
@@ -88,15 +94,17 @@ def main():
                 breakdown = kernel_breakdown(functions[pass_], *operands)
             else:
                 breakdown = torch_breakdown(params, x, dy, preset.top_k, pass_)
-            title = f"{name} {pass_} {args.impl}"
-            results.append({"preset": name, "pass": pass_, "impl": args.impl, **breakdown})
+            title = f"{name} {pass_} {args.impl}" + (
+                f" fp8 {args.fp8_recipe}" * bool(args.fp8_recipe)
+            )
+            row = {"preset": name, "pass": pass_, "impl": args.impl, "fp8_recipe": args.fp8_recipe}
+            results.append({**row, **breakdown})
             text += [format_breakdown(title, breakdown), ""]
             print(format_breakdown(title, breakdown), flush=True)
     header = results_header("benchmarks/layer_profile.py")
-    (out_dir / f"layer-profile-{args.impl}.json").write_text(
-        json.dumps({"header": header, "rows": results}, indent=1)
-    )
-    (out_dir / f"layer-profile-{args.impl}.md").write_text("\n".join(text))
+    stem = f"layer-profile-{args.impl}" + (f"-fp8-{args.fp8_recipe}" * bool(args.fp8_recipe))
+    (out_dir / f"{stem}.json").write_text(json.dumps({"header": header, "rows": results}, indent=1))
+    (out_dir / f"{stem}.md").write_text("\n".join(text))
 
 
 if __name__ == "__main__":
