@@ -58,7 +58,7 @@ from jaxmoe.ops.fp8 import (
     quantize,
     scaled_grouped_matmul,
 )
-from jaxmoe.ops.fp8.pallas_mosaic import default_fp8_tiles, scaled_gmm_kn
+from jaxmoe.ops.fp8.pallas_mosaic import default_fp8_tiles, pipeline_fp8_tiles, scaled_gmm_kn
 from jaxmoe.ops.grouped_matmul import grouped_matmul
 from jaxmoe.ops.grouped_matmul.pallas_mosaic_tiles import MosaicTileConfig
 
@@ -79,13 +79,21 @@ SWEEP = {
 
 
 def ring_variants(m: int, k: int, n: int) -> list[MosaicTileConfig]:
-    """The default FP8 tiles on the hand-written ring (the bf16 default's schedule since
-    session 8), with and without the swizzled epilogue."""
-    base = default_fp8_tiles(m, k, n)
+    """Tiles to time beside the default (the ring with the swizzled epilogue): the session-7
+    pipeline tiles and the ring without the swizzled epilogue."""
     return [
-        dataclasses.replace(base, ring=True, pipelined_tiles=False, swizzled_epilogue=swizzled)
-        for swizzled in (True, False)
+        pipeline_fp8_tiles(m, k, n),
+        dataclasses.replace(default_fp8_tiles(m, k, n), swizzled_epilogue=False),
     ]
+
+
+def skewed_sizes(m: int, groups: int) -> np.ndarray:
+    """Dirichlet(0.3) group sizes summing to ``m - 77`` with the first two groups empty."""
+    rng = np.random.default_rng(0)
+    sizes = rng.multinomial(m - 77, rng.dirichlet(np.full(groups, 0.3)))
+    sizes[2] += sizes[:2].sum()
+    sizes[:2] = 0
+    return sizes.astype(np.int32)
 
 
 RECIPE = Fp8Recipe("rowwise")
@@ -239,6 +247,28 @@ def median_time(timer, fn, *args) -> float:
     return timer(fn, *args, warmup=2, repeats=7).median_ms
 
 
+def skewed_check(shape, x_q, x_s, w_q_nk, w_s) -> dict:
+    """The default tiles against the session-7 pipeline tiles on skewed groups (two empty, 77
+    rows past the sum): the same products in the same order, so the outputs must be bitwise
+    equal, and the tail rows zero."""
+    gs = jnp.asarray(skewed_sizes(shape.m, shape.groups))
+    end = int(gs.sum())
+    pipeline = pipeline_fp8_tiles(shape.m, shape.k, shape.n)
+    row = {"check": f"{shape.name} skewed: default tiles vs session-7 pipeline tiles"}
+    try:
+        outs = [
+            jax.jit(functools.partial(scaled_gmm_kn, rhs_layout="gnk", tiles=tiles))(
+                x_q, x_s, w_q_nk, w_s, gs
+            )
+            for tiles in (None, pipeline)
+        ]
+        row["differing_elements"] = int(jnp.sum(outs[0] != outs[1]))
+        row["tail_zero"] = bool(jnp.all(outs[0][end:] == 0))
+    except Exception as error:  # noqa: BLE001
+        row["error"] = f"{type(error).__name__}: {error}"[:300]
+    return row
+
+
 def run_shape(shape, header, rows, out_path, sweep: str = "fixed") -> None:
     import torch
 
@@ -338,6 +368,8 @@ def run_shape(shape, header, rows, out_path, sweep: str = "fixed") -> None:
     variants = {"fixed": SWEEP.get(shape.name, ()), "none": ()}.get(sweep)
     if variants is None:  # "ring"
         variants = ring_variants(shape.m, shape.k, shape.n)
+        rows.append(skewed_check(shape, x_q, x_s, w_q_nk, w_s))
+        print(rows[-1], flush=True)
     for cfg in variants:
         row = {"shape": shape.name, "pass": "fwd", "recipe": "rowwise", "impl": f"sweep {cfg}"}
         try:
@@ -368,10 +400,16 @@ def run_shape(shape, header, rows, out_path, sweep: str = "fixed") -> None:
         traceback.print_exc()
         ref_b = f"{type(error).__name__}: {error}"[:300]
     default_bw = default_fp8_tiles(shape.m, shape.k, shape.n, BLOCKWISE)
-    for name, cfg in (
+    blockwise_variants = [
         ("jaxmoe_fp8_blockwise", default_bw),
         ("jaxmoe_fp8_blockwise bm=128", dataclasses.replace(default_bw, block_m=128)),
-    ):
+    ]
+    if sweep == "ring":
+        ring_bw = dataclasses.replace(
+            default_bw, ring=True, pipelined_tiles=False, swizzled_epilogue=True
+        )
+        blockwise_variants = [blockwise_variants[0], ("jaxmoe_fp8_blockwise ring", ring_bw)]
+    for name, cfg in blockwise_variants:
         row = {"shape": shape.name, "pass": "fwd", "recipe": "blockwise", "impl": name}
         try:
             if isinstance(ref_b, str):

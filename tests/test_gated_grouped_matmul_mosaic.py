@@ -23,6 +23,7 @@ from jaxmoe.ops.gated_grouped_matmul import pallas_mosaic as fused_mosaic
 from jaxmoe.ops.gated_grouped_matmul.pallas_mosaic import PallasMosaicGatedGroupedMatmul
 from jaxmoe.ops.grouped_matmul import ReferenceGroupedMatmul
 from jaxmoe.ops.grouped_matmul.pallas_mosaic import MosaicTileConfig
+from jaxmoe.ops.grouped_matmul.pallas_mosaic_tiles import check_tiles
 
 M, K, F = 128, 128, 256
 SMALL = MosaicTileConfig(block_m=64, block_n=128, block_k=64, stages=2, group_swizzle=2)
@@ -152,3 +153,14 @@ def test_unsupported_operands_raise_not_implemented(shape, dtype, why):
         fused_mosaic.fused_gmm(
             lhs, rhs, rhs, jnp.array([64, 64], jnp.int32), activation="swiglu", tiles=SMALL
         )
+
+
+def test_ring_with_swizzled_epilogue_is_refused_for_two_weights():
+    # Wrong rows on an H100 with skewed groups (run 10 call 1), right in the interpreter: refused
+    # before anything runs; each alone stays allowed, and the one-weight kernel keeps both.
+    both = dataclasses.replace(RING, swizzled_epilogue=True)
+    with pytest.raises(ValueError, match="ring=True with swizzled_epilogue=True"):
+        PallasMosaicGatedGroupedMatmul(tiles=both)
+    check_tiles(RING, num_rhs=2)
+    check_tiles(SWIZZLED, num_rhs=2)
+    check_tiles(both, num_rhs=1)

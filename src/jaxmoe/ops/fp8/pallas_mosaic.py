@@ -90,16 +90,34 @@ FP8_BLOCK_K = 128
 
 
 def default_fp8_tiles(m: int, k: int, n: int, recipe: Fp8Recipe | None = None) -> MosaicTileConfig:
-    """The bf16 kernel's session-7 default tiles (H100 sweep) with ``block_k`` widened to 128 FP8
-    elements:
-    the same bytes per ring stage, so the same 4-deep ring and 64-row epilogue slab fit; a
-    3-deep ring where only that lets tiles chain (``K / 128`` a multiple of 3, not of 4).
+    """Rowwise: the bf16 kernel's default schedule (the hand-written ring across a CTA's tiles,
+    a 4-deep ring, the swizzled 64-row epilogue slab) with ``block_k`` widened to 128 FP8
+    elements, the same bytes per ring stage.
+
+    H100 run 10 call 1 (``benchmarks/results/raw/h100-run10/call1``, forward, balanced, same
+    outputs): against the session-7 tiles (:func:`pipeline_fp8_tiles`) 1.20x on Mixtral up,
+    1.01x down, 1.13x / 1.14x DeepSeek-V3 up / down, 1.07x / 1.01x Qwen3 up / down; without the
+    swizzled epilogue 1-4% faster on the three down shapes, 4-10% slower on the up shapes.
+
+    Blockwise (``recipe``): the session-7 tiles with ``block_m`` 64, the ring not measured yet
+    (see :func:`pipeline_fp8_tiles`)."""
+    if recipe is not None and recipe.name == "blockwise":
+        return pipeline_fp8_tiles(m, k, n, recipe)
+    del m, k, n
+    return MosaicTileConfig(
+        block_k=FP8_BLOCK_K, stages=4, epilogue_rows=64, swizzled_epilogue=True, ring=True
+    )
+
+
+def pipeline_fp8_tiles(m: int, k: int, n: int, recipe: Fp8Recipe | None = None) -> MosaicTileConfig:
+    """The session-7 tiles on jax's warp-specialized pipeline (the bf16 kernel's default before
+    the ring) with ``block_k`` 128: a 4-deep ring and a 64-row epilogue slab; a 3-deep ring
+    where only that lets tiles chain (``K / 128`` a multiple of 3, not of 4).
 
     Blockwise (``recipe``): ``block_m`` 64. Each compute warpgroup holds two float32
     ``[block_m, 128]`` accumulators (the running sum and the step's product): 128 registers per
-    thread at ``block_m`` 64, 256 (more than a thread has: spills) at 128. Not measured yet."""
-    # The bf16 kernel's default before the ring (session 7): the ring and the swizzled epilogue
-    # are not measured with FP8 operands yet.
+    thread at ``block_m`` 64, 256 (more than a thread has: spills) at 128 (H100 run 10 call 1:
+    ``block_m`` 128 took 1.5-1.8x as long)."""
     cfg = MosaicTileConfig(
         block_k=FP8_BLOCK_K, stages=4, epilogue_rows=64, pipelined_tiles=min(k, n) <= 1024
     )
