@@ -7,8 +7,9 @@ magnitudes spread over ``exp(uniform(-3, 3))``), both paths produce the same fou
 * ``pallas``: :func:`jaxmoe.ops.fp8.weight_quantize_pallas.quantize_weights_rowwise_pallas`;
 * ``xla``: ``jax.jit`` of ``quantize(w, (1, None, 1))`` (then ``swapaxes`` to ``[G, N, K]``)
   and ``quantize(w, (1, 1, None))``, as the layer runs them today;
-* ``pallas_approx_div`` (GPU only): the Pallas path with Triton's approximate float32 ``/``
-  instead of ``div.rn.f32``: its differing-element counts show whether exact division matters.
+* ``pallas_ieee_div`` (GPU only): the Pallas path dividing with the correctly rounded PTX
+  ``div.rn.f32`` instead of ``div.full.f32`` (Triton's ``/``, and XLA's on the GPU): its
+  differing-element counts show which division XLA's bits come from.
 
 It prints the number of differing elements of each output (bitwise), then times each path
 (``time_jax``, median ms) and reports GB/s at 6 bytes per weight element (2 + 2 read, 1 + 1
@@ -86,8 +87,8 @@ def paths(tiles: WeightQuantizeTiles, on_gpu: bool) -> dict:
         "pallas": jax.jit(lambda w: quantize_weights_rowwise_pallas(w, tiles=tiles)),
     }
     if on_gpu:
-        found["pallas_approx_div"] = jax.jit(
-            lambda w: quantize_weights_rowwise_pallas(w, tiles=tiles, exact_division=False)
+        found["pallas_ieee_div"] = jax.jit(
+            lambda w: quantize_weights_rowwise_pallas(w, tiles=tiles, ieee_division=True)
         )
     return found
 
