@@ -94,13 +94,15 @@ def default_fp8_tiles(m: int, k: int, n: int, recipe: Fp8Recipe | None = None) -
     a 4-deep ring, the swizzled 64-row epilogue slab) with ``block_k`` widened to 128 FP8
     elements, the same bytes per ring stage.
 
-    H100 run 10 call 1 (``benchmarks/results/raw/h100-run10/call1``, forward, balanced, same
-    outputs): against the session-7 tiles (:func:`pipeline_fp8_tiles`) 1.20x on Mixtral up,
-    1.01x down, 1.13x / 1.14x DeepSeek-V3 up / down, 1.07x / 1.01x Qwen3 up / down; without the
-    swizzled epilogue 1-4% faster on the three down shapes, 4-10% slower on the up shapes.
+    H100, forward, balanced, ``torch._scaled_grouped_mm`` interleaved in the same rounds
+    (``benchmarks/results/raw/h100-run10``): these tiles 1.05-1.22x torch on the six shapes
+    (call 2; Qwen3 down 1.09x), the session-7 tiles 1.00-1.24x (call 1; Qwen3 down 1.01x); the
+    outputs are bitwise equal on skewed groups (call 2). The "sweep" rows of those runs, timed
+    alone after the interleaved rounds, ran 5-15% faster than the same tiles inside the rounds
+    and disagree between the calls: they do not rank the variants.
 
-    Blockwise (``recipe``): the session-7 tiles with ``block_m`` 64, the ring not measured yet
-    (see :func:`pipeline_fp8_tiles`)."""
+    Blockwise (``recipe``): the session-7 tiles with ``block_m`` 64 (see
+    :func:`pipeline_fp8_tiles`); the ring measured 0.95-1.06x these (call 2), so they stay."""
     if recipe is not None and recipe.name == "blockwise":
         return pipeline_fp8_tiles(m, k, n, recipe)
     del m, k, n
