@@ -125,15 +125,22 @@ def _expected_leaves(rhs_shape: tuple, recipe: Fp8Recipe) -> dict:
 
 
 def check_fp8_weights(
-    rhs_fp8, rhs_shape: tuple, recipe: Fp8Recipe, k_major: bool, *, name: str, caller: str
+    rhs_fp8,
+    rhs_shape: tuple,
+    recipe: Fp8Recipe,
+    k_major: bool,
+    *,
+    name: str,
+    caller: str,
+    fix: str = "Make it with jaxmoe.ops.fp8.quantize_fp8_weights(rhs, recipe, backend) from rhs.",
 ) -> None:
     """Raises ValueError, naming ``name``, unless ``rhs_fp8`` is an :class:`Fp8Weights` of a
     ``rhs_shape`` weight made with ``recipe`` for a backend reading ``k_major`` weights.
 
     Python-side (shapes, dtypes, static metadata): values cannot be checked under ``jit``, so
-    that the cache was made from the same weight values is the caller's promise.
+    that the cache was made from the same weight values is the caller's promise. ``fix`` ends
+    each message: how to make the right cache.
     """
-    fix = "Make it with jaxmoe.ops.fp8.quantize_fp8_weights(rhs, recipe, backend) from this rhs."
     if not isinstance(rhs_fp8, Fp8Weights):
         raise ValueError(
             f"{caller}: `{name}` must be a jaxmoe.ops.fp8.Fp8Weights or None; got "
