@@ -26,10 +26,12 @@ from jaxmoe.ops.fp8 import (
     Fp8Weights,
     XlaScaledGroupedMatmul,
     fp8_grouped_matmul,
+    pallas_mosaic,
     quantize,
     quantize_fp8_weights,
 )
 from jaxmoe.ops.fp8 import weights as fp8_weights_module
+from jaxmoe.ops.grouped_matmul.pallas_mosaic import MosaicTileConfig
 
 RECIPES = ["rowwise", "blockwise"]
 SIZES = [90, 0, 7, 150]  # skewed, an empty group, 9 rows past the last group
@@ -164,9 +166,6 @@ def test_gradient_with_respect_to_the_cache_is_zero(recipe):
 def test_pallas_interpreted_with_the_cache_is_bitwise_the_kernel_without():
     """The Mosaic GPU FP8 kernel (in its interpreter on CPU): forward and dgrad read the cache.
     Jitted, d lhs only: the wgrad (the bf16 kernel, interpreted) is dead code and is not run."""
-    from jaxmoe.ops.fp8 import pallas_mosaic
-    from jaxmoe.ops.grouped_matmul.pallas_mosaic import MosaicTileConfig
-
     kernel = pallas_mosaic.PallasMosaicScaledGroupedMatmul(
         tiles=MosaicTileConfig(64, 128, 128, stages=2, group_swizzle=2)
     )
@@ -442,3 +441,15 @@ def test_nnx_module_takes_the_cache_as_a_call_argument():
     _assert_trees_equal(layer(x, fp8), layer(x))
     other = jaxmoe.quantize_expert_weights(jaxmoe.init_params(jax.random.key(5), cfg), cfg)
     assert not np.array_equal(layer(x, other)[0], layer(x)[0])
+
+
+def test_sharded_layer_reads_the_cache():
+    """A cache of other weights changes the sharded output: the cache reaches the experts
+    inside ``shard_map`` (the bitwise sharded test above is not vacuous)."""
+    cfg, params, x = _layer_case()
+    sharded = dataclasses.replace(cfg, ep_axis="ep")
+    other = _quantize(jaxmoe.init_params(jax.random.key(7), cfg), cfg)
+    mesh = _mesh((4,), ("ep",))
+    y, _ = jaxmoe.moe(params, x, sharded, mesh=mesh, fp8_weights=other)
+    want, _ = jaxmoe.moe(params, x, sharded, mesh=mesh)
+    assert not np.array_equal(np.asarray(y), np.asarray(want))
