@@ -253,7 +253,7 @@ def test_k_major_weight_quantization_is_the_same_bits_in_its_own_transpose_pass(
 def test_blockwise_backward_quantizes_the_weights_once(monkeypatch):
     """A training step quantizes the weights once with blockwise (the dgrad reuses them,
     transposed) and twice with rowwise (a contraction over N needs per-k scales)."""
-    from jaxmoe.ops.fp8 import api
+    from jaxmoe.ops.fp8 import api, weights
 
     lhs, rhs = _operands(4, k=40)
     weight_passes = []
@@ -262,7 +262,8 @@ def test_blockwise_backward_quantizes_the_weights_once(monkeypatch):
         weight_passes.append(x.ndim == 3)
         return quantize(x, blocks, *args, **kwargs)
 
-    monkeypatch.setattr(api, "quantize", counting_quantize)
+    monkeypatch.setattr(api, "quantize", counting_quantize)  # activations, gradients
+    monkeypatch.setattr(weights, "quantize", counting_quantize)  # weights (Fp8Weights' module)
     for recipe, expected in ((Fp8Recipe("blockwise", 16), 1), ("rowwise", 2)):
         weight_passes.clear()
 

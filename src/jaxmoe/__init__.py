@@ -6,6 +6,7 @@ Flax modules live in :mod:`jaxmoe.nn`, expert parallelism in :mod:`jaxmoe.parall
 """
 
 from jaxmoe.config import MoEConfig
+from jaxmoe.fp8_experts import quantize_expert_weights
 from jaxmoe.layer import MoEStats, moe
 from jaxmoe.ops.fp8 import fp8_grouped_matmul
 from jaxmoe.ops.grouped_matmul import grouped_matmul
@@ -28,6 +29,7 @@ __all__ = [
     "moe",
     "param_logical_axes",
     "plan_dispatch",
+    "quantize_expert_weights",
     "route",
     "update_expert_bias",
 ]

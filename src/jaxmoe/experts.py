@@ -35,6 +35,7 @@ def routed_experts(
     *,
     block_rows: int | None = None,
     fp8_recipe: str | None = None,
+    fp8_weights: dict | None = None,
 ) -> jax.Array:
     """Applies expert ``e``'s FFN to its block of rows of the expert-major ``buffer``.
 
@@ -59,6 +60,9 @@ def routed_experts(
         :func:`jaxmoe.ops.fp8.fp8_grouped_matmul` on ``backend``, capacity blocks included
         (``block_rows`` is then unused). On CPU each operand is quantized in a pass of its own
         just before the op; fusing the activation cast into the permutation is a GPU concern.
+      fp8_weights: with ``fp8_recipe``, ``None`` or ``{name: Fp8Weights}`` for some of
+        ``weights`` (:func:`jaxmoe.quantize_expert_weights`, made from ``weights`` cast to
+        ``buffer``'s dtype): those matmuls read their FP8 weights from it instead of quantizing.
 
     Returns:
       ``[R, H]``.
@@ -67,24 +71,30 @@ def routed_experts(
     dtype = buffer.dtype
     if fp8_recipe is not None:  # capacity blocks too: there group_sizes are the full blocks
         blocks = buffer
+        cached = fp8_weights or {}
 
-        def matmul(lhs, rhs):
+        def matmul(lhs, name):
             return fp8_grouped_matmul(
-                lhs, rhs.astype(dtype), group_sizes, recipe=fp8_recipe, backend=backend
+                lhs,
+                weights[name].astype(dtype),
+                group_sizes,
+                recipe=fp8_recipe,
+                backend=backend,
+                rhs_fp8=cached.get(name),
             )
     elif block_rows is not None:
         num_experts = weights["w_up"].shape[0]
         blocks = buffer.reshape(num_experts, block_rows, buffer.shape[-1])
 
-        def matmul(lhs, rhs):
+        def matmul(lhs, name):
             return jnp.einsum(
-                "ecm,emn->ecn", lhs, rhs.astype(dtype), preferred_element_type=jnp.float32
+                "ecm,emn->ecn", lhs, weights[name].astype(dtype), preferred_element_type=jnp.float32
             ).astype(dtype)
     else:
         blocks = buffer
 
-        def matmul(lhs, rhs):
-            return grouped_matmul(lhs, rhs.astype(dtype), group_sizes, backend=backend)
+        def matmul(lhs, name):
+            return grouped_matmul(lhs, weights[name].astype(dtype), group_sizes, backend=backend)
 
         if _gated(activation):  # one op, fused into one kernel where it applies
             hidden = gated_grouped_matmul(
@@ -95,11 +105,11 @@ def routed_experts(
                 activation=activation,
                 backend=backend,
             )
-            return matmul(hidden, weights["w_down"])
+            return matmul(hidden, "w_down")
 
-    up = matmul(blocks, weights["w_up"])
-    hidden = act(matmul(blocks, weights["w_gate"])) * up if _gated(activation) else act(up)
-    return matmul(hidden, weights["w_down"]).reshape(buffer.shape)
+    up = matmul(blocks, "w_up")
+    hidden = act(matmul(blocks, "w_gate")) * up if _gated(activation) else act(up)
+    return matmul(hidden, "w_down").reshape(buffer.shape)
 
 
 def shared_expert(x: jax.Array, weights: dict, activation: str) -> jax.Array:

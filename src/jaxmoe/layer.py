@@ -14,6 +14,7 @@ from jaxmoe import permutation
 from jaxmoe.arrays import as_array, is_tracer
 from jaxmoe.config import MoEConfig
 from jaxmoe.experts import routed_experts
+from jaxmoe.fp8_experts import check_expert_fp8_weights
 from jaxmoe.parallel.sharded import moe_sharded
 from jaxmoe.params import check_params
 from jaxmoe.router import Routing
@@ -62,7 +63,7 @@ def check_inputs(params, x, cfg: MoEConfig) -> None:
     check_params(params, cfg)
 
 
-def local_experts_step(params, cfg: MoEConfig):
+def local_experts_step(params, cfg: MoEConfig, fp8_weights=None):
     """The experts step of one device: dispatch -> grouped-matmul experts -> combine."""
 
     def step(tokens: jax.Array, routing: Routing) -> ExpertsResult:
@@ -82,6 +83,7 @@ def local_experts_step(params, cfg: MoEConfig):
                 cfg.grouped_matmul_backend,
                 block_rows=permutation.capacity_block_rows(capacity, alignment),
                 fp8_recipe=cfg.fp8_recipe,
+                fp8_weights=fp8_weights,
             )
         with jax.named_scope("combine"):
             out = permutation.combine(expert_out, routing.weights, plan)
@@ -90,12 +92,14 @@ def local_experts_step(params, cfg: MoEConfig):
     return step
 
 
-def moe_local(params, x: jax.Array, cfg: MoEConfig) -> tuple[jax.Array, MoEStats]:
+def moe_local(params, x: jax.Array, cfg: MoEConfig, fp8_weights=None) -> tuple[jax.Array, MoEStats]:
     """The layer on one device (or one data shard): no collectives. See :func:`moe`."""
-    return moe_body(params, x, cfg, local_experts_step(params, cfg))
+    return moe_body(params, x, cfg, local_experts_step(params, cfg, fp8_weights))
 
 
-def moe(params, x: jax.Array, cfg: MoEConfig, *, mesh=None) -> tuple[jax.Array, MoEStats]:
+def moe(
+    params, x: jax.Array, cfg: MoEConfig, *, mesh=None, fp8_weights=None
+) -> tuple[jax.Array, MoEStats]:
     r"""A Mixture-of-Experts feed-forward layer.
 
     .. math::
@@ -114,6 +118,13 @@ def moe(params, x: jax.Array, cfg: MoEConfig, *, mesh=None) -> tuple[jax.Array, 
         (``jax.jit(jaxmoe.moe, static_argnames="cfg")``, or a closure), as is ``mesh``.
       mesh: a ``jax.sharding.Mesh`` for expert parallelism over ``cfg.ep_axis`` (experts) and
         ``(*cfg.data_axes, cfg.ep_axis)`` (batch); ``None`` runs on one device.
+      fp8_weights: ``None``, or with ``cfg.fp8_recipe`` the routed experts' weights already in
+        FP8, ``jaxmoe.quantize_expert_weights(params, cfg)``: the expert matmuls then read them
+        instead of quantizing ``params["experts"]`` on every call, forward and backward. Made
+        once per optimizer step and reused by its micro-batches, it gives bit for bit the layer
+        without it, gradients of ``params`` included; a stale one (made before the last update)
+        silently runs the previous step's weights. With ``mesh``, pass it with ``E`` over
+        ``cfg.ep_axis`` (as the expert weights; it is laid out so if not).
 
     Returns:
       ``(y, stats)``: ``y`` has ``x``'s shape and dtype; ``stats`` is a :class:`MoEStats`.
@@ -132,13 +143,15 @@ def moe(params, x: jax.Array, cfg: MoEConfig, *, mesh=None) -> tuple[jax.Array, 
     check_static(cfg, mesh)
     x = as_array(x, "x", "moe")
     check_inputs(params, x, cfg)
+    if fp8_weights is not None:
+        check_expert_fp8_weights(fp8_weights, params, cfg)
     if mesh is not None:
-        return moe_sharded(params, x, cfg, mesh)
+        return moe_sharded(params, x, cfg, mesh, fp8_weights)
     if cfg.ep_axis is not None:
         raise ValueError(
             f"moe: cfg.ep_axis={cfg.ep_axis!r} needs a `mesh`; pass mesh=... or set ep_axis=None."
         )
-    return moe_local(params, x, cfg)
+    return moe_local(params, x, cfg, fp8_weights)
 
 
 __all__ = ["MoEStats", "Routing", "moe", "moe_local"]

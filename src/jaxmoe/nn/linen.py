@@ -27,6 +27,12 @@ class MoELinen(nn.Module):
       variables = layer.init(jax.random.key(0), x)
       (y, stats) = layer.apply(variables, x)
 
+    FP8 weights quantized once per step (``cfg.fp8_recipe`` set; see :func:`jaxmoe.moe`), reused
+    by every micro-batch: a call argument, made from the unboxed parameters::
+
+      fp8 = jaxmoe.quantize_expert_weights(nn.unbox(variables["params"]), cfg)
+      (y, stats) = layer.apply(variables, x, fp8)
+
     Scanning layers with ``nn.scan``: the boxed parameters gain a leading layer axis, and
     ``nn.scan`` must be told its logical name through ``metadata_params`` (without it flax raises
     ``PartitioningUnspecifiedError``); map that name in your logical axis rules (e.g. to
@@ -45,7 +51,7 @@ class MoELinen(nn.Module):
     mesh: Any = None
 
     @nn.compact
-    def __call__(self, x: jax.Array) -> tuple[jax.Array, MoEStats]:
+    def __call__(self, x: jax.Array, fp8_weights=None) -> tuple[jax.Array, MoEStats]:
         cfg = self.cfg
         axes = param_logical_axes(cfg)
 
@@ -72,4 +78,4 @@ class MoELinen(nn.Module):
                 "moe_state", "expert_bias", jnp.zeros, (cfg.num_experts,), cfg.param_dtype
             )
             params["expert_bias"] = bias.value
-        return moe(params, x, cfg, mesh=self.mesh)
+        return moe(params, x, cfg, mesh=self.mesh, fp8_weights=fp8_weights)

@@ -65,8 +65,11 @@ class MoE(nnx.Module):
             tree["shared"] = {k: v[...] for k, v in self.shared.items()}
         return tree
 
-    def __call__(self, x: jax.Array) -> tuple[jax.Array, MoEStats]:
-        return moe(self.params_tree(), x, self.cfg, mesh=self.mesh)
+    def __call__(self, x: jax.Array, fp8_weights=None) -> tuple[jax.Array, MoEStats]:
+        """``moe(params, x, cfg, mesh=mesh, fp8_weights=fp8_weights)`` on the current values;
+        ``fp8_weights``: ``jaxmoe.quantize_expert_weights(layer.params_tree(), cfg)``, made once
+        per optimizer step (see :func:`jaxmoe.moe`)."""
+        return moe(self.params_tree(), x, self.cfg, mesh=self.mesh, fp8_weights=fp8_weights)
 
     def update_expert_bias(self, tokens_per_expert: jax.Array, rate: float) -> None:
         """Applies ``jaxmoe.update_expert_bias`` in place (call after an optimizer step)."""

@@ -36,11 +36,18 @@ def gather_fsdp(expert_params: dict, specs: dict, axes) -> dict:
     return out
 
 
-def sharded_experts_step(params, cfg: MoEConfig, expert_specs: dict, group_tokens: int):
-    """The experts step of one shard: dispatch -> exchange -> experts -> exchange -> combine."""
+def sharded_experts_step(
+    params, cfg: MoEConfig, expert_specs: dict, group_tokens: int, fp8_weights=None
+):
+    """The experts step of one shard: dispatch -> exchange -> experts -> exchange -> combine.
+
+    ``fp8_weights``: this rank's experts' FP8 weights (whole experts, never FSDP-sharded), or
+    None. They travel beside the weights as ``expert_fn``'s parameters (a closure would hide
+    them from the overflow loop's custom VJP)."""
     axes = sharding.batch_axes(cfg)
 
-    def experts_fn(buffer, group_sizes, weights):
+    def experts_fn(buffer, group_sizes, weights_and_fp8):
+        weights, fp8 = weights_and_fp8
         return routed_experts(
             buffer,
             group_sizes,
@@ -48,18 +55,20 @@ def sharded_experts_step(params, cfg: MoEConfig, expert_specs: dict, group_token
             cfg.activation,
             cfg.grouped_matmul_backend,
             fp8_recipe=cfg.fp8_recipe,
+            fp8_weights=fp8,
         )
 
     def step(tokens: jax.Array, routing: Routing) -> ExpertsResult:
         with jax.named_scope("experts"):
             weights = gather_fsdp(params["experts"], expert_specs, axes)
+            fp8 = jax.tree.map(lambda value: compat.vary(value, axes), fp8_weights)
         return ExpertsResult(
             *ep_apply_experts(
                 tokens,
                 routing.experts,
                 routing.weights,
                 experts_fn,
-                weights,
+                (weights, fp8),
                 num_experts=cfg.num_experts,
                 axis_name=cfg.ep_axis,
                 exchange=cfg.ep_exchange,
@@ -95,17 +104,21 @@ def _no_tokens_step(tokens: jax.Array, routing: Routing) -> ExpertsResult:
     )
 
 
-def _moe_shard(params, x, *, cfg: MoEConfig, expert_specs: dict, group_tokens: int):
+def _moe_shard(
+    params, x, fp8_weights=None, *, cfg: MoEConfig, expert_specs: dict, group_tokens: int
+):
     axes = sharding.batch_axes(cfg)
 
     def psum_stats(tree):
         return jax.tree.map(lambda value: jax.lax.psum(value, axes), tree)
 
-    step = sharded_experts_step(params, cfg, expert_specs, group_tokens)
+    step = sharded_experts_step(params, cfg, expert_specs, group_tokens, fp8_weights)
     return moe_body(params, x, cfg, step, psum_stats)
 
 
-def moe_sharded(params, x: jax.Array, cfg: MoEConfig, mesh) -> tuple[jax.Array, MoEStats]:
+def moe_sharded(
+    params, x: jax.Array, cfg: MoEConfig, mesh, fp8_weights=None
+) -> tuple[jax.Array, MoEStats]:
     """:func:`jaxmoe.moe` with experts over ``cfg.ep_axis`` and the batch over
     ``(*cfg.data_axes, cfg.ep_axis)`` of ``mesh``: the single-device result, sharded.
 
@@ -113,7 +126,10 @@ def moe_sharded(params, x: jax.Array, cfg: MoEConfig, mesh) -> tuple[jax.Array, 
     with ``data_axes`` the result equals :func:`jaxmoe.moe` run on each data shard separately.
     Losses and ``tokens_per_expert`` are over the global batch; ``dropped_tokens`` sums the
     capacity and receive-bound drops of every rank. A batch of zero tokens gives ``y`` of
-    ``x``'s shape and zero losses and counts, as on one device.
+    ``x``'s shape and zero losses and counts, as on one device. ``fp8_weights``
+    (:func:`jaxmoe.quantize_expert_weights`, checked by the caller) enters with ``E`` over
+    ``cfg.ep_axis``: each rank gets its experts' FP8 weights, the same values it would quantize
+    from its own weights (every quantization block lies inside one expert).
     Memory: :mod:`jaxmoe.parallel.dispatch`.
 
     Raises:
@@ -140,6 +156,10 @@ def moe_sharded(params, x: jax.Array, cfg: MoEConfig, mesh) -> tuple[jax.Array, 
     param_specs = sharding.param_partition_specs(cfg)
     param_specs = {key: param_specs[key] for key in params}
     x_spec = sharding.batch_partition_spec(cfg, x.ndim)
+    operands, in_specs = (params, x), (param_specs, x_spec)
+    if fp8_weights is not None:  # a third operand only when given (shard_map has no None spec)
+        operands += (fp8_weights,)
+        in_specs += (sharding.fp8_weights_partition_specs(cfg, fp8_weights),)
     stats_specs = MoEStats(*([jax.sharding.PartitionSpec()] * len(MoEStats._fields)))
     body = functools.partial(
         _moe_shard,
@@ -157,20 +177,20 @@ def moe_sharded(params, x: jax.Array, cfg: MoEConfig, mesh) -> tuple[jax.Array, 
         # outputs then carry no Explicit mesh type, which eager ops after the layer (the seed
         # of an eager jax.grad) could not place without that context.
         mesh = mesh if _has_context_mesh() else _auto_axes(mesh)
-        params, x = jax.tree.map(
+        operands = jax.tree.map(
             lambda value, spec: jax.device_put(value, jax.sharding.NamedSharding(mesh, spec)),
-            (params, x),
-            (param_specs, x_spec),
+            operands,
+            in_specs,
             is_leaf=lambda node: isinstance(node, jax.sharding.PartitionSpec),
         )
     sharded = jax.shard_map(
         body,
         mesh=mesh,
-        in_specs=(param_specs, x_spec),
+        in_specs=in_specs,
         out_specs=(x_spec, stats_specs),
         check_vma=backend.supports_check_vma,
     )
     # Under an outer jit this jit is inlined. Outside one it makes eager use work: an eager
     # jax.grad evaluates shard_map's transpose op by op, and those ops, put on one device, fail
     # with "Length of device assignment 1 is not equal to the size of the mesh".
-    return jax.jit(sharded)(params, x)
+    return jax.jit(sharded)(*operands)

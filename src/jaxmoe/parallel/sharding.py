@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 
+import jax
 import numpy as np
 from jax.sharding import PartitionSpec
 
@@ -127,6 +128,13 @@ def param_partition_specs(cfg: MoEConfig) -> dict:
     return specs
 
 
+def fp8_weights_partition_specs(cfg: MoEConfig, fp8_weights) -> dict:
+    """``PartitionSpec`` of every array of ``fp8_weights`` (:func:`jaxmoe.quantize_expert_weights`):
+    the leading ``E`` over ``ep_axis``, the rest replicated. Not FSDP-sharded even with
+    ``fsdp_expert_weights``: a rowwise scale spans the whole ``H`` of its expert."""
+    return jax.tree.map(lambda _: PartitionSpec(cfg.ep_axis), fp8_weights)
+
+
 def batch_partition_spec(cfg: MoEConfig, ndim: int) -> PartitionSpec:
     """``PartitionSpec`` of ``x`` (``ndim`` dims): the leading dim over the batch axes."""
     return PartitionSpec(batch_axes(cfg), *([None] * (ndim - 1)))
@@ -136,6 +144,7 @@ __all__ = [
     "batch_axes",
     "batch_partition_spec",
     "check_mesh",
+    "fp8_weights_partition_specs",
     "logical_axis_rules",
     "mesh_axis_size",
     "param_partition_specs",

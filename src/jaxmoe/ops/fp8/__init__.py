@@ -2,12 +2,14 @@
 
 ``quantize.py`` (FP8 casts with block scales), ``recipe.py`` (rowwise and DeepSeek-V3 blockwise
 scaling), ``base.py`` (the backend interface), ``reference.py`` and ``xla.py`` (backends),
-``api.py`` (``fp8_grouped_matmul`` with its custom VJP, ``scaled_grouped_matmul``).
+``api.py`` (``fp8_grouped_matmul`` with its custom VJP, ``scaled_grouped_matmul``),
+``weights.py`` (``Fp8Weights``: FP8 weights quantized once per step, reused by micro-batches).
 """
 
 from jaxmoe.ops.fp8.api import (
     FP8_BACKEND_NAMES,
     fp8_grouped_matmul,
+    quantize_fp8_weights,
     resolve_fp8_backend,
     scaled_grouped_matmul,
 )
@@ -15,6 +17,7 @@ from jaxmoe.ops.fp8.base import ScaledGroupedMatmulBackend
 from jaxmoe.ops.fp8.quantize import E4M3, E5M2, SCALE_EPS, dequantize, fp8_max, quantize
 from jaxmoe.ops.fp8.recipe import RECIPE_NAMES, Fp8Recipe, resolve_recipe
 from jaxmoe.ops.fp8.reference import ReferenceScaledGroupedMatmul
+from jaxmoe.ops.fp8.weights import Fp8Weights
 from jaxmoe.ops.fp8.xla import XlaScaledGroupedMatmul
 
 __all__ = [
@@ -24,6 +27,7 @@ __all__ = [
     "RECIPE_NAMES",
     "SCALE_EPS",
     "Fp8Recipe",
+    "Fp8Weights",
     "ReferenceScaledGroupedMatmul",
     "ScaledGroupedMatmulBackend",
     "XlaScaledGroupedMatmul",
@@ -31,6 +35,7 @@ __all__ = [
     "fp8_grouped_matmul",
     "fp8_max",
     "quantize",
+    "quantize_fp8_weights",
     "resolve_fp8_backend",
     "resolve_recipe",
     "scaled_grouped_matmul",

@@ -6,12 +6,20 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jaxmoe.choices import GROUPED_MATMUL_BACKENDS
 from jaxmoe.ops.fp8.base import ScaledGroupedMatmulBackend, check_scaled_args
 from jaxmoe.ops.fp8.quantize import dequantize, quantize
 from jaxmoe.ops.fp8.recipe import Fp8Recipe, resolve_recipe
 from jaxmoe.ops.fp8.reference import ReferenceScaledGroupedMatmul
+from jaxmoe.ops.fp8.weights import (
+    Fp8Weights,
+    check_fp8_weights,
+    dgrad_weights,
+    make_fp8_weights,
+    quantize_weights,
+)
 from jaxmoe.ops.fp8.xla import XlaScaledGroupedMatmul
 from jaxmoe.ops.grouped_matmul.api import default_backend_name
 from jaxmoe.ops.grouped_matmul.base import check_grouped_matmul_args, clip_group_sizes
@@ -125,29 +133,12 @@ def scaled_grouped_matmul(
     )
 
 
-def quantize_weights(rhs, recipe: Fp8Recipe, k_major: bool):
-    """``quantize(rhs, recipe.rhs_blocks, recipe.dtype)``, bit for bit; with ``k_major`` the FP8
-    weights are laid out ``[G, N, K]`` in memory (returned as their ``[G, K, N]`` transpose,
-    which a kernel's own swap to K-major cancels).
-
-    Why: FP8 ``wgmma`` reads the weights K-major. Quantizing ``[G, K, N]`` and letting the
-    kernel's transpose fuse into the cast ran at 1.0 TB/s on an H100 (2.29 ms for a Mixtral
-    ``[8, 4096, 14336]`` weight); the bf16 transpose in a pass of its own (the barrier keeps it
-    out of the cast's fusion), then the quantization along the now-last K axis, took 1.56 ms
-    (``benchmarks/results/raw/h100-run8/call1``). Amax, scale and cast see the same values
-    either way, so the result is the same bits.
-    """
-    if not k_major:
-        return quantize(rhs, recipe.rhs_blocks, recipe.dtype)
-    rhs_t = jax.lax.optimization_barrier(jnp.swapaxes(rhs, 1, 2))
-    group_block, k_block, n_block = recipe.rhs_blocks
-    rhs_t_q, rhs_t_scale = quantize(rhs_t, (group_block, n_block, k_block), recipe.dtype)
-    return jnp.swapaxes(rhs_t_q, 1, 2), jnp.swapaxes(rhs_t_scale, 1, 2)
-
-
-def _forward(lhs, rhs, group_sizes, recipe, impl, out_dtype):
+def _forward(lhs, rhs, rhs_fp8, group_sizes, recipe, impl, out_dtype):
     lhs_q, lhs_scale = quantize(lhs, recipe.lhs_blocks, recipe.dtype)
-    rhs_q, rhs_scale = quantize_weights(rhs, recipe, impl.k_major_weights)
+    if rhs_fp8 is None:
+        rhs_q, rhs_scale = quantize_weights(rhs, recipe, impl.k_major_weights)
+    else:
+        rhs_q, rhs_scale = rhs_fp8.forward_operand()
     out = impl.scaled_gmm(
         lhs_q, lhs_scale, rhs_q, rhs_scale, group_sizes, recipe=recipe, out_dtype=out_dtype
     )
@@ -155,27 +146,29 @@ def _forward(lhs, rhs, group_sizes, recipe, impl, out_dtype):
     # forward used) and the weights as given (a parameter: alive anyway). Blockwise also keeps
     # its FP8 weights: square blocks quantize the transposed weights to the same values, so the
     # dgrad reuses them instead of a second pass over the weights (reading 2 bytes and writing
-    # 1 per weight: on an H100 ~1.4 ms per step for Mixtral's 1.4 G expert weights).
-    weights_q = (rhs_q, rhs_scale) if recipe.name == "blockwise" else None
-    return out, (lhs_q, lhs_scale, rhs, weights_q, group_sizes)
+    # 1 per weight: on an H100 ~1.4 ms per step for Mixtral's 1.4 G expert weights). A cache
+    # (rhs_fp8) holds the dgrad operand itself: no pass over the weights at all.
+    if rhs_fp8 is None and recipe.name == "blockwise":
+        rhs_fp8 = Fp8Weights(rhs_q, rhs_scale, None, None, recipe, impl.k_major_weights)
+    return out, (lhs_q, lhs_scale, rhs, rhs_fp8, group_sizes)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5))
-def _fp8_grouped_matmul(lhs, rhs, group_sizes, recipe, impl, out_dtype):
-    return _forward(lhs, rhs, group_sizes, recipe, impl, out_dtype)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6))
+def _fp8_grouped_matmul(lhs, rhs, rhs_fp8, group_sizes, recipe, impl, out_dtype):
+    return _forward(lhs, rhs, rhs_fp8, group_sizes, recipe, impl, out_dtype)[0]
 
 
 def _fp8_grouped_matmul_bwd(recipe, impl, out_dtype, residuals, grad_out):
-    lhs_q, lhs_scale, rhs, weights_q, group_sizes = residuals
+    lhs_q, lhs_scale, rhs, rhs_fp8, group_sizes = residuals
     # dgrad: d lhs = d out @ rhs[g]^T, a contraction over N. Both operands are quantized with the
     # forward's layout turned to that contraction: d out like an activation (rowwise: per row;
     # blockwise: 1 x b tiles along N), rhs^T [G, N, K] like a weight (rowwise: per (g, k);
-    # blockwise: the same b x b blocks, transposed).
+    # blockwise: the same b x b blocks, transposed: Fp8Weights.dgrad_operand).
     grad_q, grad_scale = quantize(grad_out, recipe.lhs_blocks, recipe.grad_dtype)
-    if weights_q is None:
-        rhs_t_q, rhs_t_scale = quantize(jnp.swapaxes(rhs, 1, 2), recipe.rhs_blocks, recipe.dtype)
-    else:  # b x b blocks: quantize(w^T) == quantize(w)^T, scales transposed alike
-        rhs_t_q, rhs_t_scale = (jnp.swapaxes(a, 1, 2) for a in weights_q)
+    if rhs_fp8 is None:  # rowwise, uncached: the second pass over the weights
+        rhs_t_q, rhs_t_scale = dgrad_weights(rhs, recipe)
+    else:
+        rhs_t_q, rhs_t_scale = rhs_fp8.dgrad_operand()
     grad_lhs = impl.scaled_gmm(  # rhs.dtype is lhs's dtype (checked)
         grad_q, grad_scale, rhs_t_q, rhs_t_scale, group_sizes, recipe=recipe, out_dtype=rhs.dtype
     )
@@ -186,7 +179,9 @@ def _fp8_grouped_matmul_bwd(recipe, impl, out_dtype, residuals, grad_out):
     # Mixtral layer's backward at 1/5 of the bf16 layer's speed on an H100).
     lhs = dequantize(lhs_q, lhs_scale, recipe.lhs_blocks).astype(grad_out.dtype)
     grad_rhs = impl.tgmm(lhs, grad_out, group_sizes, out_dtype=rhs.dtype)
-    return grad_lhs, grad_rhs, None
+    # The FP8 cache is a constant of the step (the master weight rhs takes the gradient): None
+    # is its zero cotangent.
+    return grad_lhs, grad_rhs, None, None
 
 
 _fp8_grouped_matmul.defvjp(_forward, _fp8_grouped_matmul_bwd)
@@ -200,6 +195,7 @@ def fp8_grouped_matmul(
     recipe: str | Fp8Recipe = "rowwise",
     backend: str | ScaledGroupedMatmulBackend | None = None,
     preferred_element_type=None,
+    rhs_fp8: Fp8Weights | None = None,
 ) -> jax.Array:
     r""":func:`jaxmoe.grouped_matmul` with both operands quantized to FP8 by ``recipe``.
 
@@ -227,6 +223,17 @@ def fp8_grouped_matmul(
     On CPU the quantization is a separate pass before the op; a GPU kernel would fuse the
     activation cast into the permutation or its prologue.
 
+    Weights quantized once per step (``rhs_fp8``): ``Q_w(rhs)`` and ``Q_w'(rhs)^T`` above depend
+    on ``rhs`` only, which does not change between an optimizer step's micro-batches; with
+    ``rhs_fp8 = quantize_fp8_weights(rhs, recipe, backend)`` made once per step, the forward
+    reads ``Q_w(rhs) = rhs_fp8.forward_operand()`` and the dgrad ``Q_w'(rhs)^T =
+    rhs_fp8.dgrad_operand()`` instead of quantizing ``rhs`` again (TransformerEngine's
+    ``is_first_microbatch``). Bit for bit the op without it; the wgrad is still ``d rhs``, in
+    ``rhs``'s dtype (``rhs_fp8`` gets a zero gradient: it is a constant of the step). The
+    caller promises that ``rhs_fp8`` was made from these ``rhs`` values: it cannot be checked
+    under ``jit``, and a stale cache (the previous step's weights) silently runs the forward
+    and dgrad on the old weights while the wgrad is taken at the new ones.
+
     Args:
       lhs: ``[M, K]`` rows sorted by group.
       rhs: ``[G, K, N]``, same floating dtype as ``lhs``.
@@ -237,9 +244,15 @@ def fp8_grouped_matmul(
         Hopper; forward and dgrad) or a :class:`ScaledGroupedMatmulBackend`;
         ``"pallas_triton"`` raises ``NotImplementedError``.
       preferred_element_type: dtype of the result (default ``lhs.dtype``).
+      rhs_fp8: ``None`` (quantize ``rhs`` here) or an :class:`Fp8Weights` made from ``rhs``
+        by :func:`quantize_fp8_weights` with the same ``recipe`` and ``backend``.
 
     Returns:
       ``[M, N]``.
+
+    Raises:
+      ValueError: ``rhs_fp8`` does not match ``rhs`` (shape), ``recipe`` or the backend's
+        weight layout; checked in Python, before tracing.
 
     Example::
 
@@ -256,5 +269,47 @@ def fp8_grouped_matmul(
     impl = resolve_fp8_backend(backend)
     lhs, rhs = jnp.asarray(lhs), jnp.asarray(rhs)
     out_dtype = jnp.dtype(preferred_element_type or lhs.dtype)
+    if rhs_fp8 is not None:
+        check_fp8_weights(
+            rhs_fp8,
+            rhs.shape,
+            recipe,
+            impl.k_major_weights,
+            name="rhs_fp8",
+            caller="fp8_grouped_matmul",
+        )
     group_sizes = clip_group_sizes(jnp.asarray(group_sizes), lhs.shape[0])
-    return _fp8_grouped_matmul(lhs, rhs, group_sizes, recipe, impl, out_dtype)
+    return _fp8_grouped_matmul(lhs, rhs, rhs_fp8, group_sizes, recipe, impl, out_dtype)
+
+
+def quantize_fp8_weights(
+    rhs: jax.Array,
+    recipe: str | Fp8Recipe = "rowwise",
+    backend: str | ScaledGroupedMatmulBackend | None = None,
+) -> Fp8Weights:
+    r"""``rhs [G, K, N]`` in FP8 once, for every ``fp8_grouped_matmul(rhs_fp8=...)`` of a step.
+
+    Returns the :class:`Fp8Weights` whose forward operand is ``quantize_weights(rhs, recipe,
+    k_major)`` and whose dgrad operand is ``quantize(rhs^T, recipe.rhs_blocks)`` (blockwise:
+    the forward one transposed), exactly what :func:`fp8_grouped_matmul` computes from ``rhs``
+    on each call; ``k_major`` is the resolved ``backend``'s weight layout. Call it once per
+    optimizer step, after the update, and pass the result to every micro-batch: a cache from
+    before the update holds the previous step's weights. Its arrays carry no gradient.
+
+    Example::
+
+      >>> w = jnp.ones((2, 256, 8)) / 256; x = jnp.ones((5, 256))
+      >>> w8 = quantize_fp8_weights(w, "blockwise", "xla")
+      >>> fp8_grouped_matmul(x, w, jnp.array([2, 1]), recipe="blockwise", backend="xla",
+      ...                    rhs_fp8=w8)[:, 0]
+      Array([1.0000001, 1.0000001, 1.0000001, 0.       , 0.       ], dtype=float32)
+    """
+    recipe = resolve_recipe(recipe, "quantize_fp8_weights")
+    if np.ndim(rhs) != 3 or not jnp.issubdtype(jnp.result_type(rhs), jnp.floating):
+        raise ValueError(
+            "quantize_fp8_weights: `rhs` must be a floating [G, K, N] weight; got "
+            f"{jnp.result_type(rhs)} {np.shape(rhs)}. Pass the expert weight fp8_grouped_matmul "
+            "takes as rhs."
+        )
+    impl = resolve_fp8_backend(backend)
+    return make_fp8_weights(rhs, recipe, impl.k_major_weights)
