@@ -230,24 +230,52 @@ def test_square_blocks_quantize_the_transpose_to_the_transposed_values(shape):
     np.testing.assert_array_equal(np.asarray(jnp.swapaxes(scale, 1, 2)), np.asarray(scale_t))
 
 
+def _assert_same_bits(got, want):
+    for a, b in zip(got, want, strict=True):
+        assert a.shape == b.shape and a.dtype == b.dtype
+        np.testing.assert_array_equal(np.asarray(a.astype(jnp.float32)), b.astype(jnp.float32))
+
+
 @pytest.mark.parametrize("recipe", [Fp8Recipe("rowwise"), Fp8Recipe("blockwise", block_size=16)])
 def test_k_major_weight_quantization_is_the_same_bits_in_its_own_transpose_pass(recipe):
     """The K-major weights an FP8 ``wgmma`` reads: a bf16 transpose kept out of the cast's
     fusion (an optimization barrier), then the quantization along K; the same bits as
-    quantizing ``[G, K, N]`` (ragged edge blocks included)."""
-    from jaxmoe.ops.fp8 import api
+    quantizing ``[G, K, N]`` (ragged edge blocks included). Held as the kernels read them:
+    the forward operand ``[G, N, K]``, the rowwise dgrad's ``[G, K, N]`` (K = 40 is no multiple
+    of 16, so this is XLA's path, not the Pallas quantizer's)."""
+    from jaxmoe.ops.fp8 import weights as fp8_weights
 
     weights = jnp.asarray(np.random.default_rng(1).standard_normal((3, 40, 24)), jnp.bfloat16)
-    want = quantize(weights, recipe.rhs_blocks, recipe.dtype)
-    got = api.quantize_weights(weights, recipe, k_major=True)
-    for a, b in zip(got, want, strict=True):
-        assert a.shape == b.shape and a.dtype == b.dtype
-        np.testing.assert_array_equal(np.asarray(a.astype(jnp.float32)), b.astype(jnp.float32))
-    jaxpr = str(jax.make_jaxpr(lambda w: api.quantize_weights(w, recipe, k_major=True))(weights))
-    lines = jaxpr.splitlines()
+    made = fp8_weights.make_fp8_weights(weights, recipe, k_major=True)
+    assert made.q.shape == (3, 24, 40)
+    _assert_same_bits(made.forward_operand(), quantize(weights, recipe.rhs_blocks, recipe.dtype))
+    transposed = jnp.swapaxes(weights, 1, 2)
+    _assert_same_bits(made.dgrad_operand(), quantize(transposed, recipe.rhs_blocks, recipe.dtype))
+    if recipe.name == "rowwise":
+        assert made.q_t.shape == (3, 40, 24)  # the master weight's layout: the dgrad's K-major
+    jaxpr = jax.make_jaxpr(lambda w: fp8_weights.make_fp8_weights(w, recipe, True))(weights)
+    lines = str(jaxpr).splitlines()
     barrier = next(i for i, line in enumerate(lines) if "optimization_barrier" in line)
     assert "bf16[3,24,40]" in lines[barrier]  # the bf16 weights, transposed, behind the barrier
     assert any("transpose" in line for line in lines[:barrier])
+
+
+def test_k_major_rowwise_weights_come_from_the_pallas_quantizer_bit_for_bit():
+    """Rowwise, K-major, dims multiples of 16: both operands from the two-pass Pallas kernel
+    (the interpreter here), the same bits as XLA's quantize, each in its kernel's layout."""
+    from jaxmoe.ops.fp8 import weights as fp8_weights
+
+    recipe = Fp8Recipe("rowwise")
+    rng = np.random.default_rng(2)
+    spread = np.exp(rng.uniform(-3, 3, (2, 1, 48)))
+    weights = jnp.asarray(rng.standard_normal((2, 32, 48)) * spread, jnp.bfloat16)
+    jaxpr = str(jax.make_jaxpr(lambda w: fp8_weights.make_fp8_weights(w, recipe, True))(weights))
+    assert "pallas_call" in jaxpr
+    made = fp8_weights.make_fp8_weights(weights, recipe, k_major=True)
+    assert made.q.shape == (2, 48, 32) and made.q_t.shape == (2, 32, 48)
+    _assert_same_bits(made.forward_operand(), quantize(weights, recipe.rhs_blocks, recipe.dtype))
+    transposed = jnp.swapaxes(weights, 1, 2)
+    _assert_same_bits(made.dgrad_operand(), quantize(transposed, recipe.rhs_blocks, recipe.dtype))
 
 
 def test_blockwise_backward_quantizes_the_weights_once(monkeypatch):

@@ -16,9 +16,7 @@ from jaxmoe.ops.fp8.reference import ReferenceScaledGroupedMatmul
 from jaxmoe.ops.fp8.weights import (
     Fp8Weights,
     check_fp8_weights,
-    dgrad_weights,
     make_fp8_weights,
-    quantize_weights,
 )
 from jaxmoe.ops.fp8.xla import XlaScaledGroupedMatmul
 from jaxmoe.ops.grouped_matmul.api import default_backend_name
@@ -136,20 +134,18 @@ def scaled_grouped_matmul(
 def _forward(lhs, rhs, rhs_fp8, group_sizes, recipe, impl, out_dtype):
     lhs_q, lhs_scale = quantize(lhs, recipe.lhs_blocks, recipe.dtype)
     if rhs_fp8 is None:
-        rhs_q, rhs_scale = quantize_weights(rhs, recipe, impl.k_major_weights)
-    else:
-        rhs_q, rhs_scale = rhs_fp8.forward_operand()
+        rhs_fp8 = make_fp8_weights(rhs, recipe, impl.k_major_weights)
+    rhs_q, rhs_scale = rhs_fp8.forward_operand()
     out = impl.scaled_gmm(
         lhs_q, lhs_scale, rhs_q, rhs_scale, group_sizes, recipe=recipe, out_dtype=out_dtype
     )
     # Saved for backward: the FP8 activations (half the bytes of bf16, and the exact operand the
-    # forward used) and the weights as given (a parameter: alive anyway). Blockwise also keeps
-    # its FP8 weights: square blocks quantize the transposed weights to the same values, so the
-    # dgrad reuses them instead of a second pass over the weights (reading 2 bytes and writing
-    # 1 per weight: on an H100 ~1.4 ms per step for Mixtral's 1.4 G expert weights). A cache
-    # (rhs_fp8) holds the dgrad operand itself: no pass over the weights at all.
-    if rhs_fp8 is None and recipe.name == "blockwise":
-        rhs_fp8 = Fp8Weights(rhs_q, rhs_scale, None, None, recipe, impl.k_major_weights)
+    # forward used), the weights as given (a parameter: alive anyway, read for its dtype) and
+    # the FP8 weights with the dgrad's operand. Uncached, that operand is made here with the
+    # forward's (one pass pair over the weights per step: on a GPU both in two Pallas passes,
+    # 1.08 ms per Mixtral weight on an H100, against 2.9 ms for XLA's forward operand then the
+    # dgrad's in the backward), at 0.5 bytes per weight of residual memory (rowwise; blockwise
+    # reuses the forward's, transposed). A cache (rhs_fp8) costs no pass at all.
     return out, (lhs_q, lhs_scale, rhs, rhs_fp8, group_sizes)
 
 
@@ -165,10 +161,7 @@ def _fp8_grouped_matmul_bwd(recipe, impl, out_dtype, residuals, grad_out):
     # blockwise: 1 x b tiles along N), rhs^T [G, N, K] like a weight (rowwise: per (g, k);
     # blockwise: the same b x b blocks, transposed: Fp8Weights.dgrad_operand).
     grad_q, grad_scale = quantize(grad_out, recipe.lhs_blocks, recipe.grad_dtype)
-    if rhs_fp8 is None:  # rowwise, uncached: the second pass over the weights
-        rhs_t_q, rhs_t_scale = dgrad_weights(rhs, recipe)
-    else:
-        rhs_t_q, rhs_t_scale = rhs_fp8.dgrad_operand()
+    rhs_t_q, rhs_t_scale = rhs_fp8.dgrad_operand()
     grad_lhs = impl.scaled_gmm(  # rhs.dtype is lhs's dtype (checked)
         grad_q, grad_scale, rhs_t_q, rhs_t_scale, group_sizes, recipe=recipe, out_dtype=rhs.dtype
     )
@@ -289,12 +282,13 @@ def quantize_fp8_weights(
 ) -> Fp8Weights:
     r"""``rhs [G, K, N]`` in FP8 once, for every ``fp8_grouped_matmul(rhs_fp8=...)`` of a step.
 
-    Returns the :class:`Fp8Weights` whose forward operand is ``quantize_weights(rhs, recipe,
-    k_major)`` and whose dgrad operand is ``quantize(rhs^T, recipe.rhs_blocks)`` (blockwise:
-    the forward one transposed), exactly what :func:`fp8_grouped_matmul` computes from ``rhs``
-    on each call; ``k_major`` is the resolved ``backend``'s weight layout. Call it once per
-    optimizer step, after the update, and pass the result to every micro-batch: a cache from
-    before the update holds the previous step's weights. Its arrays carry no gradient.
+    Returns the :class:`Fp8Weights` whose forward operand is ``quantize(rhs,
+    recipe.rhs_blocks)`` and whose dgrad operand is ``quantize(rhs^T, recipe.rhs_blocks)``
+    (blockwise: the forward one transposed), held in the layout the resolved ``backend``'s
+    kernel reads: exactly what :func:`fp8_grouped_matmul` computes from ``rhs`` on each call.
+    Call it once per optimizer step, after the update, and pass the result to every
+    micro-batch: a cache from before the update holds the previous step's weights. Its arrays
+    carry no gradient.
 
     Example::
 

@@ -65,7 +65,7 @@ class ScaledGroupedMatmulBackend(abc.ABC):
     @property
     def k_major_weights(self) -> bool:
         """Whether ``scaled_gmm`` reads the weights K-major (``[G, N, K]`` in memory): then
-        :func:`jaxmoe.ops.fp8.api.quantize_weights` writes them so."""
+        :func:`jaxmoe.ops.fp8.weights.make_fp8_weights` writes them so."""
         return False
 
     @abc.abstractmethod

@@ -109,6 +109,19 @@ def fit_block(dim: int, want: int, what: str) -> int:
     return block
 
 
+def supports(w_shape, w_dtype, fp8_dtype) -> bool:
+    """Whether :func:`quantize_weights_rowwise_pallas` takes a ``w_shape`` ``w_dtype`` weight
+    quantized to ``fp8_dtype`` (else the caller keeps XLA's :func:`quantize`)."""
+    return (
+        len(w_shape) == 3
+        and w_shape[0] >= 1
+        and w_shape[1] % MIN_BLOCK == 0
+        and w_shape[2] % MIN_BLOCK == 0
+        and jnp.dtype(w_dtype) in WEIGHT_DTYPES
+        and jnp.dtype(fp8_dtype) == E4M3
+    )
+
+
 def check_weight(w) -> None:
     """ValueError unless ``w`` is a non-empty ``[G, K, N]`` bf16/f16/f32 weight."""
     if getattr(w, "ndim", None) != 3:

@@ -28,6 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxmoe.ops.fp8 import weight_quantize_pallas
 from jaxmoe.ops.fp8.quantize import quantize, scale_shape
 from jaxmoe.ops.fp8.recipe import Fp8Recipe
 
@@ -38,17 +39,24 @@ class Fp8Weights:
 
     A pytree: the arrays are its leaves (``None`` is an empty subtree), ``recipe`` and
     ``k_major`` are static metadata, so it passes through ``jit``, ``scan`` and ``shard_map``.
+    The FP8 arrays are held in the memory layout the backend's kernel reads, so that a cache
+    made in one ``jit`` and read in another costs no transpose: FP8 ``wgmma`` reads both
+    operands K-major (the contraction dim contiguous), i.e. ``[G, N, K]`` for the forward
+    (contraction over K) and ``[G, K, N]``, the master weight's own layout, for the dgrad
+    (contraction over N). :meth:`forward_operand` and :meth:`dgrad_operand` give the logical
+    operands; the kernel's own swap to K-major cancels their transposes.
 
     Attributes:
-      q: ``[G, K, N]`` FP8 (``recipe.dtype``), the forward operand as
-        :func:`quantize_weights` returns it.
+      q: the forward operand ``quantize(rhs, recipe.rhs_blocks)``: FP8 (``recipe.dtype``)
+        ``[G, N, K]`` with ``k_major``, ``[G, K, N]`` without.
       scale: float32 ``[G, 1, N]`` (rowwise) or ``[G, ceil(K/b), ceil(N/b)]`` (blockwise).
-      q_t: ``[G, N, K]`` FP8, the dgrad operand (rowwise: one scale per (g, k)); ``None`` for
-        blockwise, whose dgrad operand is ``q`` transposed (:meth:`dgrad_operand`).
+      q_t: the rowwise dgrad operand ``quantize(rhs^T, recipe.rhs_blocks)`` (one scale per
+        (g, k)): ``[G, K, N]`` with ``k_major``, ``[G, N, K]`` without; ``None`` for blockwise,
+        whose dgrad operand is the forward one transposed (:meth:`dgrad_operand`).
       scale_t: float32 ``[G, 1, K]`` (rowwise); ``None`` for blockwise.
       recipe: the :class:`Fp8Recipe` it was quantized with.
-      k_major: whether ``q`` was written K-major (``[G, N, K]`` in memory), as the backend it
-        was made for reads it; the values are the same bits either way.
+      k_major: whether it was made for a backend reading K-major weights (the Mosaic GPU
+        kernel on a GPU); the values are the same bits either way.
     """
 
     q: jax.Array
@@ -60,13 +68,14 @@ class Fp8Weights:
 
     def forward_operand(self) -> tuple[jax.Array, jax.Array]:
         """``(q, scale)``: ``[G, K, N]`` weights for ``out = lhs @ w[g]``."""
-        return self.q, self.scale
+        return _logical(self.q, self.k_major), self.scale
 
     def dgrad_operand(self) -> tuple[jax.Array, jax.Array]:
         """``(q_t, scale_t)``: ``[G, N, K]`` weights for ``d lhs = d out @ w[g]^T``."""
         if self.q_t is None:  # blockwise: b x b blocks, quantize(w^T) == quantize(w)^T
-            return jnp.swapaxes(self.q, 1, 2), jnp.swapaxes(self.scale, 1, 2)
-        return self.q_t, self.scale_t
+            q, scale = self.forward_operand()
+            return jnp.swapaxes(q, 1, 2), jnp.swapaxes(scale, 1, 2)
+        return _logical(self.q_t, self.k_major), self.scale_t
 
 
 jax.tree_util.register_dataclass(
@@ -74,52 +83,67 @@ jax.tree_util.register_dataclass(
 )
 
 
-def quantize_weights(rhs, recipe: Fp8Recipe, k_major: bool):
-    """``quantize(rhs, recipe.rhs_blocks, recipe.dtype)``, bit for bit; with ``k_major`` the FP8
-    weights are laid out ``[G, N, K]`` in memory (returned as their ``[G, K, N]`` transpose,
-    which a kernel's own swap to K-major cancels).
+def _logical(stored: jax.Array, k_major: bool) -> jax.Array:
+    """A stored FP8 operand as its logical ``[G, contraction, out]`` array."""
+    return jnp.swapaxes(stored, 1, 2) if k_major else stored
 
-    Why: FP8 ``wgmma`` reads the weights K-major. Quantizing ``[G, K, N]`` and letting the
-    kernel's transpose fuse into the cast ran at 1.0 TB/s on an H100 (2.29 ms for a Mixtral
-    ``[8, 4096, 14336]`` weight); the bf16 transpose in a pass of its own (the barrier keeps it
-    out of the cast's fusion), then the quantization along the now-last K axis, took 1.56 ms
-    (``benchmarks/results/raw/h100-run8/call1``). Amax, scale and cast see the same values
-    either way, so the result is the same bits.
+
+def _quantize_last_axis_contracted(rhs, recipe: Fp8Recipe, transpose: bool):
+    """``quantize`` of ``rhs`` (or ``rhs^T`` with ``transpose``) contracted over its middle dim,
+    written with the contraction dim last (K-major): ``(q [G, out, contraction], scale [G, 1,
+    out])`` (blockwise: the scale ``[G, ceil(contraction / b), ceil(out / b)]``).
+
+    Why a pass of its own for the transpose: quantizing ``[G, K, N]`` and letting the kernel's
+    transpose fuse into the cast ran at 1.0 TB/s on an H100 (2.29 ms for a Mixtral ``[8, 4096,
+    14336]`` weight); the bf16 transpose alone (the barrier keeps it out of the cast's fusion),
+    then the quantization along the now-last axis, took 1.56 ms (``benchmarks/results/raw/
+    h100-run8/call1``). Amax, scale and cast see the same values either way: the same bits.
     """
-    if not k_major:
-        return quantize(rhs, recipe.rhs_blocks, recipe.dtype)
-    rhs_t = jax.lax.optimization_barrier(jnp.swapaxes(rhs, 1, 2))
-    group_block, k_block, n_block = recipe.rhs_blocks
-    rhs_t_q, rhs_t_scale = quantize(rhs_t, (group_block, n_block, k_block), recipe.dtype)
-    return jnp.swapaxes(rhs_t_q, 1, 2), jnp.swapaxes(rhs_t_scale, 1, 2)
-
-
-def dgrad_weights(rhs, recipe: Fp8Recipe):
-    """The rowwise dgrad operand: ``rhs^T [G, N, K]`` quantized for a contraction over N (one
-    scale per (g, k)); ``(None, None)`` for blockwise, which transposes the forward operand."""
-    if recipe.name == "blockwise":
-        return None, None
-    return quantize(jnp.swapaxes(rhs, 1, 2), recipe.rhs_blocks, recipe.dtype)
+    group_block, contraction_block, out_block = recipe.rhs_blocks
+    if transpose:
+        rhs = jax.lax.optimization_barrier(jnp.swapaxes(rhs, 1, 2))
+    q, scale = quantize(rhs, (group_block, out_block, contraction_block), recipe.dtype)
+    return q, jnp.swapaxes(scale, 1, 2)
 
 
 def make_fp8_weights(rhs, recipe: Fp8Recipe, k_major: bool) -> Fp8Weights:
-    """Both operands of ``rhs`` (see the module docstring), as constants: no gradient flows
-    from them back to ``rhs`` (the master weight's gradient is the op's wgrad)."""
+    """Both operands of ``rhs`` (see :class:`Fp8Weights`), as constants: no gradient flows from
+    them back to ``rhs`` (the master weight's gradient is the op's wgrad).
+
+    Rowwise for a K-major backend on a GPU: both in two passes over ``rhs`` by
+    :func:`.weight_quantize_pallas.quantize_weights_rowwise_pallas` (bit for bit XLA's;
+    1.08 ms against 1.72 ms per Mixtral weight on an H100, ``benchmarks/results/raw/
+    h100-wquant``). Otherwise XLA's :func:`quantize`, each operand in its kernel's layout.
+    """
     rhs = jax.lax.stop_gradient(jnp.asarray(rhs))
-    q, scale = quantize_weights(rhs, recipe, k_major)
-    q_t, scale_t = dgrad_weights(rhs, recipe)
-    return Fp8Weights(q, scale, q_t, scale_t, recipe, bool(k_major))
+    if recipe.name == "blockwise":
+        if k_major:  # the forward reads [G, N, K]
+            q, scale = _quantize_last_axis_contracted(rhs, recipe, transpose=True)
+        else:
+            q, scale = quantize(rhs, recipe.rhs_blocks, recipe.dtype)
+        return Fp8Weights(q, scale, None, None, recipe, bool(k_major))
+    if k_major and weight_quantize_pallas.supports(rhs.shape, rhs.dtype, recipe.dtype):
+        q, scale, q_t, scale_t = weight_quantize_pallas.quantize_weights_rowwise_pallas(rhs)
+        return Fp8Weights(q, scale, q_t, jnp.swapaxes(scale_t, 1, 2), recipe, True)
+    if k_major:
+        q, scale = _quantize_last_axis_contracted(rhs, recipe, transpose=True)
+        # The dgrad contracts over N, rhs's last dim: rhs's own layout is its K-major.
+        q_t, scale_t = _quantize_last_axis_contracted(rhs, recipe, transpose=False)
+        return Fp8Weights(q, scale, q_t, scale_t, recipe, True)
+    q, scale = quantize(rhs, recipe.rhs_blocks, recipe.dtype)
+    q_t, scale_t = quantize(jnp.swapaxes(rhs, 1, 2), recipe.rhs_blocks, recipe.dtype)
+    return Fp8Weights(q, scale, q_t, scale_t, recipe, False)
 
 
-def _expected_leaves(rhs_shape: tuple, recipe: Fp8Recipe) -> dict:
+def _expected_leaves(rhs_shape: tuple, recipe: Fp8Recipe, k_major: bool) -> dict:
     groups, k, n = rhs_shape
     transposed = (groups, n, k)
     leaves = {
-        "q": (rhs_shape, recipe.dtype),
+        "q": (transposed if k_major else rhs_shape, recipe.dtype),
         "scale": (scale_shape(rhs_shape, recipe.rhs_blocks), jnp.dtype(jnp.float32)),
     }
     if recipe.name != "blockwise":
-        leaves["q_t"] = (transposed, recipe.dtype)
+        leaves["q_t"] = (rhs_shape if k_major else transposed, recipe.dtype)
         leaves["scale_t"] = (scale_shape(transposed, recipe.rhs_blocks), jnp.dtype(jnp.float32))
     return leaves
 
@@ -157,7 +181,7 @@ def check_fp8_weights(
             f"weights; this backend reads {_layout(k_major)}. Pass the same `backend` to "
             f"quantize_fp8_weights as to the matmul. {fix}"
         )
-    for field, (shape, dtype) in _expected_leaves(tuple(rhs_shape), recipe).items():
+    for field, (shape, dtype) in _expected_leaves(tuple(rhs_shape), recipe, k_major).items():
         value = getattr(rhs_fp8, field)
         got = None if value is None else (tuple(np.shape(value)), jnp.result_type(value))
         if got != (tuple(shape), dtype):
