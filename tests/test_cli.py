@@ -117,14 +117,23 @@ def test_bench_layer_fp8_recipe_rows(tmp_path):
     from jaxmoe.bench import layer
 
     out = tmp_path / "layer.json"
-    argv = ["bench", "layer", "--impls", "jaxmoe,jaxmoe-fp8-rowwise", "--pass", "fwd"]
+    impls = "jaxmoe,jaxmoe-fp8-rowwise,jaxmoe-fp8-rowwise-cached"
+    argv = ["bench", "layer", "--impls", impls, "--pass", "fwd,fwd+bwd"]
     assert main([*argv, "--repeats", "1", "--out", str(out)]) == 0
-    fp8 = [r for r in _bench_rows(out) if r["impl"] == "jaxmoe-fp8-rowwise"]
-    assert len(fp8) == 1 and fp8[0]["fp8_recipe"] == "rowwise" and fp8[0]["ms"] > 0, fp8
-    # FP8 rounding shows (it is not the bf16 layer) but stays within the FP8 tolerance.
-    assert 3e-3 < fp8[0]["rel_err"] < layer.FP8_REL_TOL
+    rows = _bench_rows(out)
+    for impl in ("jaxmoe-fp8-rowwise", "jaxmoe-fp8-rowwise-cached"):
+        fp8 = [r for r in rows if r["impl"] == impl]
+        assert len(fp8) == 2 and all(r["fp8_recipe"] == "rowwise" and r["ms"] > 0 for r in fp8)
+        # FP8 rounding shows (it is not the bf16 layer) but stays within the FP8 tolerance.
+        assert all(3e-3 < r["rel_err"] < layer.FP8_REL_TOL for r in fp8), fp8
+    # The cache (weights quantized once, outside the timed calls) is the same layer, bit for bit.
+    for pass_ in ("fwd", "fwd+bwd"):
+        errors = {r["impl"]: r["rel_err"] for r in rows if r["pass"] == pass_}
+        assert errors["jaxmoe-fp8-rowwise"] == errors["jaxmoe-fp8-rowwise-cached"]
     with pytest.raises(ValueError, match="jaxmoe-fp8-<recipe>"):
         layer.check_impls(["jaxmoe-fp8-tensorwise"])
+    with pytest.raises(ValueError, match="jaxmoe-fp8-<recipe>"):
+        layer.check_impls(["jaxmoe-fp8-rowwise-cache"])
 
 
 def test_bench_layer_torchtitan_is_skipped_with_a_reason(tmp_path):

@@ -8,7 +8,9 @@ Implementations (``impls`` names):
   ``jaxmoe-pallas``, ``jaxmoe-reference``.
 - ``jaxmoe-fp8-<recipe>``: the default backend with ``MoEConfig.fp8_recipe`` (``rowwise`` or
   ``blockwise``): the expert matmuls in FP8 (checked against the float32 reference with
-  :data:`FP8_REL_TOL`).
+  :data:`FP8_REL_TOL`). ``jaxmoe-fp8-<recipe>-cached``: the same with the expert weights
+  quantized once, outside the timed calls (:func:`jaxmoe.quantize_expert_weights`), as a step
+  with gradient accumulation runs each micro-batch after the first.
 - ``dense``: plain JAX, every expert applied to every token and masked by the combine weights
   (E/K times the useful work; skipped when its intermediates would not fit).
 - ``torch``: :class:`jaxmoe.bench.torch_layer.TorchMoELayer` (``torch._grouped_mm``; skipped
@@ -75,6 +77,7 @@ REL_TOL = {jnp.dtype(jnp.bfloat16): 3e-2, jnp.dtype(jnp.float32): 5e-3}
 # matmul on random data (issue 20's torch measurement: 3.75%); three matmuls in a row.
 FP8_REL_TOL = 0.12
 FP8_PREFIX = "jaxmoe-fp8-"
+FP8_CACHED_SUFFIX = "-cached"
 # The dense layer is skipped when its estimated live bytes exceed this share of device memory.
 DENSE_MEMORY_SHARE = 0.3
 CPU_MEMORY_BYTES = 4 << 30
@@ -196,27 +199,28 @@ def device_memory_bytes() -> int:
 
 
 def forward_backward(layer_fn: Callable) -> Callable:
-    """The timed fwd+bwd pass of ``layer_fn(params, x) -> y``: ``(params, x, dy) -> (y,
-    grad_params, grad_x)``, the forward and its VJP against the cotangent ``dy``."""
+    """The timed fwd+bwd pass of ``layer_fn(params, x, *constants) -> y``: ``(params, x, dy,
+    *constants) -> (y, grad_params, grad_x)``, the forward and its VJP against the cotangent
+    ``dy`` (``constants``, e.g. FP8 weights made once per step, are not differentiated)."""
 
-    def fwd_bwd(params, x, dy):
-        y, vjp = jax.vjp(layer_fn, params, x)
+    def fwd_bwd(params, x, dy, *constants):
+        y, vjp = jax.vjp(lambda p, x: layer_fn(p, x, *constants), params, x)
         grad_params, grad_x = vjp(dy)
         return y, grad_params, grad_x
 
     return fwd_bwd
 
 
-def _jax_case(layer_fn: Callable, params, x, dy, pass_: str):
+def _jax_case(layer_fn: Callable, params, x, dy, pass_: str, constants: tuple = ()):
     if pass_ == "fwd":
         fn = jax.jit(layer_fn)
-        args = (params, x)
+        args = (params, x, *constants)
 
         def outputs():
             return {"y": fn(*args)}
     else:
         fn = jax.jit(forward_backward(layer_fn))
-        args = (params, x, dy)
+        args = (params, x, dy, *constants)
 
         def outputs():
             y, _, grad_x = fn(*args)
@@ -304,13 +308,16 @@ def check_impls(impls: Sequence[str]) -> None:
     for impl in impls:
         known = (
             impl in (*TORCH_IMPLS, "dense", "jaxmoe")
-            or (impl.startswith(FP8_PREFIX) and impl.removeprefix(FP8_PREFIX) in recipes)
+            or (
+                impl.startswith(FP8_PREFIX)
+                and impl.removeprefix(FP8_PREFIX).removesuffix(FP8_CACHED_SUFFIX) in recipes
+            )
             or (impl.startswith("jaxmoe-") and impl.removeprefix("jaxmoe-") in backends)
         )
         if not known:
             raise ValueError(
                 f"unknown layer impl {impl!r}; use torch, torchtitan, dense, jaxmoe, "
-                f"jaxmoe-<backend> (backends: {', '.join(backends)}) or jaxmoe-fp8-<recipe> "
+                f"jaxmoe-<backend> (backends: {', '.join(backends)}), jaxmoe-fp8-<recipe>[-cached] "
                 f"(recipes: {', '.join(recipes)})."
             )
 
@@ -442,12 +449,20 @@ def _prepare(row, preset, cfg, params, x, dy, want):
             layer_fn = lambda p, x: dense_layer(p, x, cfg.top_k)  # noqa: E731
             call, sync, outputs = _jax_case(layer_fn, params, x, dy, pass_)
         elif impl.startswith(FP8_PREFIX):
-            recipe = impl.removeprefix(FP8_PREFIX)
+            recipe = impl.removeprefix(FP8_PREFIX).removesuffix(FP8_CACHED_SUFFIX)
             row["fp8_recipe"] = recipe
             tolerance = FP8_REL_TOL
             layer_cfg = dataclasses.replace(cfg, fp8_recipe=recipe)
-            layer_fn = lambda p, x: jaxmoe.moe(p, x, layer_cfg)[0]  # noqa: E731
-            call, sync, outputs = _jax_case(layer_fn, params, x, dy, pass_)
+            constants = ()
+            if impl.endswith(FP8_CACHED_SUFFIX):  # made once, outside the timed calls
+                constants = (
+                    jax.jit(jaxmoe.quantize_expert_weights, static_argnums=1)(params, layer_cfg),
+                )
+
+            def layer_fn(p, x, *fp8_weights):
+                return jaxmoe.moe(p, x, layer_cfg, fp8_weights=(fp8_weights or (None,))[0])[0]
+
+            call, sync, outputs = _jax_case(layer_fn, params, x, dy, pass_, constants)
         else:
             backend = impl.removeprefix("jaxmoe-") if impl.startswith("jaxmoe-") else None
             layer_cfg = dataclasses.replace(cfg, grouped_matmul_backend=backend)
