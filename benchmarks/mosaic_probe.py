@@ -8,9 +8,10 @@ One device call, three phases, each row written to ``$OUT/mosaic-probe.json`` as
    forced empty, 77 rows past the sum), fwd and dgrad, against a float32 reference computed by
    XLA (HIGHEST precision, one dot per (group, 128-row tile)), next to the Triton kernel's error.
    The output buffer is poisoned (NaN) before each call; tail rows must be exactly zero;
-3. timing (balanced): ``torch._grouped_mm``, the Triton ``gmm`` and each Mosaic tile variant,
-   fwd (``x @ w[g]``) and dgrad (``dy @ w[g]^T``), interleaved per shape; torch's forward is timed
-   again at the end of each shape to show the run's spread.
+3. timing (balanced; skewed with ``--time-routing skewed``): ``torch._grouped_mm``, the Triton
+   ``gmm`` and each Mosaic tile variant, fwd (``x @ w[g]``) and dgrad (``dy @ w[g]^T``),
+   interleaved per shape; torch's forward is timed again at the end of each shape to show the
+   run's spread.
 
     PYTHONPATH=src python benchmarks/mosaic_probe.py --out-dir $OUT
 """
@@ -41,6 +42,12 @@ def main() -> None:
     parser.add_argument("--phases", default="smoke,exact,time")
     parser.add_argument("--out-dir", default=os.environ.get("OUT", "/tmp"))
     parser.add_argument("--time-budget-s", type=float, default=520)
+    parser.add_argument(
+        "--time-routing",
+        choices=("balanced", "skewed"),
+        default="balanced",
+        help="group sizes of the timing phase (skewed: Dirichlet 0.3, as the gemm bench's)",
+    )
     parser.add_argument(
         "--exact-swizzled",
         action="store_true",
@@ -336,12 +343,12 @@ def main() -> None:
                         emit({**base, "error": record_error(f"exact {base}", e)})
             del x, dy, w
 
-    # ---------------------------------------------------------------- 3. timing, balanced
+    # ---------------------------------------------------------------- 3. timing
     if "time" not in phases:
         return
     for shape_name in shape_names:
         shape = GEMM_SHAPES[shape_name]
-        sizes = group_sizes_for(shape, "balanced")
+        sizes = group_sizes_for(shape, args.time_routing)
         gs = jnp.asarray(sizes)
         x, dy, w = inputs(shape.m, shape.k, shape.n, shape.groups, 3)
         flops = 2 * shape.m * shape.k * shape.n
@@ -350,6 +357,7 @@ def main() -> None:
             emit(
                 {
                     "phase": "time",
+                    "routing": args.time_routing,
                     "shape": shape_name,
                     "op": op,
                     "impl": impl,
