@@ -203,8 +203,10 @@ def fp8_grouped_matmul(
       default) with the gradient scaled like an activation along N (rowwise: per token;
       blockwise: 1 x 128 tiles) and the weight re-quantized for a contraction over N (rowwise:
       one scale per input channel k; blockwise: the same 128 x 128 blocks, so the forward's
-      FP8 weights are reused, transposed: one pass over the weights per step). This is the
-      DeepSeek-V3 dgrad and TransformerEngine's "columnwise" weight copy.
+      FP8 weights are reused, transposed). Both weight operands are made in the forward
+      (:func:`jaxmoe.ops.fp8.weights.make_fp8_weights`; on a GPU one two-pass Pallas kernel for
+      rowwise) and the dgrad's is saved for the backward. This is the DeepSeek-V3 dgrad and
+      TransformerEngine's "columnwise" weight copy.
     * wgrad ``d rhs[g] = Q_act(lhs)_g^T @ d out_g``: high precision (the gradient's dtype,
       float32 accumulation) on the saved FP8 activations, dequantized. The row scales of both
       operands vary along this product's contraction (the tokens): no epilogue can apply them;
@@ -213,8 +215,8 @@ def fp8_grouped_matmul(
       a job for the GPU kernel.)
 
     Master weights and their gradients stay in ``rhs``'s dtype; ``d lhs`` has ``lhs``'s dtype.
-    On CPU the quantization is a separate pass before the op; a GPU kernel would fuse the
-    activation cast into the permutation or its prologue.
+    The activations' cast is XLA's, a pass of its own before the kernel (not yet fused into
+    the permutation).
 
     Weights quantized once per step (``rhs_fp8``): ``Q_w(rhs)`` and ``Q_w'(rhs)^T`` above depend
     on ``rhs`` only, which does not change between an optimizer step's micro-batches; with
