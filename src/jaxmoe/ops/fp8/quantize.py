@@ -98,6 +98,18 @@ def expand_scale(scale: jax.Array, x_shape: tuple, block_shape: BlockShape) -> j
     return scale[tuple(slice(0, dim) for dim in x_shape)]
 
 
+def scale_from_amax(amax: jax.Array, dtype=E4M3) -> jax.Array:
+    """``max(amax, SCALE_EPS) / fmax(dtype)`` in float32: a block's scale from its amax."""
+    return (jnp.maximum(amax, SCALE_EPS) / fp8_max(dtype)).astype(jnp.float32)
+
+
+def cast_scaled(scaled: jax.Array, dtype=E4M3) -> jax.Array:
+    """``cast(clip(scaled, -fmax, fmax))``: values already divided by their scale, to FP8 (the
+    clip turns a float32 overshoot into saturation; plain jnp, so Pallas kernels use it too)."""
+    fmax = fp8_max(dtype)
+    return jnp.clip(scaled, -fmax, fmax).astype(dtype)
+
+
 def quantize(x: jax.Array, block_shape: BlockShape, dtype=E4M3) -> tuple[jax.Array, jax.Array]:
     """Quantizes ``x`` to FP8 with one float32 scale per block (see the module docstring).
 
@@ -121,10 +133,9 @@ def quantize(x: jax.Array, block_shape: BlockShape, dtype=E4M3) -> tuple[jax.Arr
     # [n0, b0, n1, b1, ...] -> amax over every b axis.
     split = padded.reshape([size for pair in zip(counts, blocks, strict=True) for size in pair])
     amax = jnp.max(split, axis=tuple(range(1, 2 * x.ndim, 2)))  # block extents are >= 1
-    fmax = fp8_max(dtype)
-    scale = jnp.maximum(amax, SCALE_EPS) / fmax
+    scale = scale_from_amax(amax, dtype)
     scaled = x.astype(jnp.float32) / expand_scale(scale, x.shape, blocks)
-    return jnp.clip(scaled, -fmax, fmax).astype(dtype), scale.astype(jnp.float32)
+    return cast_scaled(scaled, dtype), scale
 
 
 def dequantize(q: jax.Array, scale: jax.Array, block_shape: BlockShape, dtype=jnp.float32):

@@ -58,12 +58,11 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from jaxmoe.ops.fp8.quantize import E4M3, SCALE_EPS, fp8_max, quantize
+from jaxmoe.ops.fp8.quantize import E4M3, cast_scaled, quantize, scale_from_amax
 from jaxmoe.ops.grouped_matmul.pallas_triton import _quiet_triton_deprecation, _use_interpret
 
 Array = jax.Array
 
-FMAX = fp8_max(E4M3)  # 448.0
 MIN_BLOCK = 16
 WEIGHT_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16), jnp.dtype(jnp.float32))
 
@@ -167,11 +166,6 @@ def _divide(numerator: Array, denominator: Array, *, interpret: bool, ieee: bool
     return quotient
 
 
-def _to_e4m3(scaled: Array) -> Array:
-    """``e4m3(clip(scaled, -448, 448))``: the clip turns a float32 overshoot into saturation."""
-    return jnp.clip(scaled, -FMAX, FMAX).astype(E4M3)
-
-
 def _cast_kernel(
     w_ref,
     scale_fwd_ref,
@@ -192,13 +186,8 @@ def _cast_kernel(
     scale_fwd = jnp.broadcast_to(scale_fwd_ref[...][None, :], shape)
     scale_dgrad = jnp.broadcast_to(scale_dgrad_ref[...][:, None], shape)
     divide = functools.partial(_divide, interpret=interpret, ieee=ieee_division)
-    q_dgrad_ref[...] = _to_e4m3(divide(w, scale_dgrad))
-    q_fwd_nk_ref[...] = _to_e4m3(divide(w, scale_fwd)).T
-
-
-def _scale_from_amax(amax: Array) -> Array:
-    """``max(amax, SCALE_EPS) / 448`` in float32: :func:`quantize.quantize`'s formula."""
-    return (jnp.maximum(amax, SCALE_EPS) / FMAX).astype(jnp.float32)
+    q_dgrad_ref[...] = cast_scaled(divide(w, scale_dgrad), E4M3)
+    q_fwd_nk_ref[...] = cast_scaled(divide(w, scale_fwd), E4M3).T
 
 
 def weight_amax_partials(
@@ -304,8 +293,8 @@ def quantize_weights_rowwise_pallas(
         row_partials, col_partials = weight_amax_partials(
             w, amax_bk, amax_bn, num_warps=tiles.amax_num_warps, interpret=interpret
         )
-        scale_dgrad = _scale_from_amax(jnp.max(row_partials, axis=1))  # [G, K]
-        scale_fwd = _scale_from_amax(jnp.max(col_partials, axis=1))  # [G, N]
+        scale_dgrad = scale_from_amax(jnp.max(row_partials, axis=1), E4M3)  # [G, K]
+        scale_fwd = scale_from_amax(jnp.max(col_partials, axis=1), E4M3)  # [G, N]
         q_fwd_nk, q_dgrad = weight_cast(
             w,
             scale_fwd,
