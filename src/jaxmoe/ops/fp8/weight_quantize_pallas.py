@@ -21,7 +21,8 @@ writing 1 + 1 per weight (6 bytes, ~0.6 ms for a Mixtral weight at 3 TB/s):
    tile of ``|w|`` and writes its row maxima (``[bk]``, to ``row_partials[g, j, k-tile]``) and
    column maxima (``[bn]``, to ``col_partials[g, i, n-tile]``). XLA reduces the partials
    (``1/bn`` and ``1/bk`` of the weight) and forms both scales with
-   :func:`quantize.scale_from_amax`, as :func:`quantize.quantize` does. Maxima are exact in any order, so the scales are the XLA path's bits.
+   :func:`quantize.scale_from_amax`, as :func:`quantize.quantize` does. Maxima are exact in
+   any order, so the scales are the XLA path's bits.
 2. :func:`_cast_kernel`, grid ``(G, K / bk, N / bn)``: each program reads one tile and its
    ``bn`` forward and ``bk`` dgrad scales, and writes the ``q_dgrad`` tile in place and the
    transposed tile of ``q_fwd_nk``. With 128 x 128 tiles each row of the transposed store is
