@@ -459,8 +459,8 @@ def _prepare(row, preset, cfg, params, x, dy, want):
                     jax.jit(jaxmoe.quantize_expert_weights, static_argnums=1)(params, layer_cfg),
                 )
 
-            def layer_fn(p, x, *fp8_weights):
-                return jaxmoe.moe(p, x, layer_cfg, fp8_weights=(fp8_weights or (None,))[0])[0]
+            def layer_fn(p, x, *cached):  # cached: () or (the FP8 weights,)
+                return jaxmoe.moe(p, x, layer_cfg, fp8_weights=cached[0] if cached else None)[0]
 
             call, sync, outputs = _jax_case(layer_fn, params, x, dy, pass_, constants)
         else:
