@@ -1,4 +1,5 @@
-"""Argument checks for array inputs, shared by the ops and the layer (imports nothing of jaxmoe).
+"""Argument checks for array inputs and ``round_up``, shared by the ops and the layer (imports
+nothing of jaxmoe).
 
 The rules: a Python list or tuple (or a NumPy array) is converted with ``jnp.asarray``, as
 ``jax.numpy`` functions do; anything that does not convert is refused with a
@@ -12,6 +13,11 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+
+def round_up(value, multiple):
+    """The least multiple of ``multiple`` that is ``>= value`` (ints or int arrays)."""
+    return (value + multiple - 1) // multiple * multiple
 
 
 def describe(value) -> str:

@@ -20,6 +20,7 @@ from jaxmoe.choices import (
     GROUPED_MATMUL_BACKENDS,
     SCORES,
 )
+from jaxmoe.ops.fp8.recipe import Fp8Recipe
 
 __all__ = ["ACTIVATIONS", "GATED_ACTIVATIONS", "SCORES", "MoEConfig"]
 
@@ -85,15 +86,20 @@ class _Name:
     fix: str
     optional: bool = False  # None is allowed (the platform's default)
     methods: tuple[str, ...] = ()
+    instance_of: type | None = None  # a configured object of this (hashable) type
 
     def __call__(self, field: str, value: Any) -> Any:
         if (value is None and self.optional) or (isinstance(value, str) and value in self.names):
             return value
         if self.methods and not isinstance(value, str) and _implements(value, self.methods):
             return value
+        if self.instance_of is not None and isinstance(value, self.instance_of):
+            return value
         rule = f"must be {'None or ' if self.optional else ''}one of {self.names}"
         if self.methods:
             rule += f" or a hashable object with methods {self.methods}"
+        if self.instance_of is not None:
+            rule += f" or a {self.instance_of.__name__}"
         _fail(field, rule, value, self.fix)
 
 
@@ -208,7 +214,11 @@ _FIELD_RULES: dict[str, Callable[[str, Any], Any]] = {
     ),
     "fsdp_expert_weights": _Flag("Pass fsdp_expert_weights=True or False."),
     "fp8_recipe": _Name(
-        FP8_RECIPES, "Pick a listed recipe, or None for expert matmuls in `dtype`.", optional=True
+        FP8_RECIPES,
+        "Pick a listed recipe, a jaxmoe.ops.fp8.Fp8Recipe (e.g. Fp8Recipe('rowwise', "
+        "wgrad='fp8')), or None for expert matmuls in `dtype`.",
+        optional=True,
+        instance_of=Fp8Recipe,
     ),
 }
 
@@ -384,9 +394,11 @@ class MoEConfig:
         K=2 of E=8 at ep=2: 1.3), else ``"copies"``
         (:func:`jaxmoe.parallel.layout.auto_dispatch`).
       fsdp_expert_weights: also shard expert weights over ``data_axes`` (gathered just in time).
-      fp8_recipe: ``None`` (default: expert matmuls in ``dtype``), ``"rowwise"`` or
-        ``"blockwise"``: the routed experts' grouped matmuls run in FP8 (e4m3) with that
-        scaling recipe (:func:`jaxmoe.ops.fp8.fp8_grouped_matmul`); master weights and their
+      fp8_recipe: ``None`` (default: expert matmuls in ``dtype``), ``"rowwise"``,
+        ``"blockwise"`` or an :class:`jaxmoe.ops.fp8.Fp8Recipe` (e.g. ``Fp8Recipe("rowwise",
+        wgrad="fp8")``: the weight gradients in FP8 too): the routed experts' grouped matmuls
+        run in FP8 (e4m3) with that scaling recipe
+        (:func:`jaxmoe.ops.fp8.fp8_grouped_matmul`); master weights and their
         gradients stay in ``param_dtype``, the router, losses, combine and shared expert are
         unchanged. Needs ``grouped_matmul_backend`` None/``"auto"`` (on a Hopper GPU the
         Mosaic GPU FP8 kernel where it applies, else ``"xla"``), ``"xla"``, ``"reference"``, or
@@ -424,7 +436,7 @@ class MoEConfig:
     ep_chunks: int = 1
     ep_dispatch: str = "auto"
     fsdp_expert_weights: bool = False
-    fp8_recipe: str | None = None
+    fp8_recipe: str | Fp8Recipe | None = None
 
     def __post_init__(self):
         # One rule per field (_FIELD_RULES), then the rules between fields (_CROSS_FIELD_RULES).

@@ -28,6 +28,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxmoe import debug
+from jaxmoe.arrays import round_up
 from jaxmoe.search import search_right
 
 
@@ -52,11 +53,6 @@ class DispatchPlan(NamedTuple):
     @property
     def num_rows(self) -> int:
         return self.row_assignment.shape[0]
-
-
-def round_up(value, multiple):
-    """The least multiple of ``multiple`` that is ``>= value`` (ints or int arrays)."""
-    return (value + multiple - 1) // multiple * multiple
 
 
 def capacity_block_rows(capacity: int | None, alignment: int) -> int | None:

@@ -62,6 +62,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxmoe import compat, debug, permutation
+from jaxmoe.arrays import round_up
 from jaxmoe.parallel import layout
 from jaxmoe.parallel.exchange import Exchange, exchange_rows, resolve_exchange
 from jaxmoe.parallel.exchange.all_to_all_chunked import (
@@ -260,7 +261,7 @@ def expand_plan(local_ids: jax.Array, num_local_experts: int, num_rows: int, ali
     key = jnp.where(local_ids >= 0, local_ids, num_local_experts).reshape(-1)  # absent: last
     order = jnp.argsort(key, stable=True).astype(jnp.int32)
     counts = jnp.zeros((num_local_experts + 1,), jnp.int32).at[key].add(1)[:num_local_experts]
-    group_sizes = permutation.round_up(counts, alignment).astype(jnp.int32)
+    group_sizes = round_up(counts, alignment).astype(jnp.int32)
     offsets = jnp.cumsum(group_sizes) - group_sizes
     starts = jnp.cumsum(counts) - counts
 

@@ -20,6 +20,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxmoe import permutation
+from jaxmoe.arrays import round_up
 from jaxmoe.search import search_right
 
 
@@ -211,7 +212,7 @@ def receive_plan(kept_here, offset_here, rows: int, alignment: int, block_rows: 
     if block_rows is not None:
         group_sizes = jnp.full((num_local,), block_rows, jnp.int32)
     else:
-        group_sizes = permutation.round_up(block_sizes, alignment).astype(jnp.int32)
+        group_sizes = round_up(block_sizes, alignment).astype(jnp.int32)
     # The same static bound as on one device, for ep*P received rows (block_rows is aligned).
     num_rows = permutation.buffer_rows(ep * rows, num_local, alignment, block_rows)
     block_ends = jnp.cumsum(group_sizes)

@@ -10,6 +10,7 @@ import numpy as np
 
 from jaxmoe.choices import GROUPED_MATMUL_BACKENDS
 from jaxmoe.ops.fp8.base import ScaledGroupedMatmulBackend, check_scaled_args
+from jaxmoe.ops.fp8.columnwise import quantize_columnwise
 from jaxmoe.ops.fp8.quantize import dequantize, quantize
 from jaxmoe.ops.fp8.recipe import Fp8Recipe, resolve_recipe
 from jaxmoe.ops.fp8.reference import ReferenceScaledGroupedMatmul
@@ -139,14 +140,21 @@ def _forward(lhs, rhs, rhs_fp8, group_sizes, recipe, impl, out_dtype):
     out = impl.scaled_gmm(
         lhs_q, lhs_scale, rhs_q, rhs_scale, group_sizes, recipe=recipe, out_dtype=out_dtype
     )
-    # Saved for backward: the FP8 activations (half the bytes of bf16, and the exact operand the
-    # forward used), the weights as given (a parameter: alive anyway, read for its dtype) and
-    # the FP8 weights with the dgrad's operand. Uncached, that operand is made here with the
-    # forward's (one pass pair over the weights per step: on a GPU both in two Pallas passes,
-    # 1.08 ms per Mixtral weight on an H100, against 2.9 ms for XLA's forward operand then the
-    # dgrad's in the backward), at 0.5 bytes per weight of residual memory (rowwise; blockwise
-    # reuses the forward's, transposed). A cache (rhs_fp8) costs no pass at all.
-    return out, (lhs_q, lhs_scale, rhs, rhs_fp8, group_sizes)
+    # The wgrad's activations: FP8 wgrad re-quantizes them per (group, column), transposed and
+    # padded (columnwise.py); the high-precision one reads the forward's FP8 operand.
+    if recipe.wgrad == "fp8":
+        lhs_saved = quantize_columnwise(lhs, group_sizes, recipe.dtype)
+    else:
+        lhs_saved = (lhs_q, lhs_scale)
+    # Saved for backward: the FP8 activations (half the bytes of bf16: the exact operand the
+    # forward used, or the wgrad's own), the weights as given (a parameter: alive anyway, read
+    # for its dtype) and the FP8 weights with the dgrad's operand. Uncached, that operand is
+    # made here with the forward's (one pass pair over the weights per step: on a GPU both in
+    # two Pallas passes, 1.08 ms per Mixtral weight on an H100, against 2.9 ms for XLA's
+    # forward operand then the dgrad's in the backward), at 0.5 bytes per weight of residual
+    # memory (rowwise; blockwise reuses the forward's, transposed). A cache (rhs_fp8) costs no
+    # pass at all.
+    return out, (lhs_saved, rhs, rhs_fp8, group_sizes)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6))
@@ -155,7 +163,7 @@ def _fp8_grouped_matmul(lhs, rhs, rhs_fp8, group_sizes, recipe, impl, out_dtype)
 
 
 def _fp8_grouped_matmul_bwd(recipe, impl, out_dtype, residuals, grad_out):
-    lhs_q, lhs_scale, rhs, rhs_fp8, group_sizes = residuals
+    lhs_saved, rhs, rhs_fp8, group_sizes = residuals
     # dgrad: d lhs = d out @ rhs[g]^T, a contraction over N. Both operands are quantized with the
     # forward's layout turned to that contraction: d out like an activation (rowwise: per row;
     # blockwise: 1 x b tiles along N), rhs^T [G, N, K] like a weight (rowwise: per (g, k);
@@ -166,12 +174,26 @@ def _fp8_grouped_matmul_bwd(recipe, impl, out_dtype, residuals, grad_out):
         grad_q, grad_scale, rhs_t_q, rhs_t_scale, group_sizes, recipe=recipe, out_dtype=rhs.dtype
     )
     # wgrad: d rhs[g] = lhs_g^T @ d out_g, a contraction over the group's rows (tokens). The
-    # per-token scales of both operands vary along it, so no epilogue can apply them: the
-    # product runs in high precision on the dequantized FP8 activations, in the gradient's
-    # dtype (bf16 operands, float32 accumulation: tensor cores; a float32 product here ran the
-    # Mixtral layer's backward at 1/5 of the bf16 layer's speed on an H100).
-    lhs = dequantize(lhs_q, lhs_scale, recipe.lhs_blocks).astype(grad_out.dtype)
-    grad_rhs = impl.tgmm(lhs, grad_out, group_sizes, out_dtype=rhs.dtype)
+    # forward's per-token scales vary along it, so no epilogue can apply them. FP8: both
+    # operands re-quantized with one scale per (group, column), constant along the tokens.
+    # High precision: the dequantized FP8 activations in the gradient's dtype (bf16 operands,
+    # float32 accumulation: tensor cores; a float32 product here ran the Mixtral layer's
+    # backward at 1/5 of the bf16 layer's speed on an H100).
+    if recipe.wgrad == "fp8":
+        lhs_t_q, lhs_col_scale, starts = lhs_saved
+        grad_t_q, grad_col_scale, _ = quantize_columnwise(grad_out, group_sizes, recipe.grad_dtype)
+        grad_rhs = impl.scaled_tgmm(
+            lhs_t_q,
+            lhs_col_scale,
+            grad_t_q,
+            grad_col_scale,
+            starts,
+            group_sizes,
+            out_dtype=rhs.dtype,
+        )
+    else:
+        lhs = dequantize(*lhs_saved, recipe.lhs_blocks).astype(grad_out.dtype)
+        grad_rhs = impl.tgmm(lhs, grad_out, group_sizes, out_dtype=rhs.dtype)
     # The FP8 cache is a constant of the step (the master weight rhs takes the gradient): None
     # is its zero cotangent.
     return grad_lhs, grad_rhs, None, None
@@ -207,12 +229,16 @@ def fp8_grouped_matmul(
       (:func:`jaxmoe.ops.fp8.weights.make_fp8_weights`; on a GPU one two-pass Pallas kernel for
       rowwise) and the dgrad's is saved for the backward. This is the DeepSeek-V3 dgrad and
       TransformerEngine's "columnwise" weight copy.
-    * wgrad ``d rhs[g] = Q_act(lhs)_g^T @ d out_g``: high precision (the gradient's dtype,
-      float32 accumulation) on the saved FP8 activations, dequantized. The row scales of both
-      operands vary along this product's contraction (the tokens): no epilogue can apply them;
-      keeping wgrad in high precision is torchao's ``rowwise_with_gw_hp`` recipe. (DeepSeek-V3
-      instead re-quantizes in 128 x 1 tiles along the tokens, which needs group-aligned blocks:
-      a job for the GPU kernel.)
+    * wgrad ``d rhs[g] = Q_act(lhs)_g^T @ d out_g`` (``recipe.wgrad="high"``, default): high
+      precision (the gradient's dtype, float32 accumulation) on the saved FP8 activations,
+      dequantized. The row scales of both operands vary along this product's contraction (the
+      tokens): no epilogue can apply them; this is torchao's ``rowwise_with_gw_hp`` recipe.
+      ``recipe.wgrad="fp8"`` (rowwise): ``d rhs[g] = Q_col(lhs)_g^T @ Q_col(d out)_g`` with
+      both operands re-quantized from high precision with one scale per (group, column)
+      (:mod:`jaxmoe.ops.fp8.columnwise`: constant along the tokens, so applied in the
+      epilogue), ``lhs`` in ``recipe.dtype`` and ``d out`` in ``recipe.grad_dtype``. The
+      forward then saves ``Q_col(lhs)`` (transposed, groups padded to 128 rows) instead of
+      ``Q_act(lhs)``. (DeepSeek-V3 re-quantizes in 128 x 1 tiles along the tokens instead.)
 
     Master weights and their gradients stay in ``rhs``'s dtype; ``d lhs`` has ``lhs``'s dtype.
     The activations' cast is XLA's, a pass of its own before the kernel (not yet fused into

@@ -8,7 +8,14 @@ A backend implements, on validated arguments (group sizes clipped to ``M``, int3
   as FP8 products accumulated in float32 and scaled per K block (blockwise) or in the epilogue
   (rowwise). Rows at or past ``sum(group_sizes)`` are zeros.
 * ``tgmm(lhs[M, K], rhs[M, N], group_sizes[G]) -> [G, K, N]``: the high-precision weight
-  gradient (see :func:`jaxmoe.ops.fp8.fp8_grouped_matmul` for why it is not FP8).
+  gradient (the recipe's ``wgrad="high"``).
+* ``scaled_tgmm(lhs_t_q[K, Mp], lhs_scale[G, K], rhs_t_q[N, Mp], rhs_scale[G, N],
+  group_starts[G], group_sizes[G]) -> [G, K, N]``: the FP8 weight gradient (``wgrad="fp8"``) on
+  operands in :mod:`jaxmoe.ops.fp8.columnwise`'s padded layout (group ``g`` is columns
+  ``[starts[g], starts[g] + n_g)``, zeros up to the next multiple of 128)::
+
+      out[g] = (lhs_t_q[:, cols_g] @ rhs_t_q[:, cols_g]^T) * lhs_scale[g, :, None]
+               * rhs_scale[g, None, :]
 """
 
 from __future__ import annotations
@@ -75,3 +82,8 @@ class ScaledGroupedMatmulBackend(abc.ABC):
 
     @abc.abstractmethod
     def tgmm(self, lhs: Array, rhs: Array, group_sizes: Array, *, out_dtype) -> Array: ...
+
+    @abc.abstractmethod
+    def scaled_tgmm(
+        self, lhs_t_q, lhs_scale, rhs_t_q, rhs_scale, group_starts, group_sizes, *, out_dtype
+    ) -> Array: ...

@@ -374,3 +374,13 @@ class PallasMosaicScaledGroupedMatmul(ScaledGroupedMatmulBackend):
         # the Triton one was 0.89-1.0x), Triton taking what it refuses.
         bf16 = PallasMosaicGroupedMatmul(triton_fallback=True, interpret=self.interpret)
         return bf16.tgmm(lhs, rhs, group_sizes, out_dtype=out_dtype)
+
+    def scaled_tgmm(
+        self, lhs_t_q, lhs_scale, rhs_t_q, rhs_scale, group_starts, group_sizes, *, out_dtype
+    ):
+        # TEMPORARY until the FP8 wgrad kernel lands.
+        if self.fallback is None:
+            raise NotImplementedError("fp8 backend 'pallas': no FP8 wgrad kernel yet")
+        return self.fallback.scaled_tgmm(
+            lhs_t_q, lhs_scale, rhs_t_q, rhs_scale, group_starts, group_sizes, out_dtype=out_dtype
+        )

@@ -34,6 +34,7 @@ from jaxmoe.choices import FP8_RECIPES, check_registry
 from jaxmoe.ops.fp8.quantize import E4M3, FP8_DTYPES
 
 RECIPE_NAMES = ("rowwise", "blockwise")
+WGRAD_PRECISIONS = ("high", "fp8")
 check_registry("FP8_RECIPES", FP8_RECIPES, RECIPE_NAMES)
 
 
@@ -50,12 +51,20 @@ class Fp8Recipe:
         group is narrow, so e4m3's extra mantissa bit beats e5m2's range. TransformerEngine's
         HYBRID format (e5m2 gradients) answers per-tensor scaling, which these recipes avoid;
         pass ``grad_dtype=jnp.float8_e5m2`` to follow it.
+      wgrad: the weight gradient's precision. ``"high"`` (default): the gradient's dtype with
+        float32 accumulation, on the FP8 activations dequantized (torchao's
+        ``ROWWISE_WITH_GW_HP``). ``"fp8"`` (rowwise only): both operands re-quantized with one
+        scale per (group, column), constant along the wgrad's contraction over tokens, so the
+        product runs on FP8 tensor cores with the scales in its epilogue
+        (:mod:`jaxmoe.ops.fp8.columnwise`; torchao's ``ROWWISE`` scales per column over all
+        tokens). Blockwise FP8 wgrad (DeepSeek-V3's 128 x 1 token tiles) is not built.
     """
 
     name: str = "rowwise"
     block_size: int = 128
     dtype: jnp.dtype = E4M3
     grad_dtype: jnp.dtype = E4M3
+    wgrad: str = "high"
 
     def __post_init__(self):
         if self.name not in RECIPE_NAMES:
@@ -75,6 +84,17 @@ class Fp8Recipe:
                     f"Fp8Recipe.{field} must be jnp.float8_e4m3fn or jnp.float8_e5m2; got {value}."
                 )
             object.__setattr__(self, field, value)
+        if self.wgrad not in WGRAD_PRECISIONS:
+            raise ValueError(
+                f"Fp8Recipe.wgrad must be one of {WGRAD_PRECISIONS}; got {self.wgrad!r}. 'high' "
+                "keeps the weight gradient in the gradient's dtype, 'fp8' runs it in FP8."
+            )
+        if self.wgrad == "fp8" and self.name != "rowwise":
+            raise ValueError(
+                f"Fp8Recipe: wgrad='fp8' needs name='rowwise'; got name={self.name!r}. The "
+                "blockwise recipe's FP8 wgrad (128 x 1 token tiles) is not built: use "
+                "wgrad='high' with it."
+            )
 
     @property
     def lhs_blocks(self) -> tuple[int | None, int | None]:

@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import dataclasses
 
+import jax
+import jax.numpy as jnp
+
 from jaxmoe.ops.fp8.base import ScaledGroupedMatmulBackend
 from jaxmoe.ops.fp8.quantize import dequantize
 from jaxmoe.ops.grouped_matmul.reference import ReferenceGroupedMatmul
@@ -28,3 +31,20 @@ class ReferenceScaledGroupedMatmul(ScaledGroupedMatmulBackend):
 
     def tgmm(self, lhs, rhs, group_sizes, *, out_dtype):
         return ReferenceGroupedMatmul().tgmm(lhs, rhs, group_sizes, out_dtype=out_dtype)
+
+    def scaled_tgmm(
+        self, lhs_t_q, lhs_scale, rhs_t_q, rhs_scale, group_starts, group_sizes, *, out_dtype
+    ):
+        # Each group's columns selected by a mask (the padding is zeros, but the contract is
+        # the group's own columns), every product exact in float32 at HIGHEST precision.
+        columns = jnp.arange(lhs_t_q.shape[1])[None, :]
+        start, size = group_starts[:, None], group_sizes[:, None]
+        in_group = ((columns >= start) & (columns < start + size)).astype(jnp.float32)
+        out = jnp.einsum(
+            "kp,gp,np->gkn",
+            lhs_t_q.astype(jnp.float32),
+            in_group,
+            rhs_t_q.astype(jnp.float32),
+            precision=jax.lax.Precision.HIGHEST,
+        )
+        return (out * lhs_scale[:, :, None] * rhs_scale[:, None, :]).astype(out_dtype)

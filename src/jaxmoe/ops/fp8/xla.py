@@ -15,7 +15,9 @@ import math
 import jax
 import jax.numpy as jnp
 
+from jaxmoe.arrays import round_up
 from jaxmoe.ops.fp8.base import ScaledGroupedMatmulBackend
+from jaxmoe.ops.fp8.columnwise import ALIGN
 from jaxmoe.ops.fp8.quantize import expand_scale
 from jaxmoe.ops.grouped_matmul.base import group_ids
 from jaxmoe.ops.grouped_matmul.xla import XlaGroupedMatmul
@@ -49,3 +51,13 @@ class XlaScaledGroupedMatmul(ScaledGroupedMatmulBackend):
 
     def tgmm(self, lhs, rhs, group_sizes, *, out_dtype):
         return XlaGroupedMatmul().tgmm(lhs, rhs, group_sizes, out_dtype=out_dtype)
+
+    def scaled_tgmm(
+        self, lhs_t_q, lhs_scale, rhs_t_q, rhs_scale, group_starts, group_sizes, *, out_dtype
+    ):
+        # The padded layout is contiguous (columnwise.padded_group_starts): each group's padded
+        # block of columns (its zero tail included) is one group of a ragged contraction.
+        del group_starts
+        padded_sizes = round_up(group_sizes.astype(jnp.int32), ALIGN)
+        out = XlaGroupedMatmul().tgmm(lhs_t_q.T, rhs_t_q.T, padded_sizes, out_dtype=jnp.float32)
+        return (out * lhs_scale[:, :, None] * rhs_scale[:, None, :]).astype(out_dtype)

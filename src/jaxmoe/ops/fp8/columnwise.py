@@ -1,0 +1,87 @@
+r"""The FP8 operands of the weight gradient: one scale per (group, column), transposed, padded.
+
+The wgrad of ``out = lhs @ rhs[g]`` is ``d rhs[g] = lhs_g^T @ d out_g``, a contraction over the
+group's rows (tokens). For an FP8 product whose scales apply in the epilogue, each operand's
+scale must be constant along that contraction: one scale per (group, column)::
+
+    scale[g, k] = max(amax_{m in g} |x[m, k]|, SCALE_EPS) / fmax
+    q[m, k]     = cast_fp8(clip(x[m, k] / scale[g(m), k], -fmax, fmax))
+    d rhs[g]    = (q_lhs_g^T @ q_grad_g) * scale_lhs[g, :, None] * scale_grad[g, None, :]
+
+(torchao's rowwise recipe scales these operands per column over all tokens, "axiswise dim 0";
+per group is finer: one expert's outlier token does not coarsen another expert's scale.)
+
+Layout: FP8 ``wgmma`` reads both operands contraction-major (only 16-bit types have a
+transposed operand), so the quantized operand is written transposed, ``[K, Mp]``, tokens
+contiguous. Each group starts at a multiple of ``align`` (128: one 128-byte swizzled row of
+FP8) and its columns past its row count, up to the next multiple, are zeros::
+
+    padded_group_starts = [0, r(n_0), r(n_0) + r(n_1), ...]     r(n) = ceil(n / align) * align
+    x_t_q[:, starts[g] + i] = q[offsets[g] + i, :]  for i < n_g;  zeros elsewhere
+
+so a kernel walks a group's ``ceil(n_g / align)`` column blocks with no masking (masking would
+zero columns of a swizzled 1-byte tile). ``Mp = padded_length(M, G)`` bounds the layout
+statically. Rows at or past ``sum(group_sizes)`` are in no group: they are neither read into the
+scales nor copied (they may hold anything, NaN included).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from jaxmoe.arrays import round_up
+from jaxmoe.ops.fp8.quantize import E4M3, cast_scaled, scale_from_amax
+from jaxmoe.ops.grouped_matmul.base import group_ids, search_right
+
+Array = jax.Array
+
+ALIGN = 128
+
+
+def padded_length(num_rows: int, num_groups: int, align: int = ALIGN) -> int:
+    """A static bound on the padded layout's length: ``sum(r(n_g)) <= M + G * (align - 1)``."""
+    return round_up(num_rows + num_groups * (align - 1), align)
+
+
+def padded_group_starts(group_sizes: Array, align: int = ALIGN) -> Array:
+    """Where each group's columns start in the padded layout (``[G]`` int32, multiples of
+    ``align``): the exclusive running sum of the sizes rounded up to ``align``."""
+    padded = (group_sizes.astype(jnp.int32) + align - 1) // align * align
+    return (jnp.cumsum(padded) - padded).astype(jnp.int32)
+
+
+def quantize_columnwise(
+    x: Array, group_sizes: Array, dtype=E4M3, align: int = ALIGN
+) -> tuple[Array, Array, Array]:
+    """``x [M, K]`` (rows sorted by group) in FP8, one scale per (group, column), transposed.
+
+    Args:
+      x: ``[M, K]`` floating, rows sorted by group.
+      group_sizes: ``[G]`` integer row counts, summing to at most ``M`` (clipped sizes).
+      dtype: the FP8 format.
+      align: where groups start (a multiple of it) in the padded layout.
+
+    Returns:
+      ``(x_t_q, scale, starts)``: ``x_t_q`` FP8 ``[K, padded_length(M, G)]`` (module docstring),
+      ``scale`` float32 ``[G, K]`` (an empty group's is ``SCALE_EPS / fmax``), ``starts`` int32
+      ``[G]`` (:func:`padded_group_starts`).
+    """
+    num_rows, _ = x.shape
+    num_groups = group_sizes.shape[0]
+    sizes = group_sizes.astype(jnp.int32)
+    ids = group_ids(sizes, num_rows)  # G for rows past the groups: their own segment, dropped
+    magnitude = jnp.where((ids < num_groups)[:, None], jnp.abs(x.astype(jnp.float32)), 0.0)
+    amax = jax.ops.segment_max(magnitude, ids, num_groups + 1, indices_are_sorted=True)
+    scale = scale_from_amax(amax[:num_groups], dtype)
+    starts = padded_group_starts(sizes, align)
+    # Each padded column's source row: the last group starting at or before it (empty groups
+    # share their successor's start and lose the tie), if the column is within its rows.
+    columns = jnp.arange(padded_length(num_rows, num_groups, align), dtype=jnp.int32)
+    group = jnp.clip(search_right(starts, columns) - 1, 0, max(num_groups - 1, 0))
+    within = columns - starts[group]
+    copied = within < sizes[group]
+    source = jnp.where(copied, jnp.cumsum(sizes)[group] - sizes[group] + within, 0)
+    rows = jnp.take(x, source, axis=0).astype(jnp.float32) / scale[group]
+    q = jnp.where(copied[:, None], cast_scaled(rows, dtype), jnp.zeros((), dtype))
+    return q.T, scale, starts

@@ -1,0 +1,206 @@
+"""The FP8 weight gradient (``Fp8Recipe(wgrad="fp8")``) on CPU: the columnwise quantization and
+its padded layout (``jaxmoe.ops.fp8.columnwise``), every backend's ``scaled_tgmm``, the VJP and
+the layer.
+
+Bounds: quantization as in tests/test_fp8.py (half an e4m3 ulp per element, plus half the
+smallest subnormal times the scale); ``scaled_tgmm`` against the float64 product of the
+dequantized operands within 1e-6 relative (FP8 products are exact in float32; only the float32
+sums and the two scale multiplies round); the FP8 wgrad against the unquantized one within 6%
+(two operands each within 2**-4 relative per element, as for the forward).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import jaxmoe
+from jaxmoe.bench.harness import relative_error
+from jaxmoe.ops.fp8 import E4M3, E5M2, Fp8Recipe, fp8_grouped_matmul, resolve_fp8_backend
+from jaxmoe.ops.fp8.columnwise import (
+    ALIGN,
+    padded_group_starts,
+    padded_length,
+    quantize_columnwise,
+)
+from jaxmoe.ops.grouped_matmul import grouped_matmul
+
+BACKENDS = ("reference", "xla")
+FP8_WGRAD = Fp8Recipe("rowwise", wgrad="fp8")
+PROPERTY = settings(max_examples=12, deadline=None)
+sizes_strategy = st.lists(st.integers(0, 200), min_size=3, max_size=3)
+
+
+def _rows(seed, m, k, past=0):
+    """``[m, k]`` rows of varied scale (columns too), the last ``past`` rows NaN."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((m, k)) * np.exp(rng.uniform(-2, 2, (m, 1)) + rng.uniform(-2, 2, k))
+    if past:
+        x[m - past :] = np.nan
+    return jnp.asarray(x, jnp.float32)
+
+
+def _group_slices(sizes):
+    offsets = np.concatenate([[0], np.cumsum(sizes)])
+    return [slice(int(a), int(b)) for a, b in zip(offsets[:-1], offsets[1:], strict=True)]
+
+
+@PROPERTY
+@given(sizes=sizes_strategy, seed=st.integers(0, 2**16), dtype=st.sampled_from([E4M3, E5M2]))
+def test_columnwise_layout_scales_and_round_trip(sizes, seed, dtype):
+    m, k = sum(sizes) + 5, 24
+    x = _rows(seed, m, k, past=5)  # NaN past the groups: neither in a scale nor copied
+    q_t, scale, starts = quantize_columnwise(x, jnp.asarray(sizes, jnp.int32), dtype)
+    assert q_t.dtype == dtype and q_t.shape == (k, padded_length(m, 3))
+    assert scale.shape == (3, k) and scale.dtype == jnp.float32
+    padded = -(-np.asarray(sizes) // ALIGN) * ALIGN
+    np.testing.assert_array_equal(starts, np.cumsum(padded) - padded)
+    q = np.asarray(q_t.astype(jnp.float32))
+    fmax, (relative, subnormal) = (
+        float(jnp.finfo(dtype).max),
+        {
+            E4M3: (2.0**-4, 2.0**-10),
+            E5M2: (2.0**-3, 2.0**-17),
+        }[jnp.dtype(dtype)],
+    )
+    copied = np.zeros(q.shape[1], bool)
+    for g, rows in enumerate(_group_slices(sizes)):
+        x_g = np.asarray(x[rows], np.float32)
+        amax = np.abs(x_g).max(axis=0) if len(x_g) else np.zeros(k, np.float32)
+        np.testing.assert_allclose(scale[g], np.maximum(amax, 1e-12) / fmax, rtol=1e-6)
+        columns = slice(int(starts[g]), int(starts[g]) + len(x_g))
+        copied[columns] = True
+        restored = q[:, columns].T * np.asarray(scale[g])
+        bound = relative * np.abs(x_g) + subnormal * np.asarray(scale[g]) + 2**-20 * np.abs(x_g)
+        assert np.all(np.abs(restored - x_g) <= bound)
+    np.testing.assert_array_equal(q[:, ~copied], 0.0)  # the padding, and no row past the sum
+
+
+def _grouped_wgrad64(lhs, rhs, sizes):
+    out = np.zeros((len(sizes), lhs.shape[1], rhs.shape[1]))
+    for g, rows in enumerate(_group_slices(sizes)):
+        out[g] = np.asarray(lhs[rows], np.float64).T @ np.asarray(rhs[rows], np.float64)
+    return out
+
+
+def _dequantized_rows(x, sizes, dtype=E4M3):
+    """``Q_col(x)`` back in ``[M, K]`` row order (float64), rows past the groups zero."""
+    q_t, scale, starts = quantize_columnwise(x, jnp.asarray(sizes, jnp.int32), dtype)
+    out = np.zeros(x.shape)
+    q = np.asarray(q_t.astype(jnp.float32), np.float64)
+    for g, rows in enumerate(_group_slices(sizes)):
+        start = int(starts[g])
+        out[rows] = q[:, start : start + rows.stop - rows.start].T * np.asarray(scale[g])
+    return out
+
+
+@pytest.mark.parametrize("backend", [*BACKENDS, "pallas"])
+@pytest.mark.parametrize("sizes", [[70, 0, 130], [0, 0, 200], [0, 0, 0], [1, 128, 3]])
+def test_scaled_tgmm_is_the_float64_product_of_the_dequantized_operands(backend, sizes):
+    m = sum(sizes) + 3
+    lhs, grad = _rows(1, m, 40, past=3), _rows(2, m, 24, past=3)
+    group_sizes = jnp.asarray(sizes, jnp.int32)
+    lhs_t_q, lhs_scale, starts = quantize_columnwise(lhs, group_sizes)
+    grad_t_q, grad_scale, _ = quantize_columnwise(grad, group_sizes)
+    impl = resolve_fp8_backend(backend if backend != "pallas" else "auto")
+    out = impl.scaled_tgmm(
+        lhs_t_q, lhs_scale, grad_t_q, grad_scale, starts, group_sizes, out_dtype=jnp.float32
+    )
+    expected = _grouped_wgrad64(
+        _dequantized_rows(lhs, sizes), _dequantized_rows(grad, sizes), sizes
+    )
+    assert out.shape == (3, 40, 24)
+    assert relative_error(out, expected) <= 1e-6 if np.any(expected) else not np.any(out)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@PROPERTY
+@given(sizes=sizes_strategy, seed=st.integers(0, 2**16))
+def test_fp8_wgrad_vjp(backend, sizes, seed):
+    """wgrad: the float64 product of the columnwise-quantized operands; forward and dgrad: the
+    same bits as the recipe with the high-precision wgrad."""
+    m = sum(sizes) + 4
+    lhs, ct = _rows(seed, m, 32, past=4), _rows(seed + 1, m, 16)
+    rhs = jnp.asarray(np.random.default_rng(seed).standard_normal((3, 32, 16)) / 6, jnp.float32)
+    group_sizes = jnp.asarray(sizes, jnp.int32)
+
+    def vjp(recipe):
+        fn = lambda a, b: fp8_grouped_matmul(a, b, group_sizes, recipe=recipe, backend=backend)  # noqa: E731
+        out, pullback = jax.vjp(fn, lhs, rhs)
+        return out, *pullback(ct)
+
+    out, grad_lhs, grad_rhs = vjp(FP8_WGRAD)
+    out_hp, grad_lhs_hp, _ = vjp(Fp8Recipe("rowwise"))
+    np.testing.assert_array_equal(out, out_hp)
+    np.testing.assert_array_equal(grad_lhs, grad_lhs_hp)
+    assert grad_rhs.dtype == rhs.dtype and np.all(np.isfinite(np.asarray(grad_rhs)))
+    expected = _grouped_wgrad64(_dequantized_rows(lhs, sizes), _dequantized_rows(ct, sizes), sizes)
+    if np.any(expected):
+        assert relative_error(grad_rhs, expected) <= 1e-6
+    else:
+        np.testing.assert_array_equal(grad_rhs, 0.0)
+
+
+def test_fp8_wgrad_is_within_what_e4m3_allows_of_the_unquantized_wgrad():
+    rng = np.random.default_rng(3)
+    lhs = jnp.asarray(rng.standard_normal((300, 256)), jnp.float32)
+    rhs = jnp.asarray(rng.standard_normal((4, 256, 192)) / 16, jnp.float32)
+    ct = jnp.asarray(rng.standard_normal((300, 192)), jnp.float32)
+    group_sizes = jnp.array([100, 0, 150, 30], jnp.int32)
+
+    def wgrad(fn):
+        return jax.vjp(lambda b: fn(lhs, b, group_sizes), rhs)[1](ct)[0]
+
+    exact = wgrad(grouped_matmul)
+    fp8 = wgrad(lambda a, b, gs: fp8_grouped_matmul(a, b, gs, recipe=FP8_WGRAD))
+    assert 0.005 < relative_error(fp8, exact) < 0.06
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"wgrad": "fp16"}, "Fp8Recipe.wgrad must be one of"),
+        ({"name": "blockwise", "wgrad": "fp8"}, "wgrad='fp8' needs name='rowwise'"),
+    ],
+)
+def test_recipe_rejects_bad_wgrad(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        Fp8Recipe(**kwargs)
+
+
+def test_padded_length_bounds_every_layout():
+    for sizes in ([0, 0, 0], [1, 1, 1], [129, 255, 0], [384, 0, 0]):
+        starts = padded_group_starts(jnp.asarray(sizes))
+        end = int(starts[-1]) + -(-sizes[-1] // ALIGN) * ALIGN
+        assert end <= padded_length(sum(sizes), len(sizes))
+
+
+# ----------------------------------------------------------------------------- the layer
+
+
+def test_layer_takes_the_recipe_object_and_trains_its_experts_in_fp8():
+    base = {"num_experts": 4, "top_k": 2, "hidden_size": 64, "ffn_size": 96}
+    x = jax.random.normal(jax.random.key(1), (4, 32, 64), jnp.bfloat16)
+
+    def grads(recipe):
+        cfg = jaxmoe.MoEConfig(**base, dtype=jnp.bfloat16, fp8_recipe=recipe)
+        params = jaxmoe.init_params(jax.random.key(0), cfg)
+        loss = lambda p: jnp.sum(jaxmoe.moe(p, x, cfg)[0].astype(jnp.float32) ** 2)  # noqa: E731
+        return jax.jit(jax.grad(loss))(params)["experts"]
+
+    exact, high, fp8 = grads(None), grads("rowwise"), grads(FP8_WGRAD)
+    for name in ("w_gate", "w_up", "w_down"):
+        assert fp8[name].dtype == jnp.float32
+        assert not np.array_equal(fp8[name], high[name])  # the wgrad ran in FP8
+        assert relative_error(fp8[name], exact[name]) < 0.15
+
+
+def test_config_refuses_objects_that_are_not_recipes():
+    base = {"num_experts": 4, "top_k": 2, "hidden_size": 64, "ffn_size": 96}
+    assert jaxmoe.MoEConfig(**base, fp8_recipe=FP8_WGRAD).fp8_recipe == FP8_WGRAD
+    with pytest.raises(ValueError, match=r"MoEConfig\.fp8_recipe: .* or a Fp8Recipe"):
+        jaxmoe.MoEConfig(**base, fp8_recipe=object())
