@@ -117,13 +117,14 @@ def test_bench_layer_fp8_recipe_rows(tmp_path):
     from jaxmoe.bench import layer
 
     out = tmp_path / "layer.json"
-    impls = "jaxmoe,jaxmoe-fp8-rowwise,jaxmoe-fp8-rowwise-cached"
+    impls = "jaxmoe,jaxmoe-fp8-rowwise,jaxmoe-fp8-rowwise-cached,jaxmoe-fp8-rowwise-fp8wgrad"
     argv = ["bench", "layer", "--impls", impls, "--pass", "fwd,fwd+bwd"]
     assert main([*argv, "--repeats", "1", "--out", str(out)]) == 0
     rows = _bench_rows(out)
-    for impl in ("jaxmoe-fp8-rowwise", "jaxmoe-fp8-rowwise-cached"):
+    for impl in ("jaxmoe-fp8-rowwise", "jaxmoe-fp8-rowwise-cached", "jaxmoe-fp8-rowwise-fp8wgrad"):
         fp8 = [r for r in rows if r["impl"] == impl]
         assert len(fp8) == 2 and all(r["fp8_recipe"] == "rowwise" and r["ms"] > 0 for r in fp8)
+        assert all(r["fp8_wgrad"] == ("fp8" if "fp8wgrad" in impl else "high") for r in fp8)
         # FP8 rounding shows (it is not the bf16 layer) but stays within the FP8 tolerance.
         assert all(3e-3 < r["rel_err"] < layer.FP8_REL_TOL for r in fp8), fp8
     # The cache (weights quantized once, outside the timed calls) is the same layer, bit for bit.
@@ -134,6 +135,8 @@ def test_bench_layer_fp8_recipe_rows(tmp_path):
         layer.check_impls(["jaxmoe-fp8-tensorwise"])
     with pytest.raises(ValueError, match="jaxmoe-fp8-<recipe>"):
         layer.check_impls(["jaxmoe-fp8-rowwise-cache"])
+    with pytest.raises(ValueError, match="wgrad='fp8' needs name='rowwise'"):
+        layer.check_impls(["jaxmoe-fp8-blockwise-fp8wgrad"])
 
 
 def test_bench_layer_torchtitan_is_skipped_with_a_reason(tmp_path):

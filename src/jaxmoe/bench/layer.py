@@ -10,7 +10,8 @@ Implementations (``impls`` names):
   ``blockwise``): the expert matmuls in FP8 (checked against the float32 reference with
   :data:`FP8_REL_TOL`). ``jaxmoe-fp8-<recipe>-cached``: the same with the expert weights
   quantized once, outside the timed calls (:func:`jaxmoe.quantize_expert_weights`), as a step
-  with gradient accumulation runs each micro-batch after the first.
+  with gradient accumulation runs each micro-batch after the first. ``jaxmoe-fp8-rowwise-fp8wgrad``
+  (``[-cached]``): ``Fp8Recipe("rowwise", wgrad="fp8")``, the weight gradients in FP8 too.
 - ``dense``: plain JAX, every expert applied to every token and masked by the combine weights
   (E/K times the useful work; skipped when its intermediates would not fit).
 - ``torch``: :class:`jaxmoe.bench.torch_layer.TorchMoELayer` (``torch._grouped_mm``; skipped
@@ -78,6 +79,7 @@ REL_TOL = {jnp.dtype(jnp.bfloat16): 3e-2, jnp.dtype(jnp.float32): 5e-3}
 FP8_REL_TOL = 0.12
 FP8_PREFIX = "jaxmoe-fp8-"
 FP8_CACHED_SUFFIX = "-cached"
+FP8_WGRAD_SUFFIX = "-fp8wgrad"  # Fp8Recipe(recipe, wgrad="fp8"): the weight gradients in FP8 too
 # The dense layer is skipped when its estimated live bytes exceed this share of device memory.
 DENSE_MEMORY_SHARE = 0.3
 CPU_MEMORY_BYTES = 4 << 30
@@ -300,6 +302,20 @@ def measure_dense_peak(dtype, size: int | None = None) -> dict[str, float]:
     return {"size": size, "ms": ms, "tflops": 2 * size**3 / ms / 1e9}
 
 
+def _fp8_recipe_name(impl: str) -> str:
+    return (
+        impl.removeprefix(FP8_PREFIX).removesuffix(FP8_CACHED_SUFFIX).removesuffix(FP8_WGRAD_SUFFIX)
+    )
+
+
+def _fp8_recipe(impl: str):
+    """The ``MoEConfig.fp8_recipe`` of a ``jaxmoe-fp8-...`` impl name."""
+    name = _fp8_recipe_name(impl)
+    if impl.removesuffix(FP8_CACHED_SUFFIX).endswith(FP8_WGRAD_SUFFIX):
+        return jaxmoe.ops.fp8.Fp8Recipe(name, wgrad="fp8")
+    return name
+
+
 def check_impls(impls: Sequence[str]) -> None:
     """Raises ValueError on a name that is not ``torch``, ``torchtitan``, ``dense``, ``jaxmoe``
     or ``jaxmoe-<backend>`` with a known grouped-matmul backend."""
@@ -308,16 +324,16 @@ def check_impls(impls: Sequence[str]) -> None:
     for impl in impls:
         known = (
             impl in (*TORCH_IMPLS, "dense", "jaxmoe")
-            or (
-                impl.startswith(FP8_PREFIX)
-                and impl.removeprefix(FP8_PREFIX).removesuffix(FP8_CACHED_SUFFIX) in recipes
-            )
+            or (impl.startswith(FP8_PREFIX) and _fp8_recipe_name(impl) in recipes)
             or (impl.startswith("jaxmoe-") and impl.removeprefix("jaxmoe-") in backends)
         )
+        if known and impl.startswith(FP8_PREFIX):
+            _fp8_recipe(impl)  # blockwise has no FP8 wgrad: Fp8Recipe says so
         if not known:
             raise ValueError(
                 f"unknown layer impl {impl!r}; use torch, torchtitan, dense, jaxmoe, "
-                f"jaxmoe-<backend> (backends: {', '.join(backends)}), jaxmoe-fp8-<recipe>[-cached] "
+                f"jaxmoe-<backend> (backends: {', '.join(backends)}), "
+                "jaxmoe-fp8-<recipe>[-fp8wgrad][-cached] "
                 f"(recipes: {', '.join(recipes)})."
             )
 
@@ -449,8 +465,9 @@ def _prepare(row, preset, cfg, params, x, dy, want):
             layer_fn = lambda p, x: dense_layer(p, x, cfg.top_k)  # noqa: E731
             call, sync, outputs = _jax_case(layer_fn, params, x, dy, pass_)
         elif impl.startswith(FP8_PREFIX):
-            recipe = impl.removeprefix(FP8_PREFIX).removesuffix(FP8_CACHED_SUFFIX)
-            row["fp8_recipe"] = recipe
+            recipe = _fp8_recipe(impl)
+            row["fp8_recipe"] = _fp8_recipe_name(impl)
+            row["fp8_wgrad"] = getattr(recipe, "wgrad", "high")
             tolerance = FP8_REL_TOL
             layer_cfg = dataclasses.replace(cfg, fp8_recipe=recipe)
             constants = ()
