@@ -32,7 +32,7 @@ import jax.numpy as jnp
 
 from jaxmoe.arrays import round_up
 from jaxmoe.ops.fp8.quantize import E4M3, cast_scaled, scale_from_amax
-from jaxmoe.ops.grouped_matmul.base import group_ids, search_right
+from jaxmoe.search import search_right
 
 Array = jax.Array
 
@@ -67,13 +67,9 @@ def quantize_columnwise(
       ``scale`` float32 ``[G, K]`` (an empty group's is ``SCALE_EPS / fmax``), ``starts`` int32
       ``[G]`` (:func:`padded_group_starts`).
     """
-    num_rows, _ = x.shape
+    num_rows, width = x.shape
     num_groups = group_sizes.shape[0]
     sizes = group_sizes.astype(jnp.int32)
-    ids = group_ids(sizes, num_rows)  # G for rows past the groups: their own segment, dropped
-    magnitude = jnp.where((ids < num_groups)[:, None], jnp.abs(x.astype(jnp.float32)), 0.0)
-    amax = jax.ops.segment_max(magnitude, ids, num_groups + 1, indices_are_sorted=True)
-    scale = scale_from_amax(amax[:num_groups], dtype)
     starts = padded_group_starts(sizes, align)
     # Each padded column's source row: the last group starting at or before it (empty groups
     # share their successor's start and lose the tie), if the column is within its rows.
@@ -82,6 +78,12 @@ def quantize_columnwise(
     within = columns - starts[group]
     copied = within < sizes[group]
     source = jnp.where(copied, jnp.cumsum(sizes)[group] - sizes[group] + within, 0)
-    rows = jnp.take(x, source, axis=0).astype(jnp.float32) / scale[group]
-    q = jnp.where(copied[:, None], cast_scaled(rows, dtype), jnp.zeros((), dtype))
+    rows = jnp.where(copied[:, None], jnp.take(x, source, axis=0).astype(jnp.float32), 0.0)
+    # amax in two steps, both without a scatter over the rows: per aligned block of the padded
+    # layout (each lies in one group's range), then per group over its few blocks.
+    block_amax = jnp.max(jnp.abs(rows).reshape(-1, align, width), axis=1)
+    block_group = group[::align]
+    amax = jax.ops.segment_max(block_amax, block_group, num_groups, indices_are_sorted=True)
+    scale = scale_from_amax(jnp.maximum(amax, 0.0), dtype)  # an empty group: no block, -inf
+    q = cast_scaled(rows / scale[group], dtype)
     return q.T, scale, starts
