@@ -78,7 +78,14 @@ def main():
     parser.add_argument(
         "--fp8-recipe", default=None, help="jaxmoe only: the layer with MoEConfig.fp8_recipe"
     )
+    parser.add_argument(
+        "--fp8-wgrad", choices=("high", "fp8"), default="high", help="with --fp8-recipe rowwise"
+    )
     args = parser.parse_args()
+    recipe = args.fp8_recipe
+    if recipe and args.fp8_wgrad == "fp8":
+        recipe = jaxmoe.ops.fp8.Fp8Recipe(recipe, wgrad="fp8")
+        args.fp8_recipe += "-fp8wgrad"
     out_dir = pathlib.Path(args.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     results, text = [], ["# MoE layer: kernel time per op", ""]
@@ -86,7 +93,7 @@ def main():
         preset = LAYER_PRESETS[name]
         cfg, params, x, dy = layer_inputs(preset, jnp.bfloat16)
         if args.fp8_recipe:
-            cfg = dataclasses.replace(cfg, fp8_recipe=args.fp8_recipe)
+            cfg = dataclasses.replace(cfg, fp8_recipe=recipe)
         functions = jax_functions(cfg)
         for pass_ in args.passes.split(","):
             if args.impl == "jaxmoe":
