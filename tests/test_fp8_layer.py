@@ -148,3 +148,61 @@ def test_demo_with_fp8_trains_like_the_unquantized_demo(tmp_path):
     baseline, rowwise = final_loss(None), final_loss("rowwise")
     assert rowwise != baseline
     assert abs(rowwise - baseline) / baseline < 0.03
+
+
+@pytest.mark.parametrize("recipe", ["rowwise", "blockwise"])
+def test_tokens_quantized_before_the_permutation_are_the_buffer_quantized(recipe):
+    """The layer quantizes each token once and permutes the FP8 rows (layer._dispatch_quantized):
+    every row in a group has the bits quantize(buffer) gives, and the experts' outputs and
+    gradients are bit for bit those of quantizing the buffer inside the matmuls."""
+    from jaxmoe import permutation
+    from jaxmoe.layer import _dispatch_quantized
+    from jaxmoe.ops.fp8 import quantize, resolve_recipe
+
+    cfg = jaxmoe.MoEConfig(**BASE, fp8_recipe=recipe)
+    rng = np.random.default_rng(1)
+    tokens = jnp.asarray(rng.standard_normal((40, 64)) * rng.uniform(0.1, 10, (40, 1)), jnp.float32)
+    experts = jnp.asarray(rng.integers(0, 3, (40, 2)), jnp.int32)  # expert 3 gets no token
+    plan = permutation.plan_dispatch(experts, 4, alignment=8)
+    buffer = permutation.dispatch(tokens, plan)
+    q, scale = _dispatch_quantized(tokens, plan, cfg)
+    blocks = resolve_recipe(recipe).lhs_blocks
+    want_q, want_scale = quantize(buffer, blocks)
+    live = int(jnp.sum(plan.group_sizes))
+    np.testing.assert_array_equal(q.astype(jnp.float32), want_q.astype(jnp.float32))
+    used = np.asarray(jnp.any(buffer != 0, axis=1))  # token rows (padding rows are zeros)
+    np.testing.assert_array_equal(scale[used], want_scale[used])
+    assert used[:live].sum() == 80
+
+    weights = _experts_inputs(jnp.float32)[2]
+
+    def loss(weights, buffer, buffer_fp8):
+        out = routed_experts(
+            buffer,
+            plan.group_sizes,
+            weights,
+            "swiglu",
+            "xla",
+            fp8_recipe=recipe,
+            buffer_fp8=buffer_fp8,
+        )
+        return jnp.sum(out**2), out
+
+    grad_fn = jax.grad(loss, (0, 1), has_aux=True)
+    (grads, grad_buffer), out = grad_fn(weights, buffer, None)
+    (grads_f, grad_buffer_f), out_f = grad_fn(weights, buffer, (q, scale))
+    np.testing.assert_array_equal(out_f, out)
+    np.testing.assert_array_equal(grad_buffer_f, grad_buffer)
+    for name in grads:
+        np.testing.assert_array_equal(grads_f[name], grads[name])
+
+
+def test_fp8_grouped_matmul_refuses_activations_of_the_wrong_shape():
+    from jaxmoe.ops.fp8 import fp8_grouped_matmul, quantize
+
+    lhs, rhs = jnp.ones((8, 16)), jnp.ones((2, 16, 4))
+    q, scale = quantize(lhs, (1, None))
+    with pytest.raises(ValueError, match="`lhs_fp8` must be the pair"):
+        fp8_grouped_matmul(lhs, rhs, jnp.array([4, 4]), lhs_fp8=(q[:4], scale[:4]))
+    with pytest.raises(ValueError, match="`lhs_fp8` must be the pair"):
+        fp8_grouped_matmul(lhs, rhs, jnp.array([4, 4]), lhs_fp8=q)

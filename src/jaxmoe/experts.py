@@ -36,6 +36,7 @@ def routed_experts(
     block_rows: int | None = None,
     fp8_recipe: str | None = None,
     fp8_weights: dict | None = None,
+    buffer_fp8: tuple[jax.Array, jax.Array] | None = None,
 ) -> jax.Array:
     """Applies expert ``e``'s FFN to its block of rows of the expert-major ``buffer``.
 
@@ -63,6 +64,9 @@ def routed_experts(
       fp8_weights: with ``fp8_recipe``, ``None`` or ``{name: Fp8Weights}`` for some of
         ``weights`` (:func:`jaxmoe.quantize_expert_weights`, made from ``weights`` cast to
         ``buffer``'s dtype): those matmuls read their FP8 weights from it instead of quantizing.
+      buffer_fp8: with ``fp8_recipe``, ``None`` or ``buffer`` already quantized for it
+        (``quantize(buffer, recipe.lhs_blocks, recipe.dtype)``, e.g. the permutation of the
+        quantized tokens): the gate and up matmuls read it instead of quantizing ``buffer``.
 
     Returns:
       ``[R, H]``.
@@ -81,6 +85,7 @@ def routed_experts(
                 recipe=fp8_recipe,
                 backend=backend,
                 rhs_fp8=cached.get(name),
+                lhs_fp8=buffer_fp8 if lhs is blocks else None,
             )
     elif block_rows is not None:
         num_experts = weights["w_up"].shape[0]

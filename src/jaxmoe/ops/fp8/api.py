@@ -11,7 +11,7 @@ import numpy as np
 from jaxmoe.choices import GROUPED_MATMUL_BACKENDS
 from jaxmoe.ops.fp8.base import ScaledGroupedMatmulBackend, check_scaled_args
 from jaxmoe.ops.fp8.columnwise import quantize_columnwise
-from jaxmoe.ops.fp8.quantize import dequantize, quantize
+from jaxmoe.ops.fp8.quantize import dequantize, quantize, scale_shape
 from jaxmoe.ops.fp8.recipe import Fp8Recipe, resolve_recipe
 from jaxmoe.ops.fp8.reference import ReferenceScaledGroupedMatmul
 from jaxmoe.ops.fp8.weights import (
@@ -132,8 +132,10 @@ def scaled_grouped_matmul(
     )
 
 
-def _forward(lhs, rhs, rhs_fp8, group_sizes, recipe, impl, out_dtype):
-    lhs_q, lhs_scale = quantize(lhs, recipe.lhs_blocks, recipe.dtype)
+def _forward(lhs, rhs, rhs_fp8, lhs_fp8, group_sizes, recipe, impl, out_dtype):
+    # lhs_fp8: the caller quantized the rows already (e.g. each token once, before the
+    # permutation copied it K times): the same bits as quantizing lhs here.
+    lhs_q, lhs_scale = lhs_fp8 or quantize(lhs, recipe.lhs_blocks, recipe.dtype)
     if rhs_fp8 is None:
         rhs_fp8 = make_fp8_weights(rhs, recipe, impl.k_major_weights)
     rhs_q, rhs_scale = rhs_fp8.forward_operand()
@@ -157,9 +159,9 @@ def _forward(lhs, rhs, rhs_fp8, group_sizes, recipe, impl, out_dtype):
     return out, (lhs_saved, rhs, rhs_fp8, group_sizes)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6))
-def _fp8_grouped_matmul(lhs, rhs, rhs_fp8, group_sizes, recipe, impl, out_dtype):
-    return _forward(lhs, rhs, rhs_fp8, group_sizes, recipe, impl, out_dtype)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7))
+def _fp8_grouped_matmul(lhs, rhs, rhs_fp8, lhs_fp8, group_sizes, recipe, impl, out_dtype):
+    return _forward(lhs, rhs, rhs_fp8, lhs_fp8, group_sizes, recipe, impl, out_dtype)[0]
 
 
 def _fp8_grouped_matmul_bwd(recipe, impl, out_dtype, residuals, grad_out):
@@ -194,9 +196,9 @@ def _fp8_grouped_matmul_bwd(recipe, impl, out_dtype, residuals, grad_out):
     else:
         lhs = dequantize(*lhs_saved, recipe.lhs_blocks).astype(grad_out.dtype)
         grad_rhs = impl.tgmm(lhs, grad_out, group_sizes, out_dtype=rhs.dtype)
-    # The FP8 cache is a constant of the step (the master weight rhs takes the gradient): None
-    # is its zero cotangent.
-    return grad_lhs, grad_rhs, None, None
+    # The FP8 weights and activations given are constants (the master weight rhs and the
+    # high-precision lhs take the gradients): None is their zero cotangent.
+    return grad_lhs, grad_rhs, None, None, None
 
 
 _fp8_grouped_matmul.defvjp(_forward, _fp8_grouped_matmul_bwd)
@@ -211,6 +213,7 @@ def fp8_grouped_matmul(
     backend: str | ScaledGroupedMatmulBackend | None = None,
     preferred_element_type=None,
     rhs_fp8: Fp8Weights | None = None,
+    lhs_fp8: tuple[jax.Array, jax.Array] | None = None,
 ) -> jax.Array:
     r""":func:`jaxmoe.grouped_matmul` with both operands quantized to FP8 by ``recipe``.
 
@@ -267,6 +270,12 @@ def fp8_grouped_matmul(
       preferred_element_type: dtype of the result (default ``lhs.dtype``).
       rhs_fp8: ``None`` (quantize ``rhs`` here) or an :class:`Fp8Weights` made from ``rhs``
         by :func:`quantize_fp8_weights` with the same ``recipe`` and ``backend``.
+      lhs_fp8: ``None`` (quantize ``lhs`` here) or ``quantize(lhs, recipe.lhs_blocks,
+        recipe.dtype)`` made by the caller where it is cheaper: the layer quantizes each token
+        once, before the permutation copies it to its K experts' rows (per-row blocks commute
+        with copying rows), and permutes the FP8 rows and scales. The forward then reads no
+        ``lhs`` (with ``recipe.wgrad="high"`` its bf16 copy is dead code under ``jit``); ``lhs``
+        still takes the gradient. Like ``rhs_fp8``, a promise the op cannot check.
 
     Returns:
       ``[M, N]``.
@@ -299,8 +308,30 @@ def fp8_grouped_matmul(
             name="rhs_fp8",
             caller="fp8_grouped_matmul",
         )
+    if lhs_fp8 is not None:
+        check_fp8_activations(lhs_fp8, lhs.shape, recipe)
+        lhs_fp8 = tuple(jax.lax.stop_gradient(jnp.asarray(a)) for a in lhs_fp8)
     group_sizes = clip_group_sizes(jnp.asarray(group_sizes), lhs.shape[0])
-    return _fp8_grouped_matmul(lhs, rhs, rhs_fp8, group_sizes, recipe, impl, out_dtype)
+    return _fp8_grouped_matmul(lhs, rhs, rhs_fp8, lhs_fp8, group_sizes, recipe, impl, out_dtype)
+
+
+def check_fp8_activations(lhs_fp8, lhs_shape: tuple, recipe: Fp8Recipe) -> None:
+    """Raises ValueError unless ``lhs_fp8`` is a ``(q, scale)`` pair shaped like
+    ``quantize(lhs, recipe.lhs_blocks, recipe.dtype)`` of an ``lhs_shape`` lhs."""
+    expected = (
+        (tuple(lhs_shape), recipe.dtype),
+        (scale_shape(tuple(lhs_shape), recipe.lhs_blocks), jnp.dtype(jnp.float32)),
+    )
+    got = tuple(
+        (tuple(np.shape(a)), jnp.result_type(a))
+        for a in (lhs_fp8 if isinstance(lhs_fp8, tuple) else ())
+    )
+    if got != expected:
+        raise ValueError(
+            f"fp8_grouped_matmul: `lhs_fp8` must be the pair quantize(lhs, recipe.lhs_blocks, "
+            f"recipe.dtype) returns, {expected}; got "
+            f"{got or type(lhs_fp8).__name__}. Quantize lhs with the matmul's recipe."
+        )
 
 
 def quantize_fp8_weights(
