@@ -56,9 +56,10 @@ swizzle = pallas_triton.swizzle
 
 def ring_produce(num_tiles, tile_steps, load, *, stages: int, released) -> None:
     """The memory warpgroup's side: for each of the CTA's ``num_tiles`` tiles, ``info, count =
-    tile_steps(t)`` (``count >= 1`` steps), then for each step waits until the slot is released
-    and calls ``load(info, i, slot)`` to start its TMA copies (each arriving on the slot's
-    ``loaded`` barrier); at the end, waits for the last slots' releases."""
+    tile_steps(t)`` (``count >= 0`` steps: a tile of none loads nothing), then for each step
+    waits until the slot is released and calls ``load(info, i, slot)`` to start its TMA copies
+    (each arriving on the slot's ``loaded`` barrier); at the end, waits for the last slots'
+    releases."""
     plgpu.set_max_registers(MEMORY_REGISTERS, action="decrease")
 
     def tile(t, step):
