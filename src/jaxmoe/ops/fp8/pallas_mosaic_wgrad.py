@@ -185,10 +185,7 @@ def _jaxmoe_mosaic_fp8_tgmm(
         collective_axes="wg",
     )
     def _scope(lhs_ring, rhs_ring, out_smem, loaded, released):
-        wg = lax.axis_index("wg")
-
-        @pl.when(wg == common.NUM_COMPUTE_WARPGROUPS)
-        def _memory_warpgroup():
+        def memory_warpgroup():
             def load(info, i, slot):
                 _, k0, col0, first_block = info
                 # A multiple of bm by construction: Mosaic's layout inference needs to see that
@@ -203,9 +200,7 @@ def _jaxmoe_mosaic_fp8_tgmm(
 
             common.ring_produce(my_tiles, tile_info, load, stages=stages, released=released)
 
-        @pl.when(wg < common.NUM_COMPUTE_WARPGROUPS)
-        def _compute_warpgroups():
-            plgpu.set_max_registers(common.COMPUTE_REGISTERS, action="increase")
+        def compute_warpgroup(wg):
             wg_cols = pl.ds(wg * wg_n, wg_n)
 
             def tile(local_tile, step):
@@ -255,6 +250,8 @@ def _jaxmoe_mosaic_fp8_tgmm(
 
             lax.fori_loop(0, my_tiles, tile, jnp.int32(0))
             plgpu.wait_smem_to_gmem(0)
+
+        common.split_warpgroups(memory_warpgroup, compute_warpgroup)
 
 
 def _check_shapes(lhs_t_q, lhs_scale, rhs_t_q, rhs_scale, group_starts, group_sizes) -> None:
@@ -327,15 +324,10 @@ def scaled_tgmm(
     group_order = jnp.argsort(-sizes, stable=True).astype(jnp.int32)
     # The interpreter has no transposed wgmma operand: B goes in [Mp, N] there.
     rhs = rhs_t_q.T if interpreted else rhs_t_q
-    kernel = plgpu.kernel(
+    kernel = common.persistent_kernel(
         functools.partial(_jaxmoe_mosaic_fp8_tgmm, cfg=cfg, interpreted=interpreted),
-        out_type=jax.ShapeDtypeStruct((num_groups, k, n), out_dtype),
-        grid=(common.num_sms(interpret_params),),
-        grid_names=("sm",),
-        num_threads=common.NUM_COMPUTE_WARPGROUPS + 1,
-        thread_name="wg",
-        compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Warpgroup),
-        interpret=interpret_params,
+        jax.ShapeDtypeStruct((num_groups, k, n), out_dtype),
+        interpret_params,
     )
     return kernel(
         group_order,

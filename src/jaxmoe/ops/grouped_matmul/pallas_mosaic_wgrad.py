@@ -200,10 +200,7 @@ def _jaxmoe_mosaic_tgmm(
         collective_axes="wg",
     )
     def _scope(lhs_ring, rhs_ring, out_smem, loaded, released):
-        wg = lax.axis_index("wg")
-
-        @pl.when(wg == common.NUM_COMPUTE_WARPGROUPS)
-        def _memory_warpgroup():
+        def memory_warpgroup():
             def load(info, i, slot):
                 _, k0, col0, _, _, first_block = info
                 rows = pl.ds((first_block + i) * bm, bm)
@@ -217,9 +214,7 @@ def _jaxmoe_mosaic_tgmm(
 
             common.ring_produce(my_tiles, tile_info, load, stages=stages, released=released)
 
-        @pl.when(wg < common.NUM_COMPUTE_WARPGROUPS)
-        def _compute_warpgroups():
-            plgpu.set_max_registers(common.COMPUTE_REGISTERS, action="increase")
+        def compute_warpgroup(wg):
             wg_cols = pl.ds(wg * wg_n, wg_n)
 
             def tile(local_tile, step):
@@ -251,6 +246,8 @@ def _jaxmoe_mosaic_tgmm(
 
             lax.fori_loop(0, my_tiles, tile, jnp.int32(0))
             plgpu.wait_smem_to_gmem(0)
+
+        common.split_warpgroups(memory_warpgroup, compute_warpgroup)
 
 
 def _zero_rows_outside(refs_and_widths, lo, hi, block_m: int) -> None:
@@ -309,15 +306,10 @@ def tgmm(
     offsets = _offsets(group_sizes, m)
     # Largest group first (stable: equal sizes keep their order, neighbours share L2).
     group_order = jnp.argsort(-(offsets[1:] - offsets[:-1]), stable=True).astype(jnp.int32)
-    kernel = plgpu.kernel(
+    kernel = common.persistent_kernel(
         functools.partial(_jaxmoe_mosaic_tgmm, cfg=cfg),
-        out_type=jax.ShapeDtypeStruct((num_groups, k, n), out_dtype),
-        grid=(common.num_sms(interpret_params),),
-        grid_names=("sm",),
-        num_threads=common.NUM_COMPUTE_WARPGROUPS + 1,
-        thread_name="wg",
-        compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Warpgroup),
-        interpret=interpret_params,
+        jax.ShapeDtypeStruct((num_groups, k, n), out_dtype),
+        interpret_params,
     )
     return kernel(group_order, offsets, lhs, rhs)
 
