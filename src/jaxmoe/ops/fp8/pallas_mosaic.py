@@ -170,7 +170,7 @@ def unsupported_reason(
     return "; ".join(reasons) or None
 
 
-def _rowwise_scale_epilogue(
+def rowwise_scale_epilogue(
     acc, lhs_scale_gmem, rhs_scale_gmem, *, group, row0, col0, interpreted: bool
 ):
     """``acc[r, c] * lhs_scale[row0 + r] * rhs_scale[group, col0 + c]`` for one warpgroup's
@@ -205,7 +205,7 @@ def _blockwise_k_step_scale(
     col_scale = rhs_scale_gmem[group, k_step, col0 // wg_n]
     if interpreted:
         row_scale = rows[...]
-    else:  # the accumulator's row layout, as in _rowwise_scale_epilogue
+    else:  # the accumulator's row layout, as in rowwise_scale_epilogue
         row_scale = plgpu.load(rows, (), layout=plgpu.Layout.WGMMA.reduce(1), optimized=False)
     return partial * lax.broadcast_in_dim(row_scale * col_scale, partial.shape, [0])
 
@@ -297,7 +297,7 @@ def scaled_gmm_kn(
             ),
         )
     return launch(
-        epilogue=functools.partial(_rowwise_scale_epilogue, interpreted=interpreted),
+        epilogue=functools.partial(rowwise_scale_epilogue, interpreted=interpreted),
         epilogue_operands=(
             lhs_scale.reshape(m).astype(jnp.float32),
             rhs_scale.reshape(num_groups, n).astype(jnp.float32),

@@ -553,15 +553,8 @@ def launch_gmm(
         interpreted=interpret_params is not None,
     )
     out_type = jax.ShapeDtypeStruct((m, n), out_dtype)
-    kernel = plgpu.kernel(
-        body,
-        out_type=out_type if num_outputs == 1 else (out_type,) * num_outputs,
-        grid=(common.num_sms(interpret_params),),
-        grid_names=("sm",),
-        num_threads=common.NUM_COMPUTE_WARPGROUPS + 1,
-        thread_name="wg",
-        compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Warpgroup),
-        interpret=interpret_params,
+    kernel = common.persistent_kernel(
+        body, out_type if num_outputs == 1 else (out_type,) * num_outputs, interpret_params
     )
     return kernel(
         work_counts, work_group, work_tile, offsets, lhs, rhs, *more_rhs, *epilogue_operands

@@ -56,9 +56,10 @@ swizzle = pallas_triton.swizzle
 
 def ring_produce(num_tiles, tile_steps, load, *, stages: int, released) -> None:
     """The memory warpgroup's side: for each of the CTA's ``num_tiles`` tiles, ``info, count =
-    tile_steps(t)`` (``count >= 1`` steps), then for each step waits until the slot is released
-    and calls ``load(info, i, slot)`` to start its TMA copies (each arriving on the slot's
-    ``loaded`` barrier); at the end, waits for the last slots' releases."""
+    tile_steps(t)`` (``count >= 0`` steps: a tile of none loads nothing), then for each step
+    waits until the slot is released and calls ``load(info, i, slot)`` to start its TMA copies
+    (each arriving on the slot's ``loaded`` barrier); at the end, waits for the last slots'
+    releases."""
     plgpu.set_max_registers(MEMORY_REGISTERS, action="decrease")
 
     def tile(t, step):
@@ -111,6 +112,22 @@ def ring_consume(step, count, mma, carry, *, stages: int, loaded, released):
     return carry
 
 
+def split_warpgroups(memory, compute) -> None:
+    """Inside a CTA of :func:`persistent_kernel`: the memory warpgroup (the last) runs
+    ``memory()`` (its :func:`ring_produce`), each compute warpgroup ``compute(wg)`` with the
+    larger register share."""
+    wg = lax.axis_index("wg")
+
+    @pl.when(wg == NUM_COMPUTE_WARPGROUPS)
+    def _memory_warpgroup():
+        memory()
+
+    @pl.when(wg < NUM_COMPUTE_WARPGROUPS)
+    def _compute_warpgroups():
+        plgpu.set_max_registers(COMPUTE_REGISTERS, action="increase")
+        compute(wg)
+
+
 def ring_barriers(stages: int, copies_per_step: int) -> dict:
     """``loaded`` (one arrival per TMA copy of a step) and ``released`` (one per compute
     warpgroup) barriers, ``stages`` of each, for ``pl.run_scoped``."""
@@ -118,6 +135,21 @@ def ring_barriers(stages: int, copies_per_step: int) -> dict:
         "loaded": plgpu.Barrier(num_arrivals=copies_per_step, num_barriers=stages),
         "released": plgpu.Barrier(num_arrivals=NUM_COMPUTE_WARPGROUPS, num_barriers=stages),
     }
+
+
+def persistent_kernel(body, out_type, interpret_params):
+    """``body`` as a persistent kernel: one CTA per SM (grid axis ``"sm"``), the compute
+    warpgroups and the memory one (thread axis ``"wg"``), warpgroup lowering semantics."""
+    return plgpu.kernel(
+        body,
+        out_type=out_type,
+        grid=(num_sms(interpret_params),),
+        grid_names=("sm",),
+        num_threads=NUM_COMPUTE_WARPGROUPS + 1,
+        thread_name="wg",
+        compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Warpgroup),
+        interpret=interpret_params,
+    )
 
 
 def cta_tile_count(num_tiles):

@@ -94,11 +94,16 @@ def default_mosaic_tgmm_tiles(m: int, k: int, n: int) -> MosaicTgmmTileConfig:
     return MosaicTgmmTileConfig()
 
 
-def check_tgmm_tiles(cfg: MosaicTgmmTileConfig) -> None:
-    """Raises ``ValueError`` for block sizes the kernel cannot lower or fit in shared memory."""
+def check_tgmm_tiles(
+    cfg: MosaicTgmmTileConfig, operand_bytes: int = 2, block_ms: tuple[int, ...] = (64, 128)
+) -> None:
+    """Raises ``ValueError`` for block sizes the kernel cannot lower or fit in shared memory
+    (``operand_bytes``: 2 for bf16/fp16, 1 for the FP8 wgrad's; ``block_ms``: the contraction
+    blocks its swizzle takes)."""
     problems = []
-    if cfg.block_m not in (64, 128):
-        problems.append(f"block_m={cfg.block_m} must be 64 or 128")
+    smem = smem_bytes(cfg, operand_bytes)
+    if cfg.block_m not in block_ms:
+        problems.append(f"block_m={cfg.block_m} must be {' or '.join(map(str, block_ms))}")
     if cfg.block_k not in (64, 128):
         problems.append(f"block_k={cfg.block_k} must be 64 or 128 (wgmma's M per warpgroup)")
     if cfg.block_n not in (128, 256):
@@ -107,18 +112,19 @@ def check_tgmm_tiles(cfg: MosaicTgmmTileConfig) -> None:
         problems.append(f"stages={cfg.stages} must be >= 2")
     if cfg.group_swizzle < 1:
         problems.append(f"group_swizzle={cfg.group_swizzle} must be >= 1")
-    if _smem_bytes(cfg) > _SMEM_LIMIT:
-        problems.append(f"{_smem_bytes(cfg)} bytes of shared memory > {_SMEM_LIMIT} (fewer stages)")
+    if smem > SMEM_LIMIT:
+        problems.append(f"{smem} bytes of shared memory > {SMEM_LIMIT} (fewer stages)")
     if problems:
-        raise ValueError("MosaicTgmmTileConfig: " + "; ".join(problems) + ".")
+        raise ValueError(f"{type(cfg).__name__}: " + "; ".join(problems) + ".")
 
 
-_SMEM_LIMIT = 227 * 1024  # an H100's per-block opt-in maximum
+SMEM_LIMIT = 227 * 1024  # an H100's per-block opt-in maximum
 
 
-def _smem_bytes(cfg: MosaicTgmmTileConfig, itemsize: int = 2) -> int:
-    ring = cfg.stages * cfg.block_m * (cfg.block_k + cfg.block_n) * itemsize
-    return ring + cfg.block_k * cfg.block_n * itemsize  # + the epilogue stages of both warpgroups
+def smem_bytes(cfg: MosaicTgmmTileConfig, operand_bytes: int = 2) -> int:
+    """The ring (``operand_bytes`` per element) and both warpgroups' 2-byte epilogue stages."""
+    ring = cfg.stages * cfg.block_m * (cfg.block_k + cfg.block_n) * operand_bytes
+    return ring + cfg.block_k * cfg.block_n * 2
 
 
 def unsupported_tgmm_reason(
@@ -194,10 +200,7 @@ def _jaxmoe_mosaic_tgmm(
         collective_axes="wg",
     )
     def _scope(lhs_ring, rhs_ring, out_smem, loaded, released):
-        wg = lax.axis_index("wg")
-
-        @pl.when(wg == common.NUM_COMPUTE_WARPGROUPS)
-        def _memory_warpgroup():
+        def memory_warpgroup():
             def load(info, i, slot):
                 _, k0, col0, _, _, first_block = info
                 rows = pl.ds((first_block + i) * bm, bm)
@@ -211,9 +214,7 @@ def _jaxmoe_mosaic_tgmm(
 
             common.ring_produce(my_tiles, tile_info, load, stages=stages, released=released)
 
-        @pl.when(wg < common.NUM_COMPUTE_WARPGROUPS)
-        def _compute_warpgroups():
-            plgpu.set_max_registers(common.COMPUTE_REGISTERS, action="increase")
+        def compute_warpgroup(wg):
             wg_cols = pl.ds(wg * wg_n, wg_n)
 
             def tile(local_tile, step):
@@ -234,7 +235,7 @@ def _jaxmoe_mosaic_tgmm(
                     common.ring_consume(
                         step, count, mma, None, stages=stages, loaded=loaded, released=released
                     )
-                    _store_tile(
+                    store_tile(
                         acc_ref[...].astype(out_dtype),
                         out_smem.at[wg],
                         out_gmem.at[group, pl.ds(k0, bk), pl.ds(col0 + wg * wg_n, wg_n)],
@@ -245,6 +246,8 @@ def _jaxmoe_mosaic_tgmm(
 
             lax.fori_loop(0, my_tiles, tile, jnp.int32(0))
             plgpu.wait_smem_to_gmem(0)
+
+        common.split_warpgroups(memory_warpgroup, compute_warpgroup)
 
 
 def _zero_rows_outside(refs_and_widths, lo, hi, block_m: int) -> None:
@@ -259,7 +262,7 @@ def _zero_rows_outside(refs_and_widths, lo, hi, block_m: int) -> None:
     plgpu.commit_smem()  # generic-proxy writes, then wgmma's async-proxy reads
 
 
-def _store_tile(values, stage, out_ref) -> None:
+def store_tile(values, stage, out_ref) -> None:
     """Stages a compute warpgroup's tile in shared memory and stores it by TMA, not waiting: the
     next tile waits only until this stage has been read."""
     plgpu.wait_smem_to_gmem(0, wait_read_only=True)
@@ -303,15 +306,10 @@ def tgmm(
     offsets = _offsets(group_sizes, m)
     # Largest group first (stable: equal sizes keep their order, neighbours share L2).
     group_order = jnp.argsort(-(offsets[1:] - offsets[:-1]), stable=True).astype(jnp.int32)
-    kernel = plgpu.kernel(
+    kernel = common.persistent_kernel(
         functools.partial(_jaxmoe_mosaic_tgmm, cfg=cfg),
-        out_type=jax.ShapeDtypeStruct((num_groups, k, n), out_dtype),
-        grid=(common.num_sms(interpret_params),),
-        grid_names=("sm",),
-        num_threads=common.NUM_COMPUTE_WARPGROUPS + 1,
-        thread_name="wg",
-        compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Warpgroup),
-        interpret=interpret_params,
+        jax.ShapeDtypeStruct((num_groups, k, n), out_dtype),
+        interpret_params,
     )
     return kernel(group_order, offsets, lhs, rhs)
 

@@ -1,0 +1,285 @@
+"""Probe: the FP8 Mosaic GPU wgrad against the bf16 Mosaic wgrad and torch's, on six shapes.
+
+The kernel is ``jaxmoe.ops.fp8.pallas_mosaic_wgrad.scaled_tgmm``; its peers the bf16 Mosaic
+``tgmm`` and ``torch._grouped_mm``'s wgrad. Not run on a GPU yet.
+
+Per shape (``GEMM_SHAPES``: Mixtral, DeepSeek-V3, Qwen3, up and down; ``x [M, K]``, the output
+gradient ``dy [M, N]``, ``G`` groups) and routing (``balanced``, or ``skewed``: Dirichlet 0.3,
+as ``jaxmoe.bench.gemm.group_sizes_for``):
+
+* operands: ``x`` and ``dy`` drawn in float32, quantized to e4m3 with one scale per (group,
+  column) (``scale_from_amax`` / ``cast_scaled`` of ``jaxmoe.ops.fp8.quantize``), then laid out
+  as the kernel's contract wants: transposed (``[K, Mp]``, ``[N, Mp]``), each group at a
+  128-aligned column, zeros up to the next multiple of 128 (``padded_operands``);
+* check: the kernel against a float32 XLA computation of the contract (``ragged_dot_general`` of
+  the FP8 values, exact in float32, at ``highest`` precision, then times the two scales):
+  ``rel_err`` (Frobenius), ``group_max_rel_err``, non-finite count, and empty groups exactly 0.
+  The output buffer is poisoned with NaN first;
+* time, interleaved rounds (``time_interleaved``): ``fp8_mosaic`` (this kernel, on the padded
+  operands), ``bf16_mosaic`` (``pallas_mosaic_wgrad.tgmm`` on the unpadded bf16 ``x``, ``dy``:
+  the wgrad the FP8 layer runs today), and ``torch`` (``torch._grouped_mm(dy.t(), x, offs)``, the
+  weight gradient as torch's backward computes it) when torch is installed. Quantization and
+  padding are not timed (the FP8 layer's caller makes them).
+
+Writes ``fp8-wgrad-probe.json`` (``{"header", "rows"}``) and ``.md`` into ``--out-dir``::
+
+    PYTHONPATH=src python benchmarks/fp8_wgrad_probe.py --out-dir $OUT
+
+``--smoke`` runs the check only, on a tiny problem with small tiles, on any backend (Mosaic GPU's
+interpreter on a CPU): for the tests.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import os
+import sys
+import time
+import traceback
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxmoe.bench.gemm import group_sizes_for
+from jaxmoe.bench.harness import markdown_report, results_header, write_results
+from jaxmoe.bench.presets import GEMM_SHAPES, GemmShape
+from jaxmoe.bench.timing import jax_sync, time_interleaved, torch_sync, warm_up
+from jaxmoe.ops.fp8 import pallas_mosaic_wgrad as fp8_wgrad
+from jaxmoe.ops.fp8.quantize import cast_scaled, scale_from_amax
+from jaxmoe.ops.grouped_matmul import pallas_mosaic_wgrad
+from jaxmoe.ops.grouped_matmul.xla import XlaGroupedMatmul
+
+SHAPES = "mixtral-up,mixtral-down,dsv3-up,dsv3-down,qwen3-up,qwen3-down"
+ROUNDS = 5
+SMOKE_SHAPE = GemmShape("smoke", 512, 256, 256, 4)
+SMOKE_TILES = fp8_wgrad.Fp8TgmmTileConfig(block_k=128, block_n=128, stages=2, group_swizzle=2)
+COLUMNS = [
+    ("shape", "shape", ""),
+    ("routing", "routing", ""),
+    ("impl", "impl", ""),
+    ("ms", "ms", "{:.3f}"),
+    ("tflops", "TFLOP/s", "{:.0f}"),
+    ("ratio_vs_bf16_mosaic", "vs bf16 mosaic", "{:.2f}x"),
+    ("ratio_vs_torch", "vs torch", "{:.2f}x"),
+    ("rel_err", "rel err", "{:.2e}"),
+    ("group_max_rel_err", "group max rel err", "{:.2e}"),
+    ("ok", "ok", ""),
+]
+
+
+def round_up(x, multiple):
+    return (x + multiple - 1) // multiple * multiple
+
+
+def layout(sizes: np.ndarray) -> tuple[np.ndarray, int]:
+    """Each group's 128-aligned start column and ``Mp`` (the groups in order, padded)."""
+    padded = round_up(sizes.astype(np.int64), fp8_wgrad.ALIGN)
+    starts = np.concatenate([[0], np.cumsum(padded)[:-1]])
+    return starts.astype(np.int32), max(int(padded.sum()), fp8_wgrad.ALIGN)
+
+
+def quantize_per_group(a, token_group, num_groups):
+    """``a [M, C]`` to e4m3 with one scale per (group, column): ``(q [M, C], scale [G, C])``."""
+    amax = jax.ops.segment_max(jnp.abs(a), token_group, num_segments=num_groups)
+    scale = scale_from_amax(jnp.maximum(amax, 0.0))  # empty groups: -inf -> the floor
+    return cast_scaled(a / scale[token_group]), scale
+
+
+@functools.partial(jax.jit, static_argnames=("mp",))
+def padded_operands(x, dy, group_sizes, starts, *, mp):
+    """The kernel's operands from ``x [M, K]``, ``dy [M, N]`` (rows sorted by group; rows past
+    the sum belong to no group and are dropped): ``(lhs_t_q, lhs_scale, rhs_t_q, rhs_scale)``."""
+    m, num_groups = x.shape[0], group_sizes.shape[0]
+    ends = jnp.cumsum(group_sizes)
+    token_group = jnp.searchsorted(ends, jnp.arange(m), side="right")
+    valid = token_group < num_groups
+    token_group = jnp.minimum(token_group, num_groups - 1)
+    offsets = ends - group_sizes
+    # Token i of group g goes to column starts[g] + (i - offsets[g]); invalid rows out of range.
+    column = jnp.where(valid, starts[token_group] + jnp.arange(m) - offsets[token_group], mp)
+    out = []
+    for a in (x, dy):
+        a = jnp.where(valid[:, None], a, 0)
+        q, scale = quantize_per_group(a, token_group, num_groups)
+        padded = jnp.zeros((a.shape[1], mp), jnp.float32)
+        padded = padded.at[:, column].set(q.astype(jnp.float32).T, mode="drop")
+        out += [padded.astype(q.dtype), scale]
+    return tuple(out)
+
+
+@jax.jit
+def reference(lhs_t_q, lhs_scale, rhs_t_q, rhs_scale, padded_sizes):
+    """The contract in float32 by XLA: the FP8 values (exact in float32) contracted per group
+    over its padded columns (zeros past its tokens), then scaled."""
+    with jax.default_matmul_precision("highest"):
+        raw = XlaGroupedMatmul().tgmm(
+            lhs_t_q.astype(jnp.float32).T,
+            rhs_t_q.astype(jnp.float32).T,
+            padded_sizes,
+            out_dtype=jnp.float32,
+        )
+    return raw * lhs_scale[:, :, None] * rhs_scale[:, None, :]
+
+
+@jax.jit
+def errors(got, want, group_sizes):
+    got = got.astype(jnp.float32)
+    diff = got - want
+    g_ref = jnp.linalg.norm(want, axis=(1, 2))
+    g_err = jnp.linalg.norm(diff, axis=(1, 2)) / jnp.maximum(g_ref, 1e-30)
+    return (
+        jnp.linalg.norm(diff) / jnp.maximum(jnp.linalg.norm(want), 1e-30),
+        jnp.max(jnp.where(g_ref > 0, g_err, 0.0)),
+        jnp.sum(~jnp.isfinite(got)),
+        jnp.max(jnp.where((group_sizes == 0)[:, None, None], jnp.abs(got), 0.0)),
+    )
+
+
+def skewed_sizes(shape: GemmShape) -> np.ndarray:
+    """Dirichlet 0.3 sizes (summing to ``M``), with one group forced empty (its rows moved to
+    the largest) so that the empty-group path is always checked."""
+    sizes = group_sizes_for(shape, "skewed").astype(np.int64)
+    order = np.argsort(sizes)
+    if shape.groups > 1:
+        sizes[order[-1]] += sizes[order[0]]
+        sizes[order[0]] = 0
+    return sizes.astype(np.int32)
+
+
+def sizes_for(shape: GemmShape, routing: str) -> np.ndarray:
+    return group_sizes_for(shape, "balanced") if routing == "balanced" else skewed_sizes(shape)
+
+
+def run_case(shape, routing, *, tiles, timed: bool, rounds: int, torch) -> list[dict]:
+    sizes = sizes_for(shape, routing)
+    starts, mp = layout(sizes)
+    gs, starts_d = jnp.asarray(sizes), jnp.asarray(starts)
+    kx, kd = jax.random.split(jax.random.key(0))
+    x = jax.random.normal(kx, (shape.m, shape.k), jnp.float32)
+    dy = jax.random.normal(kd, (shape.m, shape.n), jnp.float32)
+    operands = padded_operands(x, dy, gs, starts_d, mp=mp)
+    fp8_fn = jax.jit(functools.partial(fp8_wgrad.scaled_tgmm, tiles=tiles))
+    base = {"shape": shape.name, "routing": routing, "m": shape.m, "k": shape.k, "n": shape.n}
+    base |= {"groups": shape.groups, "mp": mp, "empty_groups": int(np.sum(sizes == 0))}
+
+    row = {**base, "impl": "fp8_mosaic"}
+    padded_sizes = jnp.asarray(round_up(sizes, fp8_wgrad.ALIGN).astype(np.int32))
+    if mp > int(padded_sizes.sum()):  # all groups empty: the reference's sizes must reach Mp
+        padded_sizes = padded_sizes.at[-1].add(mp - int(padded_sizes.sum()))
+    want = reference(*operands, padded_sizes)
+    poison = jnp.full(want.shape, jnp.nan, jnp.bfloat16)
+    jax.block_until_ready(poison)
+    del poison
+    got = jax.block_until_ready(fp8_fn(*operands, starts_d, gs))
+    rel, group_max, nonfinite, empty_max = (float(v) for v in errors(got, want, gs))
+    row |= {"rel_err": rel, "group_max_rel_err": group_max, "nonfinite": int(nonfinite)}
+    row |= {"empty_max_abs": empty_max}
+    # bf16 rounding of the result is ~2e-3 relative (Frobenius); FP8 products summed in the
+    # wgmma accumulator (narrower than float32) add a little at large M.
+    row["ok"] = bool(rel < 1e-2 and group_max < 2e-2 and nonfinite == 0 and empty_max == 0)
+    del got, want
+    rows = [row]
+    if not timed:
+        return rows
+
+    contenders = {"fp8_mosaic": (lambda: fp8_fn(*operands, starts_d, gs), jax_sync)}
+    xb, dyb = x.astype(jnp.bfloat16), dy.astype(jnp.bfloat16)
+    bf16_fn = jax.jit(pallas_mosaic_wgrad.tgmm)
+    contenders["bf16_mosaic"] = (lambda: bf16_fn(xb, dyb, gs), jax_sync)
+    rows.append({**base, "impl": "bf16_mosaic"})
+    if torch is not None:
+        tx = torch.from_dlpack(xb)
+        tdy = torch.from_dlpack(dyb)
+        offs = torch.as_tensor(np.cumsum(sizes), dtype=torch.int32, device="cuda")
+        # dw_nk[g] = dy[rows of g]^T @ x[rows of g]: torch's weight gradient of
+        # _grouped_mm(x, w_nk^T), the contraction ragged.
+        contenders["torch"] = (
+            functools.partial(torch._grouped_mm, tdy.t(), tx, offs=offs),
+            torch_sync,
+        )
+        rows.append({**base, "impl": "torch"})
+    ready = {}
+    for r in rows:
+        call, sync = contenders[r["impl"]]
+        try:
+            ready[r["impl"]] = (call, sync, warm_up(call, sync))
+        except Exception as error:  # noqa: BLE001 - the probe records failures and goes on
+            traceback.print_exc()
+            r["error"] = f"{type(error).__name__}: {error}"[:300]
+    timings = time_interleaved(ready, rounds=rounds)
+    flops = 2 * shape.m * shape.k * shape.n
+    for r in rows:
+        if r["impl"] in timings:
+            t = timings[r["impl"]]
+            r |= {"ms": t.median_ms, "min_ms": t.min_ms, "tflops": flops / t.median_ms / 1e9}
+    for r in rows:
+        for peer in ("bf16_mosaic", "torch"):
+            if r.get("ms") and peer in timings:
+                r[f"ratio_vs_{peer}"] = timings[peer].median_ms / r["ms"]
+    return rows
+
+
+def render(header, rows) -> str:
+    return markdown_report("FP8 wgrad (Mosaic GPU tgmm on e4m3)", COLUMNS)(header, rows)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out-dir", default=os.environ.get("OUT", "/tmp"))
+    parser.add_argument("--shapes", default=SHAPES)
+    parser.add_argument("--routings", default="balanced,skewed")
+    parser.add_argument("--rounds", type=int, default=ROUNDS)
+    parser.add_argument(
+        "--smoke", action="store_true", help="check only, a tiny shape, small tiles (any backend)"
+    )
+    args = parser.parse_args(argv)
+    torch = None
+    if not args.smoke:
+        try:
+            import torch
+        except ImportError:
+            torch = None
+    header = results_header(
+        "python benchmarks/fp8_wgrad_probe.py " + " ".join(sys.argv[1:] if argv is None else argv),
+        gpu=torch.cuda.get_device_name() if torch is not None else None,
+        timing=f"median over {args.rounds} interleaved rounds (time_interleaved)",
+        flops="2*M*K*N (useful only)",
+    )
+    out = os.path.join(args.out_dir, "fp8-wgrad-probe.json")
+    shapes = [SMOKE_SHAPE] if args.smoke else [GEMM_SHAPES[s] for s in args.shapes.split(",")]
+    rows: list[dict] = []
+    start = time.time()
+    for routing in args.routings.split(","):
+        for shape in shapes:
+            new = len(rows)
+            try:
+                rows += run_case(
+                    shape,
+                    routing,
+                    tiles=SMOKE_TILES if args.smoke else None,
+                    timed=not args.smoke,
+                    rounds=args.rounds,
+                    torch=torch,
+                )
+            except Exception as error:  # noqa: BLE001
+                traceback.print_exc()
+                rows.append(
+                    {
+                        "shape": shape.name,
+                        "routing": routing,
+                        "error": f"{type(error).__name__}: {error}"[:300],
+                    }
+                )
+            for row in rows[new:]:
+                print(row, flush=True)
+            write_results(out, header, rows, render)
+            if torch is not None:
+                torch.cuda.empty_cache()
+    print(f"done in {time.time() - start:.0f} s: {out}", flush=True)
+    return 0 if all(r.get("ok", True) and "error" not in r for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

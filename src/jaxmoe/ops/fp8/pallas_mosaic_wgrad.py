@@ -1,0 +1,340 @@
+"""The FP8 wgrad on Hopper in Pallas Mosaic GPU: a persistent, warp-specialized ``tgmm`` on e4m3.
+
+``out[g] = (lhs_t_q[:, cols of g] @ rhs_t_q[:, cols of g].T) * lhs_scale[g][:, None]
+* rhs_scale[g][None, :]`` (``[G, K, N]``): a contraction over each group's tokens, both operands
+transposed (``lhs_t_q [K, Mp]``, the activations; ``rhs_t_q [N, Mp]``, the output gradient), with
+one float32 scale per (group, row of K) and per (group, column of N). The schedule is the bf16
+wgrad's (:mod:`jaxmoe.ops.grouped_matmul.pallas_mosaic_wgrad`); what differs is the layout of
+the operands, the absence of masking and the scale epilogue::
+
+    layout       padded by the caller: group ``g``'s tokens are columns ``[start_g, start_g +
+                 size_g)`` of both operands, ``start_g`` a multiple of 128 (:data:`ALIGN`), the
+                 columns after them up to ``start_g + round_up(size_g, 128)`` are zero, groups do
+                 not overlap, and ``Mp % 128 == 0``. So a group's steps are the
+                 ``ceil(size_g / 128)`` blocks of 128 columns from ``start_g``, and no step ever
+                 reads a neighbour's tokens.
+    output tiles one per (group, K tile, N tile), group-major, largest group first, one CTA per
+                 SM taking every ``num_sms``-th (round-robin), ``group_swizzle`` K tiles along N
+                 inside a group: the bf16 wgrad's order (longest first against stragglers).
+    one ring     the memory warpgroup loads the ``[bk, 128]`` block of ``lhs_t_q`` and the
+                 ``[bn, 128]`` block of ``rhs_t_q`` of each step into slot ``step % stages`` by
+                 TMA; one ring across all of the CTA's tiles
+                 (:func:`~jaxmoe.ops.grouped_matmul.pallas_mosaic_common.ring_produce`).
+    the mma      FP8 ``wgmma`` reads both operands K-major (the contraction contiguous; only
+                 16-bit types have a transposed operand): here the contraction, the tokens, is
+                 already the minor dimension of both, so the ``lhs_t_q`` block is the A operand as
+                 it is and the ``rhs_t_q`` block goes in as B through ``transpose_ref`` (no copy),
+                 as the FP8 forward passes its ``[G, N, K]`` weights. 128 FP8 tokens are one
+                 128-byte swizzled row. Two compute warpgroups each own ``bn / 2`` columns and a
+                 float32 ``[bk, bn / 2]`` accumulator, one ``wgmma`` in flight.
+    empty groups a group of no tokens has no block to load: its tiles take no step (the memory
+                 warpgroup loads nothing for them) and store the untouched, zero-initialized
+                 accumulator, unscaled (so a NaN or Inf scale of an empty group stays out).
+    epilogue     ``acc[r, c] * lhs_scale[g, k0 + r] * rhs_scale[g, c0 + c]`` in float32, then the
+                 cast (:func:`~jaxmoe.ops.fp8.pallas_mosaic.rowwise_scale_epilogue`, the
+                 forward's: the scales read from GPU memory in the accumulator's row and column
+                 layouts), staged in swizzled shared memory and stored by TMA without waiting.
+
+Why padding instead of masking: the bf16 wgrad reads ``[M, K]`` operands and masks a boundary
+block by zeroing rows of it in shared memory. Here the tokens are the minor, contiguous dimension
+(what FP8 ``wgmma`` needs), so masking would zero columns of a swizzled tile of 1-byte elements
+(four to a 32-bit word: sub-word writes across the swizzle) before every boundary step. A caller
+that lays out the transposed FP8 operands anyway (the quantization pass writes them) can place
+each group at a 128-aligned column and write zeros after it for free; then every block is whole
+and every step is the same ``wgmma``.
+
+Precision: FP8 products are exact in float32, summed in the ``wgmma`` accumulator (on the GPU,
+narrower than float32 for FP8 products, as the FP8 forward's; Mosaic GPU's interpreter sums in
+float32), then the two scale multiplies round in float32 and the cast to the 2-byte result.
+
+Limits: e4m3 operands, a 2-byte result, ``block_m`` (the contraction block) 128, ``K % bk == 0``,
+``N % bn == 0``, ``Mp`` a positive multiple of 128, and a Hopper GPU. On a CPU the kernel runs in
+Mosaic GPU's interpreter, which has no transposed ``wgmma`` operand: there ``rhs_t_q`` is
+transposed back to ``[Mp, N]`` before the kernel and its ``[128, bn]`` blocks go in as B as they
+are (the same schedule, ring, empty-group path and epilogue run); the K-major path is proven by
+lowering for CUDA (tests). Not run on a GPU yet: no measured speed or error
+(``benchmarks/fp8_wgrad_probe.py`` measures both).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+from jaxmoe.ops.fp8.pallas_mosaic import rowwise_scale_epilogue
+from jaxmoe.ops.fp8.quantize import E4M3
+from jaxmoe.ops.grouped_matmul import pallas_mosaic_common as common
+from jaxmoe.ops.grouped_matmul import pallas_mosaic_wgrad
+from jaxmoe.ops.grouped_matmul.pallas_mosaic_tiles import tile_shape_reasons
+
+Array = jax.Array
+
+# Group starts and the contraction block: 128 FP8 tokens, one 128-byte swizzled row.
+ALIGN = 128
+
+
+@dataclasses.dataclass(frozen=True)
+class Fp8TgmmTileConfig:
+    """Block sizes of the FP8 Mosaic ``tgmm``.
+
+    ``block_m`` tokens of the contraction per step (128: the padding's alignment, one 128-byte
+    row); the output tile is ``block_k x block_n`` (``block_k`` is ``wgmma``'s M: 64 or 128), each
+    compute warpgroup owning half of ``block_n``. ``stages``: the depth of the one ring; 3 is the
+    most that fits with the defaults: ``3 * 128 * (128 + 256)`` bytes of FP8 blocks plus the
+    ``128 x 256`` bf16 epilogue stages, 208 KiB of the H100's 227 (4 would take 256).
+    """
+
+    block_m: int = ALIGN
+    block_k: int = 128
+    block_n: int = 256
+    stages: int = 3
+    group_swizzle: int = 8
+
+
+def default_fp8_tgmm_tiles(k: int, n: int) -> Fp8TgmmTileConfig:
+    """``128 x 128 x 256``, 3 stages: the bf16 wgrad's output tile and order, with the deepest
+    ring that fits (not tuned: not run on a GPU yet)."""
+    del k, n
+    return Fp8TgmmTileConfig()
+
+
+def check_fp8_tgmm_tiles(cfg: Fp8TgmmTileConfig) -> None:
+    """Raises ``ValueError`` for block sizes the kernel cannot lower or fit in shared memory."""
+    pallas_mosaic_wgrad.check_tgmm_tiles(cfg, operand_bytes=1, block_ms=(ALIGN,))
+
+
+def unsupported_reason(
+    lhs_t_shape,
+    rhs_t_shape,
+    lhs_dtype,
+    rhs_dtype,
+    out_dtype,
+    cfg: Fp8TgmmTileConfig,
+    interpret: bool = False,
+) -> str | None:
+    """Why the FP8 ``tgmm`` cannot take ``lhs_t_q [K, Mp]``, ``rhs_t_q [N, Mp]``, or ``None``."""
+    (k, mp), n = lhs_t_shape, rhs_t_shape[0]
+    reasons = [
+        f"{name} is {jnp.dtype(dtype)}, not float8_e4m3fn"
+        for name, dtype in (("lhs_t_q", lhs_dtype), ("rhs_t_q", rhs_dtype))
+        if jnp.dtype(dtype) != E4M3
+    ]
+    return "; ".join(reasons + tile_shape_reasons(mp, k, n, cfg, out_dtype, interpret)) or None
+
+
+def _jaxmoe_mosaic_fp8_tgmm(
+    group_order_gmem,
+    starts_gmem,
+    sizes_gmem,
+    lhs_gmem,
+    rhs_gmem,
+    lhs_scale_gmem,
+    rhs_scale_gmem,
+    out_gmem,
+    *,
+    cfg: Fp8TgmmTileConfig,
+    interpreted: bool,
+):
+    """The kernel (see the module docstring). ``rhs_gmem`` is ``rhs_t_q [N, Mp]`` on the GPU and
+    ``[Mp, N]`` in the interpreter; ``lhs_scale_gmem`` is ``lhs_scale`` flattened, ``[G * K]``."""
+    bm, bk, bn, stages = cfg.block_m, cfg.block_k, cfg.block_n, cfg.stages
+    wg_n = bn // common.NUM_COMPUTE_WARPGROUPS
+    num_groups, k, n = out_gmem.shape
+    num_k_tiles, num_n_tiles = k // bk, n // bn
+    tiles_per_group = num_k_tiles * num_n_tiles
+    my_tiles = common.cta_tile_count(num_groups * tiles_per_group)
+    out_dtype = out_gmem.dtype
+
+    def swizzled(row_bytes: int, itemsize: int):
+        swizzle = plgpu.find_swizzle(row_bytes * 8)
+        return (plgpu.TilingTransform((8, swizzle // itemsize)), plgpu.SwizzleTransform(swizzle))
+
+    transforms = swizzled(bm, 1)  # 128 FP8 tokens a row (GPU)
+    rhs_block = (bm, bn) if interpreted else (bn, bm)
+    if interpreted:  # tokens by columns of N: rows of bn bytes
+        rhs_transforms = swizzled(bn, 1)
+    else:
+        rhs_transforms = transforms
+    out_itemsize = jnp.dtype(out_dtype).itemsize
+    out_transforms = swizzled(wg_n * out_itemsize, out_itemsize)
+
+    def tile_info(local_tile):
+        index = common.cta_tile_index(local_tile)
+        group = group_order_gmem[index // tiles_per_group]
+        k_tile, n_tile = common.swizzle(
+            index % tiles_per_group, num_k_tiles, num_n_tiles, cfg.group_swizzle
+        )
+        # No step for an empty group: there is no block of its to load.
+        count = pl.cdiv(sizes_gmem[group], bm)
+        return (group, k_tile * bk, n_tile * bn, starts_gmem[group] // bm), count
+
+    @functools.partial(
+        pl.run_scoped,
+        lhs_ring=plgpu.SMEM((stages, bk, bm), lhs_gmem.dtype, transforms=transforms),
+        rhs_ring=plgpu.SMEM((stages, *rhs_block), rhs_gmem.dtype, transforms=rhs_transforms),
+        out_smem=plgpu.SMEM(
+            (common.NUM_COMPUTE_WARPGROUPS, bk, wg_n), out_dtype, transforms=out_transforms
+        ),
+        **common.ring_barriers(stages, copies_per_step=2),
+        collective_axes="wg",
+    )
+    def _scope(lhs_ring, rhs_ring, out_smem, loaded, released):
+        def memory_warpgroup():
+            def load(info, i, slot):
+                _, k0, col0, first_block = info
+                # A multiple of bm by construction: Mosaic's layout inference needs to see that
+                # the TMA box starts on a whole swizzled row (start_g + ... would not show it).
+                tokens, cols = pl.ds((first_block + i) * bm, bm), pl.ds(col0, bn)
+                barrier = loaded.at[slot]
+                plgpu.copy_gmem_to_smem(
+                    lhs_gmem.at[pl.ds(k0, bk), tokens], lhs_ring.at[slot], barrier
+                )
+                rhs_src = rhs_gmem.at[tokens, cols] if interpreted else rhs_gmem.at[cols, tokens]
+                plgpu.copy_gmem_to_smem(rhs_src, rhs_ring.at[slot], barrier)
+
+            common.ring_produce(my_tiles, tile_info, load, stages=stages, released=released)
+
+        def compute_warpgroup(wg):
+            wg_cols = pl.ds(wg * wg_n, wg_n)
+
+            def tile(local_tile, step):
+                (group, k0, col0, _), count = tile_info(local_tile)
+                wg_col0 = col0 + wg * wg_n
+
+                def acc_scope(acc_ref):
+                    def mma(i, slot, carry):
+                        rhs_smem = rhs_ring.at[slot]
+                        if interpreted:
+                            rhs = rhs_smem.at[:, wg_cols]
+                        else:  # K-major B: the [wg_n, 128] block, transposed in place
+                            rhs = plgpu.transpose_ref(rhs_smem.at[wg_cols, :], (1, 0))
+                        plgpu.wgmma(acc_ref, lhs_ring.at[slot], rhs)
+                        return carry
+
+                    def store(acc):
+                        pallas_mosaic_wgrad.store_tile(
+                            acc.astype(out_dtype),
+                            out_smem.at[wg],
+                            out_gmem.at[group, pl.ds(k0, bk), pl.ds(wg_col0, wg_n)],
+                        )
+
+                    @pl.when(count > 0)
+                    def _contract_and_scale():
+                        common.ring_consume(
+                            step, count, mma, None, stages=stages, loaded=loaded, released=released
+                        )
+                        store(
+                            rowwise_scale_epilogue(
+                                acc_ref[...],
+                                lhs_scale_gmem,
+                                rhs_scale_gmem,
+                                group=group,
+                                row0=group * k + k0,
+                                col0=wg_col0,
+                                interpreted=interpreted,
+                            )
+                        )
+
+                    @pl.when(count == 0)
+                    def _empty_group():
+                        store(acc_ref[...])  # zero-initialized, no wgmma: zeros, unscaled
+
+                pl.run_scoped(acc_scope, plgpu.ACC((bk, wg_n), jnp.float32))
+                return step + count
+
+            lax.fori_loop(0, my_tiles, tile, jnp.int32(0))
+            plgpu.wait_smem_to_gmem(0)
+
+        common.split_warpgroups(memory_warpgroup, compute_warpgroup)
+
+
+def _check_shapes(lhs_t_q, lhs_scale, rhs_t_q, rhs_scale, group_starts, group_sizes) -> None:
+    (k, mp), (n, rhs_mp), g = lhs_t_q.shape, rhs_t_q.shape, group_sizes.shape[0]
+    problems = []
+    if rhs_mp != mp:
+        problems.append(f"rhs_t_q {rhs_t_q.shape} and lhs_t_q {lhs_t_q.shape} differ in Mp")
+    if tuple(lhs_scale.shape) != (g, k):
+        problems.append(f"lhs_scale {lhs_scale.shape} is not [G, K] = {(g, k)}")
+    if tuple(rhs_scale.shape) != (g, n):
+        problems.append(f"rhs_scale {rhs_scale.shape} is not [G, N] = {(g, n)}")
+    if tuple(group_starts.shape) != (g,) or group_sizes.ndim != 1:
+        problems.append(f"group_starts {group_starts.shape} and group_sizes {group_sizes.shape}")
+    if problems:
+        raise ValueError("scaled_tgmm: " + "; ".join(problems) + ".")
+
+
+def scaled_tgmm(
+    lhs_t_q: Array,
+    lhs_scale: Array,
+    rhs_t_q: Array,
+    rhs_scale: Array,
+    group_starts: Array,
+    group_sizes: Array,
+    *,
+    out_dtype=jnp.bfloat16,
+    tiles: Fp8TgmmTileConfig | None = None,
+    interpret: bool | None = None,
+) -> Array:
+    """The FP8 wgrad: ``out[g] = (f32(lhs_t_q[:, cols]) @ f32(rhs_t_q[:, cols]).T) *
+    lhs_scale[g][:, None] * rhs_scale[g][None, :]`` over group ``g``'s columns ``cols =
+    [start_g, start_g + size_g)``, cast to ``out_dtype``; zeros for empty groups. ``[G, K, N]``.
+
+    Args:
+      lhs_t_q: ``[K, Mp]`` e4m3, the activations transposed (tokens contiguous).
+      lhs_scale: ``[G, K]`` float32, one scale per (group, k).
+      rhs_t_q: ``[N, Mp]`` e4m3, the output gradient transposed.
+      rhs_scale: ``[G, N]`` float32.
+      group_starts: ``[G]`` int32, each a multiple of :data:`ALIGN` (128).
+      group_sizes: ``[G]`` int32. The layout is the caller's (not checked: the values live on
+        the device): the columns from ``start_g + size_g`` to ``start_g + round_up(size_g, 128)``
+        are zero in both operands and groups do not overlap (see the module docstring).
+      out_dtype: a 2-byte float (default bfloat16).
+      tiles: block sizes; ``None``: :func:`default_fp8_tgmm_tiles`.
+      interpret: ``None`` runs Mosaic GPU's interpreter when JAX's default backend is not a GPU.
+
+    Raises:
+      ValueError: operands of inconsistent shapes, or tiles that cannot be lowered.
+      NotImplementedError: operands the kernel cannot take (see :func:`unsupported_reason`).
+    """
+    _check_shapes(lhs_t_q, lhs_scale, rhs_t_q, rhs_scale, group_starts, group_sizes)
+    k, n, num_groups = lhs_t_q.shape[0], rhs_t_q.shape[0], group_sizes.shape[0]
+    out_dtype = jnp.dtype(out_dtype)
+    cfg = tiles or default_fp8_tgmm_tiles(k, n)
+    check_fp8_tgmm_tiles(cfg)
+    interpret_params = common.interpret_params(interpret)
+    interpreted = interpret_params is not None
+    reason = unsupported_reason(
+        lhs_t_q.shape, rhs_t_q.shape, lhs_t_q.dtype, rhs_t_q.dtype, out_dtype, cfg, interpreted
+    )
+    if reason is not None:
+        raise NotImplementedError(
+            f"FP8 mosaic tgmm: lhs_t_q {lhs_t_q.shape} {lhs_t_q.dtype}, rhs_t_q {rhs_t_q.shape} "
+            f"{rhs_t_q.dtype}, out {out_dtype}: {reason}."
+        )
+    if num_groups == 0:
+        return jnp.zeros((0, k, n), out_dtype)
+    sizes = group_sizes.astype(jnp.int32)
+    # Largest group first (stable: equal sizes keep their order, neighbours share L2).
+    group_order = jnp.argsort(-sizes, stable=True).astype(jnp.int32)
+    # The interpreter has no transposed wgmma operand: B goes in [Mp, N] there.
+    rhs = rhs_t_q.T if interpreted else rhs_t_q
+    kernel = common.persistent_kernel(
+        functools.partial(_jaxmoe_mosaic_fp8_tgmm, cfg=cfg, interpreted=interpreted),
+        jax.ShapeDtypeStruct((num_groups, k, n), out_dtype),
+        interpret_params,
+    )
+    return kernel(
+        group_order,
+        group_starts.astype(jnp.int32),
+        sizes,
+        lhs_t_q,
+        rhs,
+        lhs_scale.reshape(num_groups * k).astype(jnp.float32),
+        rhs_scale.astype(jnp.float32),
+    )
