@@ -27,7 +27,7 @@ from jaxmoe.bench.harness import results_header
 from jaxmoe.bench.layer import layer_config
 from jaxmoe.bench.presets import LAYER_PRESETS
 from jaxmoe.bench.timing import jax_sync, time_interleaved, warm_up
-from jaxmoe.ops.fp8.pallas_mosaic import PallasMosaicScaledGroupedMatmul
+from jaxmoe.ops.fp8.pallas_mosaic_backend import PallasMosaicScaledGroupedMatmul
 
 
 def layer_fns(cfg, params, x, dy):

@@ -26,6 +26,7 @@ import pytest
 from jaxmoe.ops.fp8 import Fp8Recipe, dequantize, quantize, resolve_fp8_backend
 from jaxmoe.ops.fp8 import pallas_mosaic as fp8_mosaic
 from jaxmoe.ops.fp8.api import fp8_grouped_matmul, scaled_grouped_matmul
+from jaxmoe.ops.fp8.pallas_mosaic_backend import PallasMosaicScaledGroupedMatmul
 from jaxmoe.ops.fp8.xla import XlaScaledGroupedMatmul
 from jaxmoe.ops.grouped_matmul import pallas_mosaic, pallas_mosaic_tiles
 from jaxmoe.ops.grouped_matmul.pallas_mosaic import MosaicTileConfig
@@ -123,7 +124,7 @@ def test_backend_matches_reference_backend_through_the_api_with_k_major_weights(
         scaled_grouped_matmul(lhs_q, lhs_scale, rhs_q, rhs_scale, gs, backend="reference"),
         np.float64,
     )
-    backend = fp8_mosaic.PallasMosaicScaledGroupedMatmul(tiles=SMALL)
+    backend = PallasMosaicScaledGroupedMatmul(tiles=SMALL)
     got = scaled_grouped_matmul(lhs_q, lhs_scale, rhs_q, rhs_scale, gs, backend=backend)
     got_nk = fp8_mosaic.scaled_gmm_kn(
         lhs_q, lhs_scale, jnp.swapaxes(rhs_q, 1, 2), rhs_scale, gs, rhs_layout="gnk", tiles=SMALL
@@ -211,7 +212,7 @@ def test_blockwise_forward_and_dgrad_through_the_api_match_the_xla_backend():
     w = jnp.asarray(rng.standard_normal((len(sizes), K, N)) / 16, jnp.bfloat16)
     dy = jnp.asarray(rng.standard_normal((M, N)), jnp.float32)
     gs = jnp.asarray(sizes, jnp.int32)
-    kernel = fp8_mosaic.PallasMosaicScaledGroupedMatmul(tiles=BW_SMALL)  # no fallback: raises
+    kernel = PallasMosaicScaledGroupedMatmul(tiles=BW_SMALL)  # no fallback: raises
 
     def forward_and_dgrad(backend):
         def loss(a):
@@ -298,7 +299,7 @@ def test_named_pallas_never_falls_back_silently(change, why):
 
 def test_auto_on_a_gpu_takes_the_kernel_where_it_applies_and_xla_elsewhere():
     auto = resolve_fp8_backend("auto", platform="gpu")
-    assert isinstance(auto, fp8_mosaic.PallasMosaicScaledGroupedMatmul)
+    assert isinstance(auto, PallasMosaicScaledGroupedMatmul)
     assert isinstance(auto.fallback, XlaScaledGroupedMatmul)
     assert isinstance(resolve_fp8_backend("auto", platform="cpu"), XlaScaledGroupedMatmul)
     assert resolve_fp8_backend("pallas").fallback is None

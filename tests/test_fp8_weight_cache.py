@@ -26,11 +26,11 @@ from jaxmoe.ops.fp8 import (
     Fp8Weights,
     XlaScaledGroupedMatmul,
     fp8_grouped_matmul,
-    pallas_mosaic,
     quantize,
     quantize_fp8_weights,
 )
 from jaxmoe.ops.fp8 import weights as fp8_weights_module
+from jaxmoe.ops.fp8.pallas_mosaic_backend import PallasMosaicScaledGroupedMatmul
 from jaxmoe.ops.grouped_matmul.pallas_mosaic import MosaicTileConfig
 
 RECIPES = ["rowwise", "blockwise"]
@@ -166,7 +166,7 @@ def test_gradient_with_respect_to_the_cache_is_zero(recipe):
 def test_pallas_interpreted_with_the_cache_is_bitwise_the_kernel_without():
     """The Mosaic GPU FP8 kernel (in its interpreter on CPU): forward and dgrad read the cache.
     Jitted, d lhs only: the wgrad (the bf16 kernel, interpreted) is dead code and is not run."""
-    kernel = pallas_mosaic.PallasMosaicScaledGroupedMatmul(
+    kernel = PallasMosaicScaledGroupedMatmul(
         tiles=MosaicTileConfig(64, 128, 128, stages=2, group_swizzle=2)
     )
     sizes = jnp.asarray([70, 0, 50])  # an empty group, 8 rows past the last

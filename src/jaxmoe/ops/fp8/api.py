@@ -27,7 +27,7 @@ from jaxmoe.ops.grouped_matmul.base import check_grouped_matmul_args, clip_group
 # Imported lazily, as the bf16 grouped matmul does: Pallas pulls in Mosaic GPU lowering code that
 # a CPU user never needs.
 def _pallas_backend(fallback: ScaledGroupedMatmulBackend | None = None):
-    from jaxmoe.ops.fp8.pallas_mosaic import PallasMosaicScaledGroupedMatmul
+    from jaxmoe.ops.fp8.pallas_mosaic_backend import PallasMosaicScaledGroupedMatmul
 
     return PallasMosaicScaledGroupedMatmul(fallback=fallback)
 
