@@ -1,0 +1,144 @@
+r"""The FP8 wgrad's columnwise quantization in two Pallas (Triton) passes, no gather, no XLA
+transpose.
+
+:func:`jaxmoe.ops.fp8.columnwise.quantize_columnwise` in XLA gathers each padded column's row
+and casts it into the transposed ``[K, Mp]`` layout in one loop fusion; on an H100 that fusion
+took 3.05 ms for the Mixtral layer's ``[8192, 14336]`` hidden activations (about 0.1 TB/s;
+``benchmarks/results/raw/h100-run11/call1``), more than the FP8 wgrad saves. Here:
+
+* Each 128-column block of the padded layout holds up to 128 *contiguous* rows of one group
+  (a group's rows are contiguous, and its padded columns start at a multiple of 128): block
+  ``b`` is rows ``[src_b, src_b + count_b)`` of ``x``, zero-padded. XLA computes the three
+  ``[Mp / 128]`` block tables (source row, row count, group) from the group sizes.
+* Pass 1, grid ``(Mp / 128, K / bk)``: each program loads its block's rows (a masked load at a
+  dynamic row offset: the gather, for free), and writes their column maxima ``[bk]``. XLA
+  reduces the block maxima per group (``1/128`` of the data) into the scales, with
+  :func:`quantize.scale_from_amax` as the XLA path does.
+* Pass 2, same grid: loads the rows again, divides by its group's ``bk`` scales, casts
+  (:func:`quantize.cast_scaled`) and stores the ``[bk, 128]`` transposed tile: 128 contiguous
+  bytes per row of the output.
+
+Reads ``2 + 2`` bytes and writes 1 per element (the XLA path: a gathered copy, then a strided
+transpose). Exactness: the maxima are exact in any order; the division is Triton's ``/``, which
+on an H100 rounds as XLA's GPU division (:mod:`.weight_quantize_pallas` measured it bit for bit
+on 470 M elements); the interpreter on a CPU divides as XLA does there. Rows past the groups are
+never loaded (masked), so NaN there stays out.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plgpu
+
+from jaxmoe.ops.fp8.columnwise import ALIGN, padded_group_starts, padded_length
+from jaxmoe.ops.fp8.quantize import E4M3, cast_scaled, scale_from_amax
+from jaxmoe.ops.fp8.weight_quantize_pallas import fit_block
+from jaxmoe.ops.grouped_matmul.pallas_triton import _quiet_triton_deprecation, _use_interpret
+from jaxmoe.search import search_right
+
+Array = jax.Array
+
+BLOCK_K = 128
+NUM_WARPS = 8
+X_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16), jnp.dtype(jnp.float32))
+
+
+def supports(x_shape, x_dtype, fp8_dtype) -> bool:
+    """Whether the kernels take ``x [M, K]``: a 2- or 4-byte float, e4m3, ``K % 16 == 0``."""
+    return (
+        len(x_shape) == 2
+        and x_shape[1] % 16 == 0
+        and jnp.dtype(x_dtype) in X_DTYPES
+        and jnp.dtype(fp8_dtype) == E4M3
+    )
+
+
+def block_tables(group_sizes: Array, num_rows: int) -> tuple[Array, Array, Array, Array]:
+    """``(starts [G], source [Mp/128], count [Mp/128], group [Mp/128])``: each 128-column block
+    of the padded layout is rows ``[source, source + count)`` of group ``group`` (``count`` 0
+    for padding blocks past the groups)."""
+    num_groups = group_sizes.shape[0]
+    sizes = group_sizes.astype(jnp.int32)
+    starts = padded_group_starts(sizes)
+    block_start = jnp.arange(0, padded_length(num_rows, num_groups), ALIGN, dtype=jnp.int32)
+    # The last group starting at or before the block (empty groups lose the tie).
+    group = jnp.clip(search_right(starts, block_start) - 1, 0, max(num_groups - 1, 0))
+    within = block_start - starts[group]
+    count = jnp.clip(sizes[group] - within, 0, ALIGN)
+    source = jnp.cumsum(sizes)[group] - sizes[group] + within
+    return starts, jnp.where(count > 0, source, 0), count, group
+
+
+def _block_rows(x_ref, source, count, k0, block_k):
+    """The block's ``[128, bk]`` rows as float32, zeros past its ``count`` rows."""
+    rows = jax.lax.broadcasted_iota(jnp.int32, (ALIGN, block_k), 0)
+    values = plgpu.load(
+        x_ref.at[pl.ds(source, ALIGN), pl.ds(k0, block_k)], mask=rows < count, other=0
+    )
+    return values.astype(jnp.float32)
+
+
+def _amax_kernel(source_ref, count_ref, x_ref, amax_ref, *, block_k: int):
+    k0 = pl.program_id(1) * block_k
+    values = _block_rows(x_ref, source_ref[0], count_ref[0], k0, block_k)
+    amax_ref[...] = jnp.max(jnp.abs(values), axis=0)
+
+
+def _cast_kernel(source_ref, count_ref, scale_ref, x_ref, q_t_ref, *, block_k: int):
+    k0 = pl.program_id(1) * block_k
+    values = _block_rows(x_ref, source_ref[0], count_ref[0], k0, block_k)
+    q_t_ref[...] = cast_scaled(values / scale_ref[...][None, :], E4M3).T
+
+
+def quantize_columnwise_pallas(
+    x: Array, group_sizes: Array, *, interpret: bool | None = None
+) -> tuple[Array, Array, Array]:
+    """:func:`jaxmoe.ops.fp8.columnwise.quantize_columnwise` (e4m3) in the two Pallas passes."""
+    num_rows, width = x.shape
+    if not supports(x.shape, x.dtype, E4M3):
+        raise ValueError(
+            f"quantize_columnwise_pallas: x {x.shape} {x.dtype} needs [M, K] with K % 16 == 0 "
+            "in bf16, fp16 or float32. Use jaxmoe.ops.fp8.columnwise.quantize_columnwise."
+        )
+    num_groups = group_sizes.shape[0]
+    interpret = _use_interpret(interpret)
+    block_k = fit_block(width, BLOCK_K, "K")
+    starts, source, count, group = block_tables(group_sizes, num_rows)
+    num_blocks = source.shape[0]
+    grid = (num_blocks, width // block_k)
+    scalar = pl.BlockSpec((1,), lambda i, j: (i,))
+    whole = pl.BlockSpec(memory_space=pl.ANY)
+    params = plgpu.CompilerParams(num_warps=NUM_WARPS, num_stages=1)
+    with _quiet_triton_deprecation():
+        block_amax = pl.pallas_call(
+            functools.partial(_amax_kernel, block_k=block_k),
+            out_shape=jax.ShapeDtypeStruct((num_blocks, width), jnp.float32),
+            grid=grid,
+            in_specs=[scalar, scalar, whole],
+            out_specs=pl.BlockSpec((pl.squeezed, block_k), lambda i, j: (i, j)),
+            compiler_params=params,
+            interpret=interpret,
+            name="jaxmoe_columnwise_amax",
+        )(source, count, x)
+        amax = jax.ops.segment_max(block_amax, group, num_groups, indices_are_sorted=True)
+        scale = scale_from_amax(jnp.maximum(amax, 0.0), E4M3)  # an empty group: -inf
+        q_t = pl.pallas_call(
+            functools.partial(_cast_kernel, block_k=block_k),
+            out_shape=jax.ShapeDtypeStruct((width, num_blocks * ALIGN), E4M3),
+            grid=grid,
+            in_specs=[
+                scalar,
+                scalar,
+                pl.BlockSpec((pl.squeezed, block_k), lambda i, j: (i, j)),
+                whole,
+            ],
+            out_specs=pl.BlockSpec((block_k, ALIGN), lambda i, j: (j, i)),
+            compiler_params=params,
+            interpret=interpret,
+            name="jaxmoe_columnwise_cast",
+        )(source, count, scale[group], x)  # each block's group's scales (1/128 of x)
+    return q_t, scale, starts
