@@ -7,12 +7,12 @@ Per shape (``GEMM_SHAPES``: Mixtral, DeepSeek-V3, Qwen3, up and down; ``x [M, K]
 gradient ``dy [M, N]``, ``G`` groups) and routing (``balanced``, or ``skewed``: Dirichlet 0.3,
 as ``jaxmoe.bench.gemm.group_sizes_for``):
 
-* operands: ``x`` and ``dy`` drawn in float32, quantized to e4m3 with one scale per (group,
-  column) (``scale_from_amax`` / ``cast_scaled`` of ``jaxmoe.ops.fp8.quantize``), then laid out
-  as the kernel's contract wants: transposed (``[K, Mp]``, ``[N, Mp]``), each group at a
-  128-aligned column, zeros up to the next multiple of 128 (``padded_operands``);
-* check: the kernel against a float32 XLA computation of the contract (``ragged_dot_general`` of
-  the FP8 values, exact in float32, at ``highest`` precision, then times the two scales):
+* operands: ``x`` and ``dy`` drawn in float32, quantized by
+  :func:`jaxmoe.ops.fp8.columnwise.quantize_columnwise` (one scale per (group, column),
+  transposed ``[K, Mp]``, ``[N, Mp]``, each group at a 128-aligned column, zeros up to the next
+  multiple of 128: the layer's operands);
+* check: the kernel against a float32 XLA computation of the contract (per group, a masked dot
+  of the FP8 values, exact in float32, at ``highest`` precision, then times the two scales):
   ``rel_err`` (Frobenius), ``group_max_rel_err``, non-finite count, and empty groups exactly 0.
   The output buffer is poisoned with NaN first;
 * time, interleaved rounds (``time_interleaved``): ``fp8_mosaic`` (this kernel, on the padded
@@ -42,14 +42,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxmoe.arrays import round_up
 from jaxmoe.bench.gemm import group_sizes_for
 from jaxmoe.bench.harness import markdown_report, results_header, write_results
 from jaxmoe.bench.presets import GEMM_SHAPES, GemmShape
 from jaxmoe.bench.timing import jax_sync, time_interleaved, torch_sync, warm_up
 from jaxmoe.ops.fp8 import pallas_mosaic_wgrad as fp8_wgrad
-from jaxmoe.ops.fp8.quantize import cast_scaled, scale_from_amax
+from jaxmoe.ops.fp8.columnwise import ALIGN, quantize_columnwise
 from jaxmoe.ops.grouped_matmul import pallas_mosaic_wgrad
-from jaxmoe.ops.grouped_matmul.xla import XlaGroupedMatmul
 
 SHAPES = "mixtral-up,mixtral-down,dsv3-up,dsv3-down,qwen3-up,qwen3-down"
 ROUNDS = 5
@@ -69,57 +69,22 @@ COLUMNS = [
 ]
 
 
-def round_up(x, multiple):
-    return (x + multiple - 1) // multiple * multiple
-
-
-def layout(sizes: np.ndarray) -> tuple[np.ndarray, int]:
-    """Each group's 128-aligned start column and ``Mp`` (the groups in order, padded)."""
-    padded = round_up(sizes.astype(np.int64), fp8_wgrad.ALIGN)
-    starts = np.concatenate([[0], np.cumsum(padded)[:-1]])
-    return starts.astype(np.int32), max(int(padded.sum()), fp8_wgrad.ALIGN)
-
-
-def quantize_per_group(a, token_group, num_groups):
-    """``a [M, C]`` to e4m3 with one scale per (group, column): ``(q [M, C], scale [G, C])``."""
-    amax = jax.ops.segment_max(jnp.abs(a), token_group, num_segments=num_groups)
-    scale = scale_from_amax(jnp.maximum(amax, 0.0))  # empty groups: -inf -> the floor
-    return cast_scaled(a / scale[token_group]), scale
-
-
-@functools.partial(jax.jit, static_argnames=("mp",))
-def padded_operands(x, dy, group_sizes, starts, *, mp):
-    """The kernel's operands from ``x [M, K]``, ``dy [M, N]`` (rows sorted by group; rows past
-    the sum belong to no group and are dropped): ``(lhs_t_q, lhs_scale, rhs_t_q, rhs_scale)``."""
-    m, num_groups = x.shape[0], group_sizes.shape[0]
-    ends = jnp.cumsum(group_sizes)
-    token_group = jnp.searchsorted(ends, jnp.arange(m), side="right")
-    valid = token_group < num_groups
-    token_group = jnp.minimum(token_group, num_groups - 1)
-    offsets = ends - group_sizes
-    # Token i of group g goes to column starts[g] + (i - offsets[g]); invalid rows out of range.
-    column = jnp.where(valid, starts[token_group] + jnp.arange(m) - offsets[token_group], mp)
-    out = []
-    for a in (x, dy):
-        a = jnp.where(valid[:, None], a, 0)
-        q, scale = quantize_per_group(a, token_group, num_groups)
-        padded = jnp.zeros((a.shape[1], mp), jnp.float32)
-        padded = padded.at[:, column].set(q.astype(jnp.float32).T, mode="drop")
-        out += [padded.astype(q.dtype), scale]
-    return tuple(out)
-
-
 @jax.jit
 def reference(lhs_t_q, lhs_scale, rhs_t_q, rhs_scale, padded_sizes):
     """The contract in float32 by XLA: the FP8 values (exact in float32) contracted per group
-    over its padded columns (zeros past its tokens), then scaled."""
-    with jax.default_matmul_precision("highest"):
-        raw = XlaGroupedMatmul().tgmm(
-            lhs_t_q.astype(jnp.float32).T,
-            rhs_t_q.astype(jnp.float32).T,
-            padded_sizes,
-            out_dtype=jnp.float32,
-        )
+    over its padded columns (zeros past its tokens), then scaled. One group at a time (a
+    ``lax.map`` of masked dots): ``ragged_dot``'s dense rewrite needed 28-72 GiB on DeepSeek
+    and Qwen3 (run 11 call 1)."""
+    ends = jnp.cumsum(padded_sizes)
+    columns = jnp.arange(lhs_t_q.shape[1])
+    lhs, rhs = lhs_t_q.astype(jnp.float32), rhs_t_q.astype(jnp.float32)
+
+    def one_group(bounds):
+        start, end = bounds
+        mask = ((columns >= start) & (columns < end)).astype(jnp.float32)
+        return jnp.dot(lhs * mask[None, :], rhs.T, precision=jax.lax.Precision.HIGHEST)
+
+    raw = jax.lax.map(one_group, (ends - padded_sizes, ends))
     return raw * lhs_scale[:, :, None] * rhs_scale[:, None, :]
 
 
@@ -154,18 +119,21 @@ def sizes_for(shape: GemmShape, routing: str) -> np.ndarray:
 
 def run_case(shape, routing, *, tiles, timed: bool, rounds: int, torch) -> list[dict]:
     sizes = sizes_for(shape, routing)
-    starts, mp = layout(sizes)
-    gs, starts_d = jnp.asarray(sizes), jnp.asarray(starts)
+    gs = jnp.asarray(sizes)
     kx, kd = jax.random.split(jax.random.key(0))
     x = jax.random.normal(kx, (shape.m, shape.k), jnp.float32)
     dy = jax.random.normal(kd, (shape.m, shape.n), jnp.float32)
-    operands = padded_operands(x, dy, gs, starts_d, mp=mp)
+    # The layer's operands: per (group, column) scales, transposed, groups padded to 128.
+    lhs_t_q, lhs_scale, starts_d = jax.jit(quantize_columnwise)(x, gs)
+    rhs_t_q, rhs_scale, _ = jax.jit(quantize_columnwise)(dy, gs)
+    operands = (lhs_t_q, lhs_scale, rhs_t_q, rhs_scale)
+    mp = lhs_t_q.shape[1]
     fp8_fn = jax.jit(functools.partial(fp8_wgrad.scaled_tgmm, tiles=tiles))
     base = {"shape": shape.name, "routing": routing, "m": shape.m, "k": shape.k, "n": shape.n}
     base |= {"groups": shape.groups, "mp": mp, "empty_groups": int(np.sum(sizes == 0))}
 
     row = {**base, "impl": "fp8_mosaic"}
-    padded_sizes = jnp.asarray(round_up(sizes, fp8_wgrad.ALIGN).astype(np.int32))
+    padded_sizes = jnp.asarray(round_up(sizes, ALIGN).astype(np.int32))
     if mp > int(padded_sizes.sum()):  # all groups empty: the reference's sizes must reach Mp
         padded_sizes = padded_sizes.at[-1].add(mp - int(padded_sizes.sum()))
     want = reference(*operands, padded_sizes)

@@ -118,6 +118,16 @@ def test_demo_flag_sets_the_recipe_of_every_layer():
     assert build_parser().parse_args(["demo"]).fp8 is None
     model, _ = build(DemoConfig(fp8=args.fp8, width=32, ffn_size=32), vocab_size=10)
     assert model.cfg.moe.fp8_recipe == "blockwise"
+    args = build_parser().parse_args(["demo", "--fp8", "rowwise", "--fp8-wgrad", "fp8"])
+    model, _ = build(DemoConfig(fp8=args.fp8, fp8_wgrad=args.fp8_wgrad, width=32), vocab_size=10)
+    assert model.cfg.moe.fp8_recipe == jaxmoe.ops.fp8.Fp8Recipe("rowwise", wgrad="fp8")
+
+
+def test_demo_refuses_an_fp8_wgrad_without_the_rowwise_recipe():
+    from jaxmoe.cli.demo import DemoConfig, check_demo_config
+
+    with pytest.raises(ValueError, match="--fp8-wgrad fp8 needs --fp8 rowwise"):
+        check_demo_config(DemoConfig(fp8="blockwise", fp8_wgrad="fp8"))
 
 
 def test_demo_refuses_an_unknown_recipe_in_one_line(capsys):

@@ -40,6 +40,7 @@ class DemoConfig:
     seed: int = 0
     out: str = "jaxmoe-demo"
     fp8: str | None = None  # MoEConfig.fp8_recipe of every layer
+    fp8_wgrad: str = "high"  # Fp8Recipe.wgrad: "fp8" runs the weight gradients in FP8 too
     width: int = 128
     ffn_size: int = 128
     num_layers: int = 2
@@ -72,6 +73,11 @@ def check_demo_config(cfg: DemoConfig) -> None:
         )
     if cfg.aux_loss < 0:
         raise ValueError(f"--aux-loss must be >= 0; got {cfg.aux_loss}.")
+    if cfg.fp8_wgrad == "fp8" and cfg.fp8 != "rowwise":
+        raise ValueError(
+            f"--fp8-wgrad fp8 needs --fp8 rowwise; got --fp8 {cfg.fp8}. Add `--fp8 rowwise`, "
+            "or drop --fp8-wgrad (blockwise has no FP8 wgrad)."
+        )
     if cfg.devices > 1 and cfg.num_experts % cfg.devices:
         raise ValueError(
             f"--experts ({cfg.num_experts}) must be a multiple of --devices ({cfg.devices}): "
@@ -120,6 +126,14 @@ def make_mesh(devices: int):
     return jax.sharding.Mesh(np.array(available[:devices]), ("ep",))
 
 
+def _fp8_recipe(cfg: DemoConfig):
+    """The demo's ``MoEConfig.fp8_recipe``: the recipe name, or with ``fp8_wgrad="fp8"`` an
+    ``Fp8Recipe`` whose weight gradients run in FP8 too."""
+    if cfg.fp8 is None or cfg.fp8_wgrad == "high":
+        return cfg.fp8
+    return jaxmoe.ops.fp8.Fp8Recipe(cfg.fp8, wgrad=cfg.fp8_wgrad)
+
+
 def build(cfg: DemoConfig, vocab_size: int):
     """The model and its optimizer (AdamW on ``nnx.Param`` only: the expert bias is state)."""
     moe_cfg = jaxmoe.MoEConfig(
@@ -132,7 +146,7 @@ def build(cfg: DemoConfig, vocab_size: int):
         z_loss_coef=1e-3,
         use_expert_bias=cfg.expert_bias_rate > 0,
         ep_axis="ep" if cfg.devices > 1 else None,
-        fp8_recipe=cfg.fp8,
+        fp8_recipe=_fp8_recipe(cfg),
     )
     model_cfg = ModelConfig(
         vocab_size=vocab_size,
@@ -306,7 +320,9 @@ def run_demo(cfg: DemoConfig) -> dict:
         title=(
             f"jaxmoe demo: {cfg.num_layers} layers, {cfg.num_experts} experts top-{cfg.top_k}, "
             f"score={cfg.score}, aux_loss={cfg.aux_loss:g}, "
-            f"expert_bias_rate={cfg.expert_bias_rate:g}" + (f", fp8={cfg.fp8}" if cfg.fp8 else "")
+            f"expert_bias_rate={cfg.expert_bias_rate:g}"
+            + (f", fp8={cfg.fp8}" if cfg.fp8 else "")
+            + (f", fp8_wgrad={cfg.fp8_wgrad}" if cfg.fp8 and cfg.fp8_wgrad != "high" else "")
         ),
         loss=loss.tolist(),
         aux_loss=np.array(host["aux_loss"], dtype=np.float64).tolist(),

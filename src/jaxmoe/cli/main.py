@@ -111,6 +111,13 @@ def _add_demo(commands) -> None:
         help="run the routed experts' matmuls in FP8 (e4m3) with this scaling recipe "
         "(default: off, matmuls in float32)",
     )
+    demo.add_argument(
+        "--fp8-wgrad",
+        choices=("high", "fp8"),
+        default="high",
+        help="with --fp8 rowwise: 'fp8' runs the weight gradients in FP8 too "
+        "(Fp8Recipe.wgrad; default: high precision)",
+    )
 
 
 def _add_common(sub, presets, all_presets, default_preset="tiny") -> None:
@@ -302,6 +309,7 @@ def run_demo_command(args) -> int:
         checkpoint_dir=args.checkpoint_dir,
         save_every=args.save_every,
         fp8=args.fp8,
+        fp8_wgrad=args.fp8_wgrad,
     )
     try:
         check_demo_config(cfg)
