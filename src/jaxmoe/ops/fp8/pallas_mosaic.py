@@ -38,8 +38,9 @@ The dgrad of ``fp8_grouped_matmul`` is another ``scaled_gmm`` (``d out`` quantiz
 the weights re-quantized per input channel, contracted over N), so it runs in this kernel too;
 blockwise, the forward's FP8 weights and block scales transposed (``N % 128 == 0`` and
 ``K % 256 == 0`` for the kernel to take it).
-The wgrad is high precision (see :func:`jaxmoe.ops.fp8.fp8_grouped_matmul`): the bf16 Mosaic
-wgrad (Triton where that refuses the operands).
+The wgrad is high precision by default (see :func:`jaxmoe.ops.fp8.fp8_grouped_matmul`): the
+bf16 Mosaic wgrad (Triton where that refuses the operands); with ``Fp8Recipe(wgrad="fp8")`` it
+is :mod:`.pallas_mosaic_wgrad`'s FP8 kernel.
 
 Limits: the rowwise recipe, or blockwise with ``block_size`` 128 and ``block_n`` 256 (the
 default), e4m3 operands, a 2-byte result, ``M % block_m == 0``,

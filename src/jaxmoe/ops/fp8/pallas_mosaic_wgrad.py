@@ -52,8 +52,14 @@ Limits: e4m3 operands, a 2-byte result, ``block_m`` (the contraction block) 128,
 Mosaic GPU's interpreter, which has no transposed ``wgmma`` operand: there ``rhs_t_q`` is
 transposed back to ``[Mp, N]`` before the kernel and its ``[128, bn]`` blocks go in as B as they
 are (the same schedule, ring, empty-group path and epilogue run); the K-major path is proven by
-lowering for CUDA (tests). Not run on a GPU yet: no measured speed or error
-(``benchmarks/fp8_wgrad_probe.py`` measures both).
+lowering for CUDA (tests) and on the device.
+
+Measured (H100, jax 0.11.2, torch 2.11, ``benchmarks/results/fp8-wgrad-h100.md``, H100 run 11
+call 3, ``benchmarks/fp8_wgrad_probe.py``, interleaved rounds): within bf16 rounding of the
+float32 contract on all six shapes, balanced and skewed (Dirichlet 0.3, an empty group):
+relative error 1.7-2.0e-3. Against the bf16 Mosaic wgrad on the same problems: 1.61-1.85x on
+Mixtral and DeepSeek balanced (1094 / 1225 TFLOP/s on Mixtral up / down), 1.75-1.90x skewed,
+1.35-1.56x on Qwen3 (groups of a few 128-token blocks).
 """
 
 from __future__ import annotations
@@ -99,7 +105,7 @@ class Fp8TgmmTileConfig:
 
 def default_fp8_tgmm_tiles(k: int, n: int) -> Fp8TgmmTileConfig:
     """``128 x 128 x 256``, 3 stages: the bf16 wgrad's output tile and order, with the deepest
-    ring that fits (not tuned: not run on a GPU yet)."""
+    ring that fits (not tuned; measured in the module docstring)."""
     del k, n
     return Fp8TgmmTileConfig()
 
