@@ -44,7 +44,12 @@ import numpy as np
 
 from jaxmoe.arrays import round_up
 from jaxmoe.bench.gemm import group_sizes_for
-from jaxmoe.bench.harness import markdown_report, results_header, write_results
+from jaxmoe.bench.harness import (
+    markdown_report,
+    results_header,
+    weight_gradient_errors,
+    write_results,
+)
 from jaxmoe.bench.presets import GEMM_SHAPES, GemmShape
 from jaxmoe.bench.timing import jax_sync, time_interleaved, torch_sync, warm_up
 from jaxmoe.ops.fp8 import pallas_mosaic_wgrad as fp8_wgrad
@@ -88,20 +93,6 @@ def reference(lhs_t_q, lhs_scale, rhs_t_q, rhs_scale, padded_sizes):
     return raw * lhs_scale[:, :, None] * rhs_scale[:, None, :]
 
 
-@jax.jit
-def errors(got, want, group_sizes):
-    got = got.astype(jnp.float32)
-    diff = got - want
-    g_ref = jnp.linalg.norm(want, axis=(1, 2))
-    g_err = jnp.linalg.norm(diff, axis=(1, 2)) / jnp.maximum(g_ref, 1e-30)
-    return (
-        jnp.linalg.norm(diff) / jnp.maximum(jnp.linalg.norm(want), 1e-30),
-        jnp.max(jnp.where(g_ref > 0, g_err, 0.0)),
-        jnp.sum(~jnp.isfinite(got)),
-        jnp.max(jnp.where((group_sizes == 0)[:, None, None], jnp.abs(got), 0.0)),
-    )
-
-
 def skewed_sizes(shape: GemmShape) -> np.ndarray:
     """Dirichlet 0.3 sizes (summing to ``M``), with one group forced empty (its rows moved to
     the largest) so that the empty-group path is always checked."""
@@ -141,7 +132,8 @@ def run_case(shape, routing, *, tiles, timed: bool, rounds: int, torch) -> list[
     jax.block_until_ready(poison)
     del poison
     got = jax.block_until_ready(fp8_fn(*operands, starts_d, gs))
-    rel, group_max, nonfinite, empty_max = (float(v) for v in errors(got, want, gs))
+    checks = jax.jit(weight_gradient_errors)(got, want, gs)
+    rel, group_max, nonfinite, empty_max = (float(v) for v in checks)
     row |= {"rel_err": rel, "group_max_rel_err": group_max, "nonfinite": int(nonfinite)}
     row |= {"empty_max_abs": empty_max}
     # bf16 rounding of the result is ~2e-3 relative (Frobenius); FP8 products summed in the

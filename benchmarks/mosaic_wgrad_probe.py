@@ -48,6 +48,7 @@ def main() -> None:  # noqa: PLR0915 - one straight-line probe
     import jax.numpy as jnp
 
     from jaxmoe.bench.gemm import group_sizes_for
+    from jaxmoe.bench.harness import weight_gradient_errors
     from jaxmoe.bench.presets import GEMM_SHAPES
     from jaxmoe.bench.timing import time_jax, time_torch
     from jaxmoe.ops.grouped_matmul import pallas_mosaic_wgrad, pallas_triton
@@ -139,18 +140,7 @@ def main() -> None:  # noqa: PLR0915 - one straight-line probe
         zero = jnp.zeros((num_groups, lhs.shape[1], rhs.shape[1]), jnp.float32)
         return jax.lax.fori_loop(0, work_group.shape[0], body, zero)
 
-    @jax.jit
-    def errors(got, want, group_sizes):
-        got = got.astype(jnp.float32)
-        diff = got - want
-        g_ref = jnp.linalg.norm(want, axis=(1, 2))
-        g_err = jnp.linalg.norm(diff, axis=(1, 2)) / jnp.maximum(g_ref, 1e-6)
-        return (
-            jnp.linalg.norm(diff) / jnp.maximum(jnp.linalg.norm(want), 1e-30),
-            jnp.max(jnp.where(g_ref > 0, g_err, 0.0)),
-            jnp.sum(~jnp.isfinite(got)),
-            jnp.max(jnp.where((group_sizes == 0)[:, None, None], jnp.abs(got), 0.0)),
-        )
+    errors = jax.jit(weight_gradient_errors)
 
     def check(tag, fn, lhs, rhs, gs, want):
         g, k, n = want.shape

@@ -65,6 +65,24 @@ def relative_error(got, want) -> float:
     return float(np.linalg.norm(got - want) / max(np.linalg.norm(want), 1e-30))
 
 
+def weight_gradient_errors(got, want, group_sizes):
+    """Checks of a ``[G, K, N]`` weight gradient against a float32 reference (device scalars):
+    relative Frobenius error, the worst group's, the non-finite count of ``got``, and the
+    largest magnitude in an empty group (must be 0)."""
+    got = got.astype(jax.numpy.float32)
+    diff = got - want
+    norm = jax.numpy.linalg.norm
+    group_ref = norm(want, axis=(1, 2))
+    group_err = norm(diff, axis=(1, 2)) / jax.numpy.maximum(group_ref, 1e-30)
+    empty = (group_sizes == 0)[:, None, None]
+    return (
+        norm(diff) / jax.numpy.maximum(norm(want), 1e-30),
+        jax.numpy.max(jax.numpy.where(group_ref > 0, group_err, 0.0)),
+        jax.numpy.sum(~jax.numpy.isfinite(got)),
+        jax.numpy.max(jax.numpy.where(empty, jax.numpy.abs(got), 0.0)),
+    )
+
+
 def fill_ratios(rows: list[dict[str, Any]], group_by: Sequence[str], order: Sequence[str]) -> None:
     """The ratio rule, in place: per case (rows equal on ``group_by``), ``baseline`` is the first
     impl in ``order`` that has a time, ``ratio`` its ms over the row's ms (> 1: faster than the
