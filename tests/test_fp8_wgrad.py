@@ -202,7 +202,8 @@ def test_layer_takes_the_recipe_object_and_trains_its_experts_in_fp8():
 def test_config_refuses_objects_that_are_not_recipes():
     base = {"num_experts": 4, "top_k": 2, "hidden_size": 64, "ffn_size": 96}
     assert jaxmoe.MoEConfig(**base, fp8_recipe=FP8_WGRAD).fp8_recipe == FP8_WGRAD
-    with pytest.raises(ValueError, match=r"MoEConfig\.fp8_recipe: .* or a Fp8Recipe"):
+    rule = r"MoEConfig\.fp8_recipe: .* or a jaxmoe\.ops\.fp8\.Fp8Recipe"
+    with pytest.raises(ValueError, match=rule):
         jaxmoe.MoEConfig(**base, fp8_recipe=object())
 
 

@@ -20,7 +20,6 @@ from jaxmoe.choices import (
     GROUPED_MATMUL_BACKENDS,
     SCORES,
 )
-from jaxmoe.ops.fp8.recipe import Fp8Recipe
 
 __all__ = ["ACTIVATIONS", "GATED_ACTIVATIONS", "SCORES", "MoEConfig"]
 
@@ -86,21 +85,33 @@ class _Name:
     fix: str
     optional: bool = False  # None is allowed (the platform's default)
     methods: tuple[str, ...] = ()
-    instance_of: type | None = None  # a configured object of this (hashable) type
+    # A configured object with these attributes (duck-typed: config imports no ops module).
+    attributes: tuple[str, ...] = ()
+    kind: str = ""  # what such an object is, for the message
 
     def __call__(self, field: str, value: Any) -> Any:
         if (value is None and self.optional) or (isinstance(value, str) and value in self.names):
             return value
         if self.methods and not isinstance(value, str) and _implements(value, self.methods):
             return value
-        if self.instance_of is not None and isinstance(value, self.instance_of):
+        if self.attributes and _has_attributes(value, self.attributes):
             return value
         rule = f"must be {'None or ' if self.optional else ''}one of {self.names}"
         if self.methods:
             rule += f" or a hashable object with methods {self.methods}"
-        if self.instance_of is not None:
-            rule += f" or a {self.instance_of.__name__}"
+        if self.attributes:
+            rule += f" or a {self.kind}"
         _fail(field, rule, value, self.fix)
+
+
+def _has_attributes(value: Any, attributes: tuple[str, ...]) -> bool:
+    if isinstance(value, str):
+        return False
+    try:
+        hash(value)  # the config is a static jit argument: every field must hash
+    except TypeError:
+        return False
+    return all(hasattr(value, attribute) for attribute in attributes)
 
 
 def _implements(value: Any, methods: tuple[str, ...]) -> bool:
@@ -218,7 +229,8 @@ _FIELD_RULES: dict[str, Callable[[str, Any], Any]] = {
         "Pick a listed recipe, a jaxmoe.ops.fp8.Fp8Recipe (e.g. Fp8Recipe('rowwise', "
         "wgrad='fp8')), or None for expert matmuls in `dtype`.",
         optional=True,
-        instance_of=Fp8Recipe,
+        attributes=("name", "wgrad", "lhs_blocks", "rhs_blocks"),
+        kind="jaxmoe.ops.fp8.Fp8Recipe",
     ),
 }
 
@@ -436,7 +448,7 @@ class MoEConfig:
     ep_chunks: int = 1
     ep_dispatch: str = "auto"
     fsdp_expert_weights: bool = False
-    fp8_recipe: str | Fp8Recipe | None = None
+    fp8_recipe: Any = None  # str | jaxmoe.ops.fp8.Fp8Recipe | None
 
     def __post_init__(self):
         # One rule per field (_FIELD_RULES), then the rules between fields (_CROSS_FIELD_RULES).
