@@ -59,8 +59,8 @@ def routed_experts(
       fp8_recipe: ``None`` (matmuls in ``buffer``'s dtype) or an FP8 recipe
         (``MoEConfig.fp8_recipe``): every expert matmul is then
         :func:`jaxmoe.ops.fp8.fp8_grouped_matmul` on ``backend``, capacity blocks included
-        (``block_rows`` is then unused). On CPU each operand is quantized in a pass of its own
-        just before the op; fusing the activation cast into the permutation is a GPU concern.
+        (``block_rows`` is then unused). The buffer's cast comes from ``buffer_fp8`` where the
+        caller made it (the layer: each token once, before the permutation), else the op's.
       fp8_weights: with ``fp8_recipe``, ``None`` or ``{name: Fp8Weights}`` for some of
         ``weights`` (:func:`jaxmoe.quantize_expert_weights`, made from ``weights`` cast to
         ``buffer``'s dtype): those matmuls read their FP8 weights from it instead of quantizing.

@@ -255,8 +255,9 @@ def fp8_grouped_matmul(
       ``Q_act(lhs)``. (DeepSeek-V3 re-quantizes in 128 x 1 tiles along the tokens instead.)
 
     Master weights and their gradients stay in ``rhs``'s dtype; ``d lhs`` has ``lhs``'s dtype.
-    The activations' cast is XLA's, a pass of its own before the kernel (not yet fused into
-    the permutation).
+    The activations' cast is XLA's, a pass of its own before the kernel, unless the caller
+    made it where it is cheaper (``lhs_fp8``: the layer quantizes each token once, before the
+    permutation copies it).
 
     Weights quantized once per step (``rhs_fp8``): ``Q_w(rhs)`` and ``Q_w'(rhs)^T`` above depend
     on ``rhs`` only, which does not change between an optimizer step's micro-batches; with
