@@ -266,3 +266,18 @@ def test_the_pallas_columnwise_quantizer_lowers_for_a_gpu():
     )
     text = fn.trace(*args).lower(lowering_platforms=("cuda",)).as_text()
     assert text.count("jaxmoe_columnwise_amax") >= 1 and "jaxmoe_columnwise_cast" in text
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("m, groups", [(8, 0), (0, 2)])
+def test_fp8_wgrad_with_no_groups_or_no_rows(backend, m, groups):
+    from jaxmoe.ops.fp8.columnwise_pallas import quantize_columnwise_pallas
+
+    lhs, rhs = jnp.ones((m, 16)), jnp.ones((groups, 16, 4))
+    sizes = jnp.zeros((groups,), jnp.int32)
+    loss = lambda w: fp8_grouped_matmul(lhs, w, sizes, recipe=FP8_WGRAD, backend=backend).sum()  # noqa: E731
+    grad = jax.grad(loss)(rhs)
+    assert grad.shape == rhs.shape and not np.any(grad)
+    got, want = quantize_columnwise_pallas(lhs, sizes), quantize_columnwise(lhs, sizes)
+    for a, b in zip(got, want, strict=True):
+        np.testing.assert_array_equal(a.astype(jnp.float32), b.astype(jnp.float32))

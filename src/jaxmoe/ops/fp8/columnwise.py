@@ -71,6 +71,10 @@ def quantize_columnwise(
     num_groups = group_sizes.shape[0]
     sizes = group_sizes.astype(jnp.int32)
     starts = padded_group_starts(sizes, align)
+    if num_rows == 0 or num_groups == 0:  # no row is in a group: zeros, the floor scale
+        length = padded_length(num_rows, num_groups, align)
+        scale = scale_from_amax(jnp.zeros((num_groups, width), jnp.float32), dtype)
+        return jnp.zeros((width, length), dtype), scale, starts
     # Each padded column's source row: the last group starting at or before it (empty groups
     # share their successor's start and lose the tie), if the column is within its rows.
     columns = jnp.arange(padded_length(num_rows, num_groups, align), dtype=jnp.int32)

@@ -39,7 +39,12 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from jaxmoe.ops.fp8.columnwise import ALIGN, padded_group_starts, padded_length
+from jaxmoe.ops.fp8.columnwise import (
+    ALIGN,
+    padded_group_starts,
+    padded_length,
+    quantize_columnwise,
+)
 from jaxmoe.ops.fp8.quantize import E4M3, cast_scaled, scale_from_amax
 from jaxmoe.ops.fp8.weight_quantize_pallas import fit_block
 from jaxmoe.ops.grouped_matmul.pallas_triton import _quiet_triton_deprecation, _use_interpret
@@ -110,6 +115,8 @@ def quantize_columnwise_pallas(
             "in bf16, fp16 or float32. Use jaxmoe.ops.fp8.columnwise.quantize_columnwise."
         )
     num_groups = group_sizes.shape[0]
+    if num_rows == 0 or num_groups == 0:  # nothing to load: the XLA path's zeros
+        return quantize_columnwise(x, group_sizes, E4M3)
     interpret = _use_interpret(interpret)
     block_k = fit_block(width, BLOCK_K, "K")
     starts, source, count, group = block_tables(group_sizes, num_rows)

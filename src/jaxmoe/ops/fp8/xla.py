@@ -31,6 +31,8 @@ class XlaScaledGroupedMatmul(ScaledGroupedMatmulBackend):
 
     def scaled_gmm(self, lhs_q, lhs_scale, rhs_q, rhs_scale, group_sizes, *, recipe, out_dtype):
         (num_rows, depth), (num_groups, _, width) = lhs_q.shape, rhs_q.shape
+        if num_groups == 0:  # no row is in a group (and there is no column scale to take)
+            return jnp.zeros((num_rows, width), out_dtype)
         ids = group_ids(group_sizes, num_rows)
         in_group = (ids < num_groups)[:, None]
         # Each K block (rowwise: the whole of K) is one float32-accumulated FP8 product, scaled
