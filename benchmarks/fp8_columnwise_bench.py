@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxmoe.bench.harness import results_header, write_results
+from jaxmoe.bench.harness import differing_elements, results_header, write_results
 from jaxmoe.bench.timing import time_jax
 from jaxmoe.ops.fp8.columnwise import quantize_columnwise
 from jaxmoe.ops.fp8.columnwise_pallas import quantize_columnwise_pallas
@@ -45,14 +45,6 @@ def operands(rows, width, groups, seed=0):
     sizes[1] = 0
     x[sizes.sum() :] = np.nan
     return jnp.asarray(x, jnp.bfloat16), jnp.asarray(sizes)
-
-
-def differing_elements(got, want) -> int:
-    got, want = np.asarray(got), np.asarray(want)
-    if got.shape != want.shape or got.dtype != want.dtype:
-        return int(max(got.size, want.size))
-    width = {1: np.uint8, 2: np.uint16, 4: np.uint32}[got.dtype.itemsize]
-    return int(np.count_nonzero(got.view(width) != want.view(width)))
 
 
 def main(argv=None) -> int:

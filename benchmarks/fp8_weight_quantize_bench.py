@@ -27,9 +27,8 @@ import sys
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
-from jaxmoe.bench.harness import results_header, write_results
+from jaxmoe.bench.harness import differing_elements, results_header, write_results
 from jaxmoe.bench.timing import time_jax
 from jaxmoe.ops.fp8.weight_quantize_pallas import (
     WeightQuantizeTiles,
@@ -64,15 +63,6 @@ def spread_weight(shape, seed=0) -> jax.Array:
     rows = jnp.exp(jax.random.uniform(keys[1], (groups, k, 1), minval=-3.0, maxval=3.0))
     cols = jnp.exp(jax.random.uniform(keys[2], (groups, 1, n), minval=-3.0, maxval=3.0))
     return (base * rows * cols).astype(jnp.bfloat16)
-
-
-def differing_elements(got: jax.Array, want: jax.Array) -> int:
-    """How many elements differ in their bits (shape or dtype mismatch: all of them)."""
-    got, want = np.asarray(got), np.asarray(want)
-    if got.shape != want.shape or got.dtype != want.dtype:
-        return int(max(got.size, want.size))
-    width = {1: np.uint8, 2: np.uint16, 4: np.uint32}[got.dtype.itemsize]
-    return int(np.count_nonzero(got.view(width) != want.view(width)))
 
 
 def compare(got, want) -> dict[str, int]:

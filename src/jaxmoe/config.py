@@ -104,22 +104,24 @@ class _Name:
         _fail(field, rule, value, self.fix)
 
 
-def _has_attributes(value: Any, attributes: tuple[str, ...]) -> bool:
-    if isinstance(value, str):
-        return False
+def _hashable(value: Any) -> bool:
     try:
         hash(value)  # the config is a static jit argument: every field must hash
     except TypeError:
         return False
-    return all(hasattr(value, attribute) for attribute in attributes)
+    return True
+
+
+def _has_attributes(value: Any, attributes: tuple[str, ...]) -> bool:
+    return (
+        not isinstance(value, str)
+        and _hashable(value)
+        and all(hasattr(value, attribute) for attribute in attributes)
+    )
 
 
 def _implements(value: Any, methods: tuple[str, ...]) -> bool:
-    try:
-        hash(value)  # the config is a static jit argument: every field must hash
-    except TypeError:
-        return False
-    return all(callable(getattr(value, method, None)) for method in methods)
+    return _hashable(value) and all(callable(getattr(value, method, None)) for method in methods)
 
 
 @dataclasses.dataclass(frozen=True)

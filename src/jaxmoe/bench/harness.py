@@ -65,6 +65,15 @@ def relative_error(got, want) -> float:
     return float(np.linalg.norm(got - want) / max(np.linalg.norm(want), 1e-30))
 
 
+def differing_elements(got, want) -> int:
+    """How many elements differ in their bits (shape or dtype mismatch: all of them)."""
+    got, want = np.asarray(got), np.asarray(want)
+    if got.shape != want.shape or got.dtype != want.dtype:
+        return int(max(got.size, want.size))
+    width = {1: np.uint8, 2: np.uint16, 4: np.uint32}[got.dtype.itemsize]
+    return int(np.count_nonzero(got.view(width) != want.view(width)))
+
+
 def weight_gradient_errors(got, want, group_sizes):
     """Checks of a ``[G, K, N]`` weight gradient against a float32 reference (device scalars):
     relative Frobenius error, the worst group's, the non-finite count of ``got``, and the

@@ -44,11 +44,36 @@ def padded_length(num_rows: int, num_groups: int, align: int = ALIGN) -> int:
     return round_up(num_rows + num_groups * (align - 1), align)
 
 
+def padded_group_sizes(group_sizes: Array, align: int = ALIGN) -> Array:
+    """Each group's columns in the padded layout, its zero tail included: ``r(n_g)``, int32."""
+    return round_up(group_sizes.astype(jnp.int32), align)
+
+
 def padded_group_starts(group_sizes: Array, align: int = ALIGN) -> Array:
     """Where each group's columns start in the padded layout (``[G]`` int32, multiples of
-    ``align``): the exclusive running sum of the sizes rounded up to ``align``."""
-    padded = (group_sizes.astype(jnp.int32) + align - 1) // align * align
+    ``align``): the exclusive running sum of :func:`padded_group_sizes`."""
+    padded = padded_group_sizes(group_sizes, align)
     return (jnp.cumsum(padded) - padded).astype(jnp.int32)
+
+
+def block_tables(
+    group_sizes: Array, num_rows: int, align: int = ALIGN
+) -> tuple[Array, Array, Array, Array]:
+    """``(starts [G], source [Mp/align], count [Mp/align], group [Mp/align])``: each
+    ``align``-column block of the padded layout is rows ``[source, source + count)`` of group
+    ``group`` (a group's rows are contiguous and its columns start at a multiple of ``align``, so
+    a block never spans two groups; ``count`` is 0 for the blocks past the groups)."""
+    num_groups = group_sizes.shape[0]
+    sizes = group_sizes.astype(jnp.int32)
+    starts = padded_group_starts(sizes, align)
+    block_start = jnp.arange(0, padded_length(num_rows, num_groups, align), align, dtype=jnp.int32)
+    # The last group starting at or before the block (empty groups share their successor's
+    # start and lose the tie).
+    group = jnp.clip(search_right(starts, block_start) - 1, 0, max(num_groups - 1, 0))
+    within = block_start - starts[group]
+    count = jnp.clip(sizes[group] - within, 0, align)
+    source = jnp.cumsum(sizes)[group] - sizes[group] + within
+    return starts, jnp.where(count > 0, source, 0), count, group
 
 
 def quantize_columnwise(
@@ -69,25 +94,20 @@ def quantize_columnwise(
     """
     num_rows, width = x.shape
     num_groups = group_sizes.shape[0]
-    sizes = group_sizes.astype(jnp.int32)
-    starts = padded_group_starts(sizes, align)
     if num_rows == 0 or num_groups == 0:  # no row is in a group: zeros, the floor scale
-        length = padded_length(num_rows, num_groups, align)
         scale = scale_from_amax(jnp.zeros((num_groups, width), jnp.float32), dtype)
-        return jnp.zeros((width, length), dtype), scale, starts
-    # Each padded column's source row: the last group starting at or before it (empty groups
-    # share their successor's start and lose the tie), if the column is within its rows.
-    columns = jnp.arange(padded_length(num_rows, num_groups, align), dtype=jnp.int32)
-    group = jnp.clip(search_right(starts, columns) - 1, 0, max(num_groups - 1, 0))
-    within = columns - starts[group]
-    copied = within < sizes[group]
-    source = jnp.where(copied, jnp.cumsum(sizes)[group] - sizes[group] + within, 0)
+        zeros = jnp.zeros((width, padded_length(num_rows, num_groups, align)), dtype)
+        return zeros, scale, padded_group_starts(group_sizes, align)
+    starts, block_source, block_count, block_group = block_tables(group_sizes, num_rows, align)
+    # Each padded column's source row: its block's, offset, if within the block's rows.
+    offset = jnp.arange(align, dtype=jnp.int32)[None, :]
+    copied = (offset < block_count[:, None]).reshape(-1)
+    source = jnp.where(copied, (block_source[:, None] + offset).reshape(-1), 0)
     rows = jnp.where(copied[:, None], jnp.take(x, source, axis=0).astype(jnp.float32), 0.0)
-    # amax in two steps, both without a scatter over the rows: per aligned block of the padded
-    # layout (each lies in one group's range), then per group over its few blocks.
+    # amax in two steps, both without a scatter over the rows: per block, then per group over
+    # its few blocks.
     block_amax = jnp.max(jnp.abs(rows).reshape(-1, align, width), axis=1)
-    block_group = group[::align]
     amax = jax.ops.segment_max(block_amax, block_group, num_groups, indices_are_sorted=True)
     scale = scale_from_amax(jnp.maximum(amax, 0.0), dtype)  # an empty group: no block, -inf
-    q = cast_scaled(rows / scale[group], dtype)
+    q = cast_scaled(rows / jnp.repeat(scale[block_group], align, axis=0), dtype)
     return q.T, scale, starts

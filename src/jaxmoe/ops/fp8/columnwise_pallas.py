@@ -39,16 +39,10 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from jaxmoe.ops.fp8.columnwise import (
-    ALIGN,
-    padded_group_starts,
-    padded_length,
-    quantize_columnwise,
-)
+from jaxmoe.ops.fp8.columnwise import ALIGN, block_tables, quantize_columnwise
 from jaxmoe.ops.fp8.quantize import E4M3, cast_scaled, scale_from_amax
 from jaxmoe.ops.fp8.weight_quantize_pallas import fit_block
 from jaxmoe.ops.grouped_matmul.pallas_triton import _quiet_triton_deprecation, _use_interpret
-from jaxmoe.search import search_right
 
 Array = jax.Array
 
@@ -65,22 +59,6 @@ def supports(x_shape, x_dtype, fp8_dtype) -> bool:
         and jnp.dtype(x_dtype) in X_DTYPES
         and jnp.dtype(fp8_dtype) == E4M3
     )
-
-
-def block_tables(group_sizes: Array, num_rows: int) -> tuple[Array, Array, Array, Array]:
-    """``(starts [G], source [Mp/128], count [Mp/128], group [Mp/128])``: each 128-column block
-    of the padded layout is rows ``[source, source + count)`` of group ``group`` (``count`` 0
-    for padding blocks past the groups)."""
-    num_groups = group_sizes.shape[0]
-    sizes = group_sizes.astype(jnp.int32)
-    starts = padded_group_starts(sizes)
-    block_start = jnp.arange(0, padded_length(num_rows, num_groups), ALIGN, dtype=jnp.int32)
-    # The last group starting at or before the block (empty groups lose the tie).
-    group = jnp.clip(search_right(starts, block_start) - 1, 0, max(num_groups - 1, 0))
-    within = block_start - starts[group]
-    count = jnp.clip(sizes[group] - within, 0, ALIGN)
-    source = jnp.cumsum(sizes)[group] - sizes[group] + within
-    return starts, jnp.where(count > 0, source, 0), count, group
 
 
 def _block_rows(x_ref, source, count, k0, block_k):

@@ -15,9 +15,8 @@ import math
 import jax
 import jax.numpy as jnp
 
-from jaxmoe.arrays import round_up
 from jaxmoe.ops.fp8.base import ScaledGroupedMatmulBackend
-from jaxmoe.ops.fp8.columnwise import ALIGN
+from jaxmoe.ops.fp8.columnwise import padded_group_sizes
 from jaxmoe.ops.fp8.quantize import expand_scale
 from jaxmoe.ops.grouped_matmul.base import group_ids
 from jaxmoe.ops.grouped_matmul.xla import XlaGroupedMatmul
@@ -60,6 +59,6 @@ class XlaScaledGroupedMatmul(ScaledGroupedMatmulBackend):
         # The padded layout is contiguous (columnwise.padded_group_starts): each group's padded
         # block of columns (its zero tail included) is one group of a ragged contraction.
         del group_starts
-        padded_sizes = round_up(group_sizes.astype(jnp.int32), ALIGN)
+        padded_sizes = padded_group_sizes(group_sizes)
         out = XlaGroupedMatmul().tgmm(lhs_t_q.T, rhs_t_q.T, padded_sizes, out_dtype=jnp.float32)
         return (out * lhs_scale[:, :, None] * rhs_scale[:, None, :]).astype(out_dtype)
