@@ -11,7 +11,8 @@ One device call, three phases, each row written to ``$OUT/mosaic-wgrad-probe.jso
    rows outside the group zeroed. The output buffer is poisoned (NaN) before each call; empty
    groups must come back exactly zero;
 3. timing (balanced, then skewed): ``torch._grouped_mm`` with the contraction ragged (the weight
-   gradient as torch's backward computes it), the Triton ``tgmm`` and each Mosaic variant.
+   gradient as torch's backward computes it) and each Mosaic variant, sampled in the same rounds
+   (``time_interleaved``).
 
     PYTHONPATH=src python benchmarks/mosaic_wgrad_probe.py --out-dir $OUT
 """
@@ -41,6 +42,11 @@ def main() -> None:  # noqa: PLR0915 - one straight-line probe
     parser.add_argument("--routings", default="balanced,skewed")
     parser.add_argument("--out-dir", default=os.environ.get("OUT", "/tmp"))
     parser.add_argument("--time-budget-s", type=float, default=270)
+    parser.add_argument(
+        "--exact-variants",
+        default="",
+        help="comma-separated variants checked for exactness on every shape besides the default",
+    )
     args = parser.parse_args()
     start = time.time()
 
@@ -50,7 +56,7 @@ def main() -> None:  # noqa: PLR0915 - one straight-line probe
     from jaxmoe.bench.gemm import group_sizes_for
     from jaxmoe.bench.harness import weight_gradient_errors
     from jaxmoe.bench.presets import GEMM_SHAPES
-    from jaxmoe.bench.timing import time_jax, time_torch
+    from jaxmoe.bench.timing import jax_sync, time_interleaved, torch_sync, warm_up
     from jaxmoe.ops.grouped_matmul import pallas_mosaic_wgrad, pallas_triton
 
     try:
@@ -102,10 +108,15 @@ def main() -> None:  # noqa: PLR0915 - one straight-line probe
 
     cfg = pallas_mosaic_wgrad.MosaicTgmmTileConfig
     variants = {  # (block_m, block_k, block_n, stages)
-        "m64k128n256s3": cfg(64, 128, 256, 3),
-        "m64k128n128s4": cfg(64, 128, 128, 4),
-        "m128k128n128s3": cfg(128, 128, 128, 3),
-        "m64k64n256s4": cfg(64, 64, 256, 4),
+        # Whole-tile epilogue slabs (epilogue_rows=None): the variants of runs 1-11.
+        "m64k128n256s3": cfg(64, 128, 256, 3, epilogue_rows=None),
+        "m64k128n128s4": cfg(64, 128, 128, 4, epilogue_rows=None),
+        "m128k128n128s3": cfg(128, 128, 128, 3, epilogue_rows=None),
+        "m64k64n256s4": cfg(64, 64, 256, 4, epilogue_rows=None),
+        # A fourth ring slot, paid for by storing the result in two 64-row halves (session 11).
+        "m64k128n256s4e64": cfg(64, 128, 256, 4, epilogue_rows=64),
+        "m64k128n256s4e64g4": cfg(64, 128, 256, 4, 4, epilogue_rows=64),
+        "m64k128n256s4e64g16": cfg(64, 128, 256, 4, 16, epilogue_rows=64),
     }
     if args.variants != "all":
         variants = {k: variants[k] for k in args.variants.split(",")}
@@ -116,7 +127,7 @@ def main() -> None:  # noqa: PLR0915 - one straight-line probe
             fns[tiles] = jax.jit(functools.partial(pallas_mosaic_wgrad.tgmm, tiles=tiles))
         return fns[tiles]
 
-    triton_fn = jax.jit(pallas_triton.tgmm)
+    triton_fn = jax.jit(pallas_triton.tgmm)  # exactness peer (the timing leaves it out)
 
     @functools.partial(jax.jit, static_argnames=("bm",))
     def reference(lhs, rhs, group_sizes, bm=128):
@@ -221,6 +232,12 @@ def main() -> None:  # noqa: PLR0915 - one straight-line probe
                             {**base, "impl": "mosaic-default"}, mosaic_fn(default), x, dy, gs, want
                         )
                     )
+                    for name in filter(None, args.exact_variants.split(",")):
+                        emit(
+                            check(
+                                {**base, "impl": name}, mosaic_fn(variants[name]), x, dy, gs, want
+                            )
+                        )
                     del want
                 except Exception as e:  # noqa: BLE001
                     emit({**base, "error": record_error(f"exact {base}", e)})
@@ -250,33 +267,24 @@ def main() -> None:  # noqa: PLR0915 - one straight-line probe
                     }
                 )
 
+            # Every contender sampled in the same rounds (time_interleaved): ratios between
+            # them hold even as the clock drifts.
+            contenders = {}
             if torch is not None:
-                try:
-                    tx = torch.randn(shape.m, shape.k, device="cuda", dtype=torch.bfloat16)
-                    tdy = torch.randn(shape.m, shape.n, device="cuda", dtype=torch.bfloat16)
-                    offs = torch.as_tensor(np.cumsum(sizes), dtype=torch.int32, device="cuda")
-                    # dw_nk[g] = dy[rows of g]^T @ x[rows of g]: torch's weight gradient of
-                    # _grouped_mm(x, w_nk^T), contraction ragged.
-                    tfn = functools.partial(torch._grouped_mm, tdy.t(), tx, offs=offs)
-                    row("torch", time_torch(tfn))
-                except Exception as e:  # noqa: BLE001
-                    emit(
-                        {
-                            "phase": "time",
-                            "shape": shape_name,
-                            "impl": "torch",
-                            "error": record_error(f"torch {shape_name}", e),
-                        }
-                    )
-                tx = tdy = None
-                torch.cuda.empty_cache()
-            row("triton", time_jax(triton_fn, x, dy, gs))
+                tx = torch.randn(shape.m, shape.k, device="cuda", dtype=torch.bfloat16)
+                tdy = torch.randn(shape.m, shape.n, device="cuda", dtype=torch.bfloat16)
+                offs = torch.as_tensor(np.cumsum(sizes), dtype=torch.int32, device="cuda")
+                # dw_nk[g] = dy[rows of g]^T @ x[rows of g]: torch's weight gradient of
+                # _grouped_mm(x, w_nk^T), contraction ragged.
+                tfn = functools.partial(torch._grouped_mm, tdy.t(), tx, offs=offs)
+                contenders["torch"] = (tfn, torch_sync, warm_up(tfn, torch_sync))
             for name, tiles in working.items():
                 if time.time() - start > args.time_budget_s:
                     emit({"budget": "stopped", "at": [routing, shape_name, name]})
                     return
                 try:
-                    row(name, time_jax(mosaic_fn(tiles), x, dy, gs))
+                    call = functools.partial(mosaic_fn(tiles), x, dy, gs)
+                    contenders[name] = (call, jax_sync, warm_up(call, jax_sync))
                 except Exception as e:  # noqa: BLE001
                     emit(
                         {
@@ -286,6 +294,12 @@ def main() -> None:  # noqa: PLR0915 - one straight-line probe
                             "error": record_error(f"time {shape_name} {name}", e),
                         }
                     )
+            for name, t in time_interleaved(contenders).items():
+                row(name, t)
+            contenders.clear()
+            if torch is not None:
+                tx = tdy = tfn = None
+                torch.cuda.empty_cache()
             del x, dy
     emit({"done": True, "elapsed_s": time.time() - start, "smi_end": smi()})
 

@@ -255,6 +255,28 @@ def test_tiles_that_do_not_fit_in_shared_memory_are_refused():
     assert pallas_mosaic_tiles.epilogue_smem_bytes(unswizzled) == 16 * 1024
 
 
+@pytest.mark.parametrize("block_n", [128, 256])
+@pytest.mark.parametrize("epilogue_rows", [64, 128])
+@pytest.mark.parametrize("out_bytes", [2])
+def test_each_warpgroup_slab_lies_on_its_own_swizzled_slots(block_n, epilogue_rows, out_bytes):
+    # On the GPU the unswizzled slab ([NUM_WG, slab_rows, wg_n]) and the swizzled slots
+    # ([NUM_WG, slots, rows, chunk_cols]) alias one region. A warpgroup's slab must not reach into
+    # the other's slots: with block_n 128 and unpadded slabs, warpgroup 1's slab was warpgroup
+    # 0's second slot (the fused gated kernel's wrong rows on skewed groups, H100 run 10 call 1).
+    cfg = MosaicTileConfig(
+        128, block_n, 64, stages=2, epilogue_rows=epilogue_rows, swizzled_epilogue=True
+    )
+    lay = pallas_mosaic_tiles.epilogue_layout(cfg, out_bytes)
+    slab = lay["slab_rows"] * lay["wg_n"]  # elements per warpgroup, unswizzled view
+    slots = lay["slots"] * lay["rows"] * lay["chunk_cols"]  # per warpgroup, swizzled view
+    assert lay["slab_rows"] >= lay["rows"]
+    for wg in range(2):
+        used = (wg * slab, wg * slab + lay["rows"] * lay["wg_n"])
+        own = (wg * slots, (wg + 1) * slots)
+        assert own[0] <= used[0] and used[1] <= own[1], (wg, used, own)
+    assert pallas_mosaic_tiles.epilogue_smem_bytes(cfg, out_bytes) == 2 * max(slab, slots) * 2
+
+
 @pytest.mark.parametrize("name", ["plain", "swizzled", "ring_three_slots"])
 @settings(max_examples=3, deadline=None, derandomize=True)
 @given(sizes=st.lists(st.integers(0, 90), min_size=3, max_size=3))

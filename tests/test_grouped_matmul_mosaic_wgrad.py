@@ -95,8 +95,9 @@ def test_row_blocks_of_a_group():
     [
         None,
         MosaicTgmmTileConfig(block_m=128, block_k=64, block_n=128, stages=2),
+        MosaicTgmmTileConfig(stages=3, epilogue_rows=None),
     ],
-    ids=["default", "small"],
+    ids=["default", "small", "three_slots_whole_slab"],
 )
 def test_lowers_for_cuda_through_mosaic_to_nvvm(cfg):
     # No GPU needed: Mosaic GPU's layout inference and lowering run on the host, down to NVVM
@@ -166,8 +167,20 @@ def test_interpreter_refuses_named_and_auto_takes_triton():
 
 @pytest.mark.parametrize(
     "field, value",
-    [("block_m", 32), ("block_k", 256), ("block_n", 64), ("stages", 1), ("stages", 5)],
+    [
+        ("block_m", 32),
+        ("block_k", 256),
+        ("block_n", 64),
+        ("stages", 1),
+        ("stages", 5),
+        ("epilogue_rows", 32),
+        ("epilogue_rows", None),
+    ],
 )
 def test_bad_tiles_raise_value_error(field, value):
-    with pytest.raises(ValueError, match=field if field != "stages" or value < 2 else "memory"):
+    # The default's four slots fit only with the half slab (224 KiB); the whole one (None: all
+    # block_k rows) makes 256 KiB, a fifth slot 272.
+    memory = (field == "stages" and value > 1) or value is None
+    with pytest.raises(ValueError, match="memory" if memory else field):
         PallasMosaicGroupedMatmul(tgmm_tiles=MosaicTgmmTileConfig(**{field: value}))
+    PallasMosaicGroupedMatmul(tgmm_tiles=MosaicTgmmTileConfig(stages=3, epilogue_rows=None))

@@ -155,9 +155,10 @@ def _jaxmoe_mosaic_gmm(
             lhs_gmem.at[pl.ds(0, bm), :], *(rhs_block_source(rhs, 0, 0) for rhs in rhs_gmems)
         )
 
-    # Unswizzled so that a run may start at any row (group boundaries are arbitrary).
-    runs_alloc = plgpu.SMEM((common.NUM_COMPUTE_WARPGROUPS, stage_rows, wg_n), out_dtype)
+    # Unswizzled so that a run may start at any row (group boundaries are arbitrary); each
+    # warpgroup's slab is its first stage_rows rows of slab_rows (see epilogue_layout).
     epi = epilogue_layout(cfg, jnp.dtype(out_dtype).itemsize)
+    runs_alloc = plgpu.SMEM((common.NUM_COMPUTE_WARPGROUPS, epi["slab_rows"], wg_n), out_dtype)
     chunk_cols, num_slots = epi["chunk_cols"], epi["slots"]
     if cfg.swizzled_epilogue:
         # Whole slabs: [stage_rows, chunk_cols] chunks, 128-byte swizzled (conflict-free writes
@@ -250,7 +251,7 @@ def _jaxmoe_mosaic_gmm(
                     # The previous store from this slab must have been read before we overwrite
                     # it.
                     plgpu.wait_smem_to_gmem(0, wait_read_only=True)
-                    stage = out_smem.at[wg]
+                    stage = out_smem.at[wg, pl.ds(0, stage_rows)]
                     stage[...] = part_values
                     plgpu.commit_smem()
 
@@ -276,7 +277,7 @@ def _jaxmoe_mosaic_gmm(
                     # warpgroup must have read it before it is written, and the runs must have
                     # been read before the slots are written again.
                     plgpu.wait_smem_to_gmem(0, wait_read_only=True)
-                    stage = out_smem.at[wg]
+                    stage = out_smem.at[wg, pl.ds(0, stage_rows)]
                     stage[...] = part_values
                     plgpu.commit_smem()
                     store_runs(stage, dst, lo, hi)

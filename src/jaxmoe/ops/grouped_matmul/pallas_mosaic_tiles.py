@@ -67,19 +67,31 @@ def epilogue_layout(cfg: MosaicTileConfig, out_bytes: int = 2) -> dict[str, int]
     ``[rows, wg_n]``); with ``swizzled_epilogue``, ``chunk_cols`` (one swizzled row),
     ``chunks`` (column chunks per slab), ``stores`` (swizzled stores per result) and ``slots``
     (buffers per warpgroup: two, or one when a result is a single store).
+
+    ``slab_rows``: the rows allocated per warpgroup for the unswizzled slab (its first ``rows``
+    are used). With ``swizzled_epilogue`` the two buffers alias one region, so each warpgroup's
+    slab must cover exactly its own swizzled slots: where the slots are larger (``block_n``
+    128: two 64-column slots against a 64-column slab) the slab is padded, or warpgroup 1's
+    slab would lie on warpgroup 0's second slot (the wrong rows the fused gated kernel gave on
+    skewed groups on an H100, run 10 call 1).
     """
     rows = cfg.epilogue_rows or cfg.block_m
     wg_n = cfg.block_n // NUM_COMPUTE_WARPGROUPS
     chunk_cols = min(wg_n, SWIZZLE_BYTES // out_bytes)
     chunks = wg_n // chunk_cols
     stores = (cfg.block_m // rows) * chunks
+    slots = min(2, stores)
+    slab_rows = rows
+    if cfg.swizzled_epilogue:
+        slab_rows = max(rows, slots * rows * chunk_cols // wg_n)
     return dict(
         rows=rows,
         wg_n=wg_n,
         chunk_cols=chunk_cols,
         chunks=chunks,
         stores=stores,
-        slots=min(2, stores),
+        slots=slots,
+        slab_rows=slab_rows,
     )
 
 
@@ -87,7 +99,7 @@ def epilogue_smem_bytes(cfg: MosaicTileConfig, out_bytes: int = 2) -> int:
     """Shared memory of the epilogue's staging buffers (the larger of the two when swizzled:
     they are aliased)."""
     lay = epilogue_layout(cfg, out_bytes)
-    unswizzled = lay["rows"] * lay["wg_n"]
+    unswizzled = lay["slab_rows"] * lay["wg_n"]
     swizzled = lay["slots"] * lay["rows"] * lay["chunk_cols"] if cfg.swizzled_epilogue else 0
     return NUM_COMPUTE_WARPGROUPS * max(unswizzled, swizzled) * out_bytes
 
@@ -211,14 +223,6 @@ def check_tiles(cfg: MosaicTileConfig, operand_bytes: int = 2, num_rhs: int = 1)
         problems.append(
             f"epilogue_rows={cfg.epilogue_rows} must be None, block_m or block_m // 2 >= 64 "
             "(smaller slabs fail Mosaic's layout inference)"
-        )
-    if num_rhs > 1 and cfg.ring and cfg.swizzled_epilogue:
-        # H100 run 10 call 1: exact on balanced groups, wrong rows (relative error 0.5-0.65) on
-        # skewed ones, at the Mixtral and DeepSeek shapes; Mosaic GPU's interpreter, which runs
-        # the TMA stores synchronously, computes them right. Refused until found.
-        problems.append(
-            "ring=True with swizzled_epilogue=True gave wrong rows for the fused gated kernel "
-            "on an H100 (skewed groups); use ring=True or swizzled_epilogue=True, not both"
         )
     if not problems:
         need = smem_bytes(cfg, operand_bytes, num_rhs)

@@ -31,7 +31,9 @@ tiles of ``bk x bn``)::
                  shared ``lhs`` block: both write the same values (the original or zero), so the
                  overlap is harmless and needs no barrier between the two warpgroups.
     epilogue     the accumulator is cast, staged in (swizzled) shared memory and stored by TMA
-                 without waiting; the next tile waits only until the stage has been read.
+                 without waiting; the next tile waits only until the stage has been read. The
+                 default stages it in two 64-row halves: the 32 KiB this frees holds a fourth
+                 ring slot, worth 3-19% (H100 run 12, in ``default_mosaic_tgmm_tiles``).
 
 Why: the Triton wgrad (``pallas_triton.tgmm``) is not persistent, has no warp specialization and
 overlaps nothing with its epilogue. Why a hand-written ring rather than jax's
@@ -77,19 +79,29 @@ class MosaicTgmmTileConfig:
     ``block_m`` rows of the contraction per pipeline step; the output tile is
     ``block_k x block_n`` (``block_k`` is ``wgmma``'s M: 64 or 128), each compute warpgroup owning
     half of ``block_n``. ``stages`` is the depth of the shared-memory ring, one ring for all of
-    a CTA's tiles.
+    a CTA's tiles. ``epilogue_rows`` (default ``block_k``) is the height of the shared-memory
+    slab that stages a warpgroup's result for its TMA store: ``block_k // 2`` stores it in two
+    halves and frees 32 KiB at the default tiles, room for a fourth ring slot.
     """
 
     block_m: int = 64
     block_k: int = 128
     block_n: int = 256
-    stages: int = 3
+    stages: int = 4
     group_swizzle: int = 8
+    epilogue_rows: int | None = 64
 
 
 def default_mosaic_tgmm_tiles(m: int, k: int, n: int) -> MosaicTgmmTileConfig:
-    """Block sizes of the Mosaic ``tgmm``: ``64 x 128 x 256``, 3 stages, the fastest of five
-    variants on all six shapes balanced (H100 run1; ``benchmarks/results/raw/h100-wgrad``)."""
+    """Block sizes of the Mosaic ``tgmm``: ``64 x 128 x 256`` (the fastest of five variants on
+    all six shapes balanced, H100 run1, ``benchmarks/results/raw/h100-wgrad``), a 4-deep ring
+    made to fit by storing the result in 64-row halves.
+
+    The fourth slot (session 11, ``benchmarks/results/raw/h100-run12/call1``, torch sampled in
+    the same rounds): 1.03-1.19x the 3-deep ring with a whole-tile slab on all six shapes
+    balanced and 1.06-1.11x skewed, the same error on all twelve cases; 1.03-1.20x
+    ``torch._grouped_mm``'s wgrad balanced, 0.94-1.07x skewed. Tile orders walking 4 or 16 K
+    tiles instead of 8 were not better overall."""
     del m, k, n
     return MosaicTgmmTileConfig()
 
@@ -112,6 +124,11 @@ def check_tgmm_tiles(
         problems.append(f"stages={cfg.stages} must be >= 2")
     if cfg.group_swizzle < 1:
         problems.append(f"group_swizzle={cfg.group_swizzle} must be >= 1")
+    if epilogue_rows(cfg) not in (cfg.block_k, cfg.block_k // 2) or epilogue_rows(cfg) < 64:
+        problems.append(
+            f"epilogue_rows={epilogue_rows(cfg)} must be block_k or block_k // 2, and >= 64 "
+            "(wgmma's row blocks)"
+        )
     if smem > SMEM_LIMIT:
         problems.append(f"{smem} bytes of shared memory > {SMEM_LIMIT} (fewer stages)")
     if problems:
@@ -121,10 +138,16 @@ def check_tgmm_tiles(
 SMEM_LIMIT = 227 * 1024  # an H100's per-block opt-in maximum
 
 
+def epilogue_rows(cfg) -> int:
+    """The rows of a warpgroup's epilogue slab (``block_k`` for configs without the field, e.g.
+    the FP8 wgrad's)."""
+    return getattr(cfg, "epilogue_rows", None) or cfg.block_k
+
+
 def smem_bytes(cfg: MosaicTgmmTileConfig, operand_bytes: int = 2) -> int:
-    """The ring (``operand_bytes`` per element) and both warpgroups' 2-byte epilogue stages."""
+    """The ring (``operand_bytes`` per element) and both warpgroups' 2-byte epilogue slabs."""
     ring = cfg.stages * cfg.block_m * (cfg.block_k + cfg.block_n) * operand_bytes
-    return ring + cfg.block_k * cfg.block_n * 2
+    return ring + epilogue_rows(cfg) * cfg.block_n * 2
 
 
 def unsupported_tgmm_reason(
@@ -194,7 +217,9 @@ def _jaxmoe_mosaic_tgmm(
         lhs_ring=plgpu.SMEM((stages, bm, bk), dtype, transforms=transforms),
         rhs_ring=plgpu.SMEM((stages, bm, bn), dtype, transforms=transforms),
         out_smem=plgpu.SMEM(
-            (common.NUM_COMPUTE_WARPGROUPS, bk, wg_n), out_dtype, transforms=transforms
+            (common.NUM_COMPUTE_WARPGROUPS, epilogue_rows(cfg), wg_n),
+            out_dtype,
+            transforms=transforms,
         ),
         **common.ring_barriers(stages, copies_per_step=2),
         collective_axes="wg",
@@ -264,11 +289,14 @@ def _zero_rows_outside(refs_and_widths, lo, hi, block_m: int) -> None:
 
 def store_tile(values, stage, out_ref) -> None:
     """Stages a compute warpgroup's tile in shared memory and stores it by TMA, not waiting: the
-    next tile waits only until this stage has been read."""
-    plgpu.wait_smem_to_gmem(0, wait_read_only=True)
-    stage[...] = values
-    plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(stage, out_ref)
+    next tile waits only until this stage has been read. A ``stage`` of fewer rows than
+    ``values`` takes them in parts, each waiting until the previous part has been read."""
+    rows = stage.shape[0]
+    for first in range(0, values.shape[0], rows):
+        plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+        stage[...] = values if rows == values.shape[0] else values[first : first + rows]
+        plgpu.commit_smem()
+        plgpu.copy_smem_to_gmem(stage, out_ref.at[pl.ds(first, rows)])
 
 
 def tgmm(
