@@ -52,3 +52,14 @@ def test_interleaved_timing_rotates_the_contenders_every_round():
     assert {name: t.samples for name, t in timings.items()} == {"a": 3, "b": 3, "c": 3}
     assert timings["a"].median_ms < timings["c"].median_ms < timings["b"].median_ms
     assert timings["a"].median_ms >= 1.0 and timings["b"].inner == 2
+
+
+def test_warm_up_sizes_samples_from_the_fastest_probe_call():
+    # The first timed call stalls (a host hiccup): the sample size must come from the fast ones.
+    durations = iter([0.0, 0.05, 0.002, 0.002])
+
+    def call():
+        time.sleep(next(durations, 0.002))
+
+    inner = timing.warm_up(call, lambda _: None, warmup=1, target_sample_ms=20.0, max_inner=50)
+    assert 4 <= inner <= 10  # ~2 ms calls (sleep overshoots): 20 ms / 2+ ms; the stall alone: 1
