@@ -118,20 +118,25 @@ def test_scaled_tgmm_is_the_float64_product_of_the_dequantized_operands(backend,
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-@settings(max_examples=5, deadline=None)  # eager VJPs: each example compiles its own ops
+@settings(max_examples=5, deadline=None)
 @given(sizes=sizes_strategy, seed=st.integers(0, 2**16))
 def test_fp8_wgrad_vjp(backend, sizes, seed):
     """wgrad: the float64 product of the columnwise-quantized operands; forward and dgrad: the
-    same bits as the recipe with the high-precision wgrad."""
+    same bits as the recipe with the high-precision wgrad (both jitted: one program per recipe
+    and example, not one per op)."""
     m = sum(sizes) + 4
     lhs, ct = _rows(seed, m, 32, past=4), _rows(seed + 1, m, 16)
     rhs = jnp.asarray(np.random.default_rng(seed).standard_normal((3, 32, 16)) / 6, jnp.float32)
     group_sizes = jnp.asarray(sizes, jnp.int32)
 
     def vjp(recipe):
-        fn = lambda a, b: fp8_grouped_matmul(a, b, group_sizes, recipe=recipe, backend=backend)  # noqa: E731
-        out, pullback = jax.vjp(fn, lhs, rhs)
-        return out, *pullback(ct)
+        @jax.jit
+        def run(lhs, rhs, ct, group_sizes):
+            fn = lambda a, b: fp8_grouped_matmul(a, b, group_sizes, recipe=recipe, backend=backend)  # noqa: E731
+            out, pullback = jax.vjp(fn, lhs, rhs)
+            return out, *pullback(ct)
+
+        return run(lhs, rhs, ct, group_sizes)
 
     out, grad_lhs, grad_rhs = vjp(FP8_WGRAD)
     out_hp, grad_lhs_hp, _ = vjp(Fp8Recipe("rowwise"))

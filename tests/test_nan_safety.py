@@ -44,7 +44,7 @@ def test_layer_finite_with_huge_router_weights(score):
         y, stats = jaxmoe.moe(params, x, cfg)
         return jnp.mean(y**2) + stats.aux_loss
 
-    value, grads = jax.value_and_grad(loss, argnums=(0, 1))(params, x)
+    value, grads = jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))(params, x)
     assert np.isfinite(float(value))
     assert all(bool(jnp.all(jnp.isfinite(g))) for g in jax.tree.leaves(grads))
 
