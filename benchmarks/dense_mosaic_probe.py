@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import functools
-import json
 import os
 import sys
 import time
@@ -39,6 +38,7 @@ def main() -> None:
     from jax.experimental.pallas.ops.gpu import hopper_matmul_mgpu as hopper
 
     from jaxmoe.bench.gemm import group_sizes_for
+    from jaxmoe.bench.harness import row_emitter
     from jaxmoe.bench.presets import GEMM_SHAPES
     from jaxmoe.bench.timing import jax_sync, time_interleaved, torch_sync, warm_up
     from jaxmoe.ops.grouped_matmul import pallas_mosaic
@@ -57,14 +57,8 @@ def main() -> None:
         "date_utc": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "command": " ".join(sys.argv),
     }
-    rows: list[dict] = []
 
-    def emit(row):
-        row = {k: (round(v, 6) if isinstance(v, float) else v) for k, v in row.items()}
-        rows.append(row)
-        print(json.dumps(row), flush=True)
-        with open(path, "w") as f:
-            json.dump({"meta": meta, "rows": rows}, f, indent=1)
+    emit = row_emitter(path, meta)
 
     dim = hopper.MatmulDimension
     base = dict(tile_m=128, tile_n=128, tile_k=64, max_concurrent_steps=4, wg_dimension=dim.N)

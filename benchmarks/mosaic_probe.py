@@ -66,6 +66,7 @@ def main() -> None:
     from jax import lax
 
     from jaxmoe.bench.gemm import group_sizes_for
+    from jaxmoe.bench.harness import row_emitter
     from jaxmoe.bench.presets import GEMM_SHAPES
     from jaxmoe.bench.timing import time_jax, time_torch
     from jaxmoe.ops.grouped_matmul import pallas_mosaic, pallas_mosaic_tiles, pallas_triton
@@ -101,16 +102,10 @@ def main() -> None:
         "smi_start": smi(),
     }
     print(json.dumps(meta), flush=True)
-    rows: list[dict] = []
     path = os.path.join(args.out_dir, "mosaic-probe.json")
     err_path = os.path.join(args.out_dir, "mosaic-errors.log")
 
-    def emit(row):
-        row = {k: (round(v, 6) if isinstance(v, float) else v) for k, v in row.items()}
-        rows.append(row)
-        print(json.dumps(row), flush=True)
-        with open(path, "w") as f:
-            json.dump({"meta": meta, "rows": rows}, f, indent=1)
+    emit = row_emitter(path, meta)
 
     def record_error(where, e):
         with open(err_path, "a") as f:

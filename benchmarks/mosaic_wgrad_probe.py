@@ -54,7 +54,7 @@ def main() -> None:  # noqa: PLR0915 - one straight-line probe
     import jax.numpy as jnp
 
     from jaxmoe.bench.gemm import group_sizes_for
-    from jaxmoe.bench.harness import weight_gradient_errors
+    from jaxmoe.bench.harness import row_emitter, weight_gradient_errors
     from jaxmoe.bench.presets import GEMM_SHAPES
     from jaxmoe.bench.timing import jax_sync, time_interleaved, torch_sync, warm_up
     from jaxmoe.ops.grouped_matmul import pallas_mosaic_wgrad, pallas_triton
@@ -90,16 +90,10 @@ def main() -> None:  # noqa: PLR0915 - one straight-line probe
         "smi_start": smi(),
     }
     print(json.dumps(meta), flush=True)
-    rows: list[dict] = []
     path = os.path.join(args.out_dir, "mosaic-wgrad-probe.json")
     err_path = os.path.join(args.out_dir, "mosaic-wgrad-errors.log")
 
-    def emit(row):
-        row = {k: (round(v, 6) if isinstance(v, float) else v) for k, v in row.items()}
-        rows.append(row)
-        print(json.dumps(row), flush=True)
-        with open(path, "w") as f:
-            json.dump({"meta": meta, "rows": rows}, f, indent=1)
+    emit = row_emitter(path, meta)
 
     def record_error(where, e):
         with open(err_path, "a") as f:

@@ -195,6 +195,20 @@ def write_results(
     return written
 
 
+def row_emitter(path: str | Path, header: dict[str, Any]) -> Callable[[dict[str, Any]], None]:
+    """A probe's row sink: ``emit(row)`` rounds the row's floats to 6 digits, prints it as one
+    JSON line and rewrites ``path`` (:func:`write_results`) with every row so far."""
+    rows: list[dict[str, Any]] = []
+
+    def emit(row: dict[str, Any]) -> None:
+        row = {k: (round(v, 6) if isinstance(v, float) else v) for k, v in row.items()}
+        rows.append(row)
+        print(json.dumps(row, default=str), flush=True)
+        write_results(path, header, rows)
+
+    return emit
+
+
 def markdown_report(title: str, columns: Sequence[Column]):
     """A ``render`` for :func:`write_results`: a title, the header's facts, the markdown table."""
 
