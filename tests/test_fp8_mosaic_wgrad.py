@@ -157,7 +157,10 @@ def test_random_group_sizes(sizes):
     run_and_check(sizes, seed=len(sizes))
 
 
-@pytest.mark.parametrize("tiles", [None, BK64], ids=["default", "bk64"])
+HALF_SLAB = wgrad.Fp8TgmmTileConfig(stages=4, epilogue_rows=64)  # result stored in two halves
+
+
+@pytest.mark.parametrize("tiles", [None, BK64, HALF_SLAB], ids=["default", "bk64", "half_slab"])
 def test_lowers_for_cuda_with_k_major_operands(tiles):
     # No GPU needed: Mosaic GPU's lowering (run at .lower()) accepts both FP8 operands K-major
     # (the output gradient's block transposed in place), the ring, the empty-group path and the
@@ -185,6 +188,9 @@ def test_default_tiles_fit_shared_memory_with_the_deepest_ring():
     assert wgrad.pallas_mosaic_wgrad.smem_bytes(cfg, operand_bytes=1) == 208 * 1024
     with pytest.raises(ValueError, match="shared memory"):
         wgrad.check_fp8_tgmm_tiles(dataclasses.replace(cfg, stages=4))
+    # The half slab makes room for the fourth slot: 192 + 32 KiB.
+    wgrad.check_fp8_tgmm_tiles(HALF_SLAB)
+    assert wgrad.pallas_mosaic_wgrad.smem_bytes(HALF_SLAB, operand_bytes=1) == 224 * 1024
 
 
 @pytest.mark.parametrize(

@@ -139,9 +139,9 @@ SMEM_LIMIT = 227 * 1024  # an H100's per-block opt-in maximum
 
 
 def epilogue_rows(cfg) -> int:
-    """The rows of a warpgroup's epilogue slab (``block_k`` for configs without the field, e.g.
-    the FP8 wgrad's)."""
-    return getattr(cfg, "epilogue_rows", None) or cfg.block_k
+    """The rows of a warpgroup's epilogue slab (``cfg.epilogue_rows``, ``None`` meaning
+    ``block_k``), for this kernel's and the FP8 wgrad's configs."""
+    return cfg.epilogue_rows or cfg.block_k
 
 
 def smem_bytes(cfg: MosaicTgmmTileConfig, operand_bytes: int = 2) -> int:
