@@ -57,6 +57,7 @@ def main() -> None:
     import jax.numpy as jnp
 
     import jaxmoe
+    from jaxmoe.bench.gemm import hard_group_sizes
     from jaxmoe.bench.layer import layer_config
     from jaxmoe.bench.presets import LAYER_PRESETS
     from jaxmoe.bench.timing import time_jax
@@ -112,12 +113,7 @@ def main() -> None:
     def sizes_for(m, g, routing):
         if routing == "balanced":
             return np.full(g, m // g, np.int32)
-        rng = np.random.default_rng(0)
-        sizes = rng.multinomial(m - 77, rng.dirichlet(np.full(g, 0.3)))
-        moved = sizes[:2].sum()
-        sizes[:2] = 0
-        sizes[2] += moved
-        return sizes.astype(np.int32)
+        return hard_group_sizes(m, g)
 
     @jax.jit
     def reference(x, wg, wu, gs):

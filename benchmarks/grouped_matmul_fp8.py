@@ -48,6 +48,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxmoe.bench.gemm import hard_group_sizes
 from jaxmoe.bench.harness import markdown_report, results_header, write_results
 from jaxmoe.bench.presets import GEMM_SHAPES
 from jaxmoe.bench.timing import time_jax, time_torch
@@ -85,15 +86,6 @@ def ring_variants(m: int, k: int, n: int) -> list[MosaicTileConfig]:
         pipeline_fp8_tiles(m, k, n),
         dataclasses.replace(default_fp8_tiles(m, k, n), swizzled_epilogue=False),
     ]
-
-
-def skewed_sizes(m: int, groups: int) -> np.ndarray:
-    """Dirichlet(0.3) group sizes summing to ``m - 77`` with the first two groups empty."""
-    rng = np.random.default_rng(0)
-    sizes = rng.multinomial(m - 77, rng.dirichlet(np.full(groups, 0.3)))
-    sizes[2] += sizes[:2].sum()
-    sizes[:2] = 0
-    return sizes.astype(np.int32)
 
 
 RECIPE = Fp8Recipe("rowwise")
@@ -251,7 +243,7 @@ def skewed_check(shape, x_q, x_s, w_q_nk, w_s) -> dict:
     """The default tiles against the session-7 pipeline tiles on skewed groups (two empty, 77
     rows past the sum): the same products in the same order, so the outputs must be bitwise
     equal, and the tail rows zero."""
-    gs = jnp.asarray(skewed_sizes(shape.m, shape.groups))
+    gs = jnp.asarray(hard_group_sizes(shape.m, shape.groups))
     end = int(gs.sum())
     pipeline = pipeline_fp8_tiles(shape.m, shape.k, shape.n)
     row = {"check": f"{shape.name} skewed: default tiles vs session-7 pipeline tiles"}

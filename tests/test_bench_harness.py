@@ -1,8 +1,13 @@
-"""The probes' row sink: every row printed and the results file rewritten with all rows so far."""
+"""The probes' row sink (every row printed and the results file rewritten with all rows so far)
+and the group sizes the benches and the exactness checks draw."""
 
 import json
 
+import numpy as np
+
+from jaxmoe.bench.gemm import group_sizes_for, hard_group_sizes
 from jaxmoe.bench.harness import row_emitter
+from jaxmoe.bench.presets import GEMM_SHAPES
 
 
 def test_row_emitter_rounds_prints_and_rewrites_the_file_after_every_row(tmp_path, capsys):
@@ -18,3 +23,13 @@ def test_row_emitter_rounds_prints_and_rewrites_the_file_after_every_row(tmp_pat
     assert [row["impl"] for row in written["rows"]] == ["a", "b"]
     printed = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert printed == written["rows"]
+
+
+def test_group_sizes_for_the_benches_and_the_exactness_checks():
+    shape = GEMM_SHAPES["qwen3-up"]
+    for routing in ("balanced", "skewed"):
+        sizes = group_sizes_for(shape, routing)
+        assert sizes.dtype == np.int32 and sizes.sum() == shape.m and len(sizes) == shape.groups
+    assert np.ptp(group_sizes_for(shape, "balanced")) == 0
+    hard = hard_group_sizes(shape.m, shape.groups)
+    assert hard.sum() == shape.m - 77 and np.all(hard[:2] == 0) and np.all(hard >= 0)

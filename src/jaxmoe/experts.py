@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxmoe.ops.fp8 import fp8_grouped_matmul
-from jaxmoe.ops.gated_grouped_matmul import gated_grouped_matmul
+from jaxmoe.ops.gated_grouped_matmul import gated_ffn
 from jaxmoe.ops.gated_grouped_matmul.base import GATE_ACTIVATIONS
 from jaxmoe.ops.grouped_matmul import grouped_matmul
 
@@ -42,9 +42,10 @@ def routed_experts(
 
     Gated: ``(act(x @ w_gate[e]) * (x @ w_up[e])) @ w_down[e]``; plain:
     ``act(x @ w_up[e]) @ w_down[e]``. Zero rows stay zero (act(0) = 0 for every activation).
-    The gated half of the grouped (not capacity-block, not FP8) path is
-    :func:`jaxmoe.ops.gated_grouped_matmul.gated_grouped_matmul`: one fused kernel on a Hopper GPU
-    with ``backend`` None/``"auto"``, the same two grouped matmuls and product otherwise.
+    The gated grouped (not capacity-block, not FP8) path is
+    :func:`jaxmoe.ops.gated_grouped_matmul.gated_ffn`: on a Hopper GPU with ``backend``
+    None/``"auto"`` a fused gate/up kernel (forward) and the activation's derivative fused into
+    the down projection's dgrad (backward); the same grouped matmuls and product otherwise.
 
     Args:
       buffer: ``[R, H]`` rows sorted expert-major.
@@ -101,16 +102,14 @@ def routed_experts(
         def matmul(lhs, name):
             return grouped_matmul(lhs, weights[name].astype(dtype), group_sizes, backend=backend)
 
-        if _gated(activation):  # one op, fused into one kernel where it applies
-            hidden = gated_grouped_matmul(
+        if _gated(activation):  # one op, fused into kernels where they apply
+            return gated_ffn(
                 blocks,
-                weights["w_gate"].astype(dtype),
-                weights["w_up"].astype(dtype),
+                *(weights[name].astype(dtype) for name in ("w_gate", "w_up", "w_down")),
                 group_sizes,
                 activation=activation,
                 backend=backend,
             )
-            return matmul(hidden, "w_down")
 
     up = matmul(blocks, "w_up")
     hidden = act(matmul(blocks, "w_gate")) * up if _gated(activation) else act(up)

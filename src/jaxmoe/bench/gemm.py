@@ -78,6 +78,16 @@ def group_sizes_for(shape: GemmShape, routing: str, seed: int = 0) -> np.ndarray
     return sizes.astype(np.int32)
 
 
+def hard_group_sizes(m: int, groups: int, seed: int = 0) -> np.ndarray:
+    """``[G]`` int32 sizes for exactness checks: Dirichlet(0.3) over ``m - 77`` rows (77 rows
+    past the groups) with the first two groups empty."""
+    rng = np.random.default_rng(seed)
+    sizes = rng.multinomial(m - 77, rng.dirichlet(np.full(groups, SKEW_ALPHA)))
+    sizes[2] += sizes[:2].sum()
+    sizes[:2] = 0
+    return sizes.astype(np.int32)
+
+
 def shapes_for_presets(presets: Iterable[str], tokens: int | None = None) -> list[GemmShape]:
     """The grouped matmuls of layer presets (``mixtral`` -> ``mixtral-up``, ``mixtral-down``;
     ``tiny`` -> ``tiny``), with ``M = tokens * top_k`` of the preset when ``tokens`` is given."""

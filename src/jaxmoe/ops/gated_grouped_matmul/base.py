@@ -11,6 +11,17 @@ A backend implements one function on already-validated arguments::
 with rows at or past ``sum(group_sizes)`` zero in every output (act(0) * 0 = 0). ``residuals``
 asks for ``gate`` and ``up`` as well: the derivative needs them (:mod:`.primitives`). Each
 backend names the grouped matmul backend (``grouped``) that runs the derivative's products.
+
+A backend may also fuse the gated FFN's backward through its down projection
+(:mod:`.ffn_primitives`)::
+
+    down_dgrad(out_bar [M, H], gate [M, F], up [M, F], rhs_down [G, F, H], group_sizes,
+               activation) -> (gate_bar, up_bar)
+
+    h_bar = gmm(out_bar, rhs_down^T), gate_bar = h_bar * up * act'(gate), up_bar = h_bar * act(gate)
+
+where it applies (``down_dgrad_unsupported_reason`` is ``None``); elsewhere the derivative takes
+the unfused form on ``grouped``.
 """
 
 from __future__ import annotations
@@ -19,6 +30,7 @@ import abc
 import dataclasses
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from jaxmoe.ops.grouped_matmul.api import resolve_backend
@@ -51,6 +63,22 @@ def check_gated_args(lhs, rhs_gate, rhs_up, group_sizes, activation) -> None:
     check_grouped_matmul_args(lhs, rhs_up, group_sizes)
 
 
+def check_down_args(rhs_gate, rhs_down) -> None:
+    """Raises ValueError unless ``rhs_down`` is ``[G, F, H]`` for ``rhs_gate`` ``[G, K, F]``,
+    in its dtype."""
+    gate_shape, down_shape = np.shape(rhs_gate), np.shape(rhs_down)
+    if len(down_shape) != 3 or down_shape[:2] != (gate_shape[0], gate_shape[2]):
+        raise ValueError(
+            f"gated_ffn: `rhs_down` must be [G, F, H] = [{gate_shape[0]}, {gate_shape[2]}, H] "
+            f"for `rhs_gate` [G, K, F] = {list(gate_shape)}; got shape {down_shape}."
+        )
+    if jnp.result_type(rhs_down) != jnp.result_type(rhs_gate):
+        raise ValueError(
+            f"gated_ffn: `rhs_down` ({jnp.result_type(rhs_down)}) must have `rhs_gate`'s dtype "
+            f"({jnp.result_type(rhs_gate)}); cast it (rhs_down.astype(rhs_gate.dtype))."
+        )
+
+
 @dataclasses.dataclass(frozen=True)
 class GatedGroupedMatmulBackend(abc.ABC):
     """One implementation of ``fused`` (see the module docstring).
@@ -81,3 +109,17 @@ class GatedGroupedMatmulBackend(abc.ABC):
     def fused(
         self, lhs, rhs_gate, rhs_up, group_sizes, *, activation: str, residuals: bool
     ) -> tuple[Array, ...]: ...
+
+    def down_dgrad_unsupported_reason(self, out_bar, rhs_down, group_sizes) -> str | None:
+        """Why ``down_dgrad`` cannot take these operands (``None`` if it can); decided from
+        shapes and dtypes. By default a backend has no fused down dgrad."""
+        del out_bar, rhs_down, group_sizes
+        return f"backend {self.name!r} has no fused down-projection backward"
+
+    def down_dgrad(
+        self, out_bar, gate, up, rhs_down, group_sizes, *, activation: str
+    ) -> tuple[Array, Array]:
+        """``(gate_bar, up_bar)`` in one kernel (see the module docstring)."""
+        raise NotImplementedError(
+            self.down_dgrad_unsupported_reason(out_bar, rhs_down, group_sizes)
+        )

@@ -31,11 +31,14 @@ GPU or Mosaic GPU's interpreter on a CPU).
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from jaxmoe.ops.gated_grouped_matmul.base import GatedGroupedMatmulBackend
 from jaxmoe.ops.grouped_matmul import pallas_mosaic, pallas_mosaic_tiles, pallas_triton
@@ -55,8 +58,28 @@ def _gelu_tanh(x):
     return x * (0.5 * (1.0 + jnp.tanh(sqrt_2_over_pi * (x + 0.044715 * (x * x * x)))))
 
 
-# In-kernel (float32 accumulator) forms of base.GATE_ACTIVATIONS.
+def _silu_and_slope(x):
+    # silu(x) = x s, silu'(x) = s + x s (1 - s), s = sigmoid(x).
+    s = lax.logistic(x)
+    return x * s, s * (1.0 + x * (1.0 - s))
+
+
+def _gelu_tanh_and_slope(x):
+    # gelu(x) = x (1 + t) / 2, t = tanh(c (x + a x^3)):
+    # gelu'(x) = (1 + t) / 2 + x (1 - t^2) c (1 + 3 a x^2) / 2.
+    sqrt_2_over_pi = np.sqrt(2 / np.pi).astype(np.float32)
+    t = jnp.tanh(sqrt_2_over_pi * (x + 0.044715 * (x * x * x)))
+    half_x = 0.5 * x
+    slope = 0.5 * (1.0 + t) + half_x * (1.0 - t * t) * (
+        sqrt_2_over_pi * (1.0 + (3 * 0.044715) * (x * x))
+    )
+    return half_x * (1.0 + t), slope
+
+
+# In-kernel (float32 accumulator) forms of base.GATE_ACTIVATIONS, and of (act, act') for the
+# fused backward.
 _KERNEL_ACTIVATIONS = {"swiglu": _silu, "geglu": _gelu_tanh}
+_KERNEL_ACTIVATION_SLOPES = {"swiglu": _silu_and_slope, "geglu": _gelu_tanh_and_slope}
 
 
 def default_gated_tiles(m: int, k: int, n: int) -> MosaicTileConfig:
@@ -137,6 +160,108 @@ def fused_gmm(
     return tuple(outs) if residuals else (outs,)
 
 
+def down_dgrad_epilogue(
+    hidden_bar, gate_gmem, up_gmem, *, group, row0, col0, activation: str, interpreted: bool
+):
+    """``(gate_bar, up_bar) = (h_bar * up * act'(gate), h_bar * act(gate))`` for one slab of a
+    compute warpgroup's float32 ``h_bar`` accumulator, ``gate`` and ``up`` read from GPU memory
+    at its rows and columns in the accumulator's layout."""
+    del group
+    rows, cols = hidden_bar.shape
+    tiles = [ref.at[pl.ds(row0, rows), pl.ds(col0, cols)] for ref in (gate_gmem, up_gmem)]
+    if interpreted:  # the interpreter knows plain reads only, and no layouts
+        gate, up = (tile[...] for tile in tiles)
+    else:
+        # Each thread loads the elements it holds of the accumulator (as the FP8 epilogue
+        # reads its scales): no shared memory, which the ring and the slab fill.
+        gate, up = (
+            plgpu.load(tile, (), layout=plgpu.Layout.WGMMA, optimized=False) for tile in tiles
+        )
+    activated, slope = _KERNEL_ACTIVATION_SLOPES[activation](gate.astype(jnp.float32))
+    return hidden_bar * up.astype(jnp.float32) * slope, hidden_bar * activated
+
+
+def down_dgrad_unsupported_reason(
+    out_bar_shape, rhs_down_shape, dtype, cfg, interpret: bool
+) -> str | None:
+    """Why :func:`fused_down_dgrad` cannot take these operands, or ``None`` if it can: the
+    Mosaic ``gmm``'s rules for ``[M, H] x [G, F, H]^T`` (non-transposed in the interpreter,
+    which reads a transposed copy)."""
+    num_groups, f, h = rhs_down_shape
+    rhs_shape = (num_groups, h, f) if interpret else rhs_down_shape
+    return pallas_mosaic_tiles.unsupported_reason(
+        out_bar_shape, rhs_shape, dtype, dtype, not interpret, cfg, interpret
+    )
+
+
+def fused_down_dgrad(
+    out_bar: Array,
+    gate: Array,
+    up: Array,
+    rhs_down: Array,
+    group_sizes: Array,
+    *,
+    activation: str,
+    tiles: MosaicTileConfig | None = None,
+    interpret: bool | None = None,
+) -> tuple[Array, Array]:
+    """The gated FFN's backward through its down projection and activation, one kernel::
+
+        h_bar = out_bar @ rhs_down[g]^T          (the down projection's dgrad, float32)
+        gate_bar = h_bar * up * act'(gate)       up_bar = h_bar * act(gate)
+
+    per group, zeros past the groups. ``h_bar`` never leaves the registers: the activation's
+    derivative runs in the dgrad's epilogue (:func:`down_dgrad_epilogue`), so the separate
+    elementwise pass (read ``h_bar``, ``gate``, ``up``; write two) and ``h_bar``'s store and
+    load are gone. More accurate than the unfused path, which rounds ``h_bar`` and each
+    elementwise step to ``out_bar``'s dtype.
+
+    Args:
+      out_bar: ``[M, H]`` bf16/fp16, the FFN output's cotangent, rows sorted by group.
+      gate, up: ``[M, F]``, the forward's ``lhs @ rhs_gate[g]`` and ``lhs @ rhs_up[g]``.
+      rhs_down: ``[G, F, H]`` down weights.
+      group_sizes: ``[G]`` int32, clipped to ``M``.
+      activation: ``"swiglu"`` or ``"geglu"``.
+      tiles: block sizes; ``None``: the Mosaic ``gmm``'s default.
+      interpret: ``None`` runs Mosaic GPU's interpreter when JAX's default backend is not a GPU.
+
+    Raises:
+      NotImplementedError: operands the kernel cannot take (:func:`down_dgrad_unsupported_reason`).
+    """
+    pallas_triton._check(out_bar, rhs_down, group_sizes, True, "fused down dgrad")
+    m, h = out_bar.shape
+    f = rhs_down.shape[1]
+    cfg = tiles or pallas_mosaic_tiles.default_mosaic_gmm_tiles(m, h, f)
+    check_tiles(cfg)
+    interpret_params = common.interpret_params(interpret)
+    interpreted = interpret_params is not None
+    reason = down_dgrad_unsupported_reason(
+        out_bar.shape, rhs_down.shape, out_bar.dtype, cfg, interpreted
+    )
+    if reason is not None:
+        raise NotImplementedError(
+            f"fused down dgrad: out_bar {out_bar.shape} {out_bar.dtype}, rhs_down "
+            f"{rhs_down.shape}: {reason}."
+        )
+    # The interpreter cannot read a transposed wgmma operand: it gets a transposed copy.
+    rhs = jnp.swapaxes(rhs_down, 1, 2) if interpreted else rhs_down
+    outs = pallas_mosaic.launch_gmm(
+        out_bar,
+        rhs,
+        group_sizes,
+        transpose_rhs=not interpreted,
+        out_dtype=gate.dtype,
+        cfg=cfg,
+        interpret_params=interpret_params,
+        epilogue=functools.partial(
+            down_dgrad_epilogue, activation=activation, interpreted=interpreted
+        ),
+        epilogue_operands=(gate, up),
+        num_outputs=2,
+    )
+    return tuple(outs)
+
+
 @dataclasses.dataclass(frozen=True)
 class PallasMosaicGatedGroupedMatmul(GatedGroupedMatmulBackend):
     """The fused kernel (:func:`fused_gmm`); strict: operands it cannot take raise
@@ -144,6 +269,11 @@ class PallasMosaicGatedGroupedMatmul(GatedGroupedMatmulBackend):
 
     Attributes:
       tiles: block sizes; ``None``: :func:`default_gated_tiles`.
+      fused_backward: under differentiation inside :func:`~.api.gated_ffn` (the layer's expert
+        FFN), run the down projection's dgrad and the activation's derivative as one kernel
+        (:func:`fused_down_dgrad`) wherever it applies; the unfused derivative on ``grouped``
+        elsewhere, or everywhere when ``False``.
+      down_dgrad_tiles: that kernel's block sizes; ``None``: the Mosaic ``gmm``'s default.
       interpret: ``None`` runs the interpreter when JAX's default backend is not a GPU.
       residuals_from_kernel: ``False`` by measurement (H100, ``benchmarks/results/raw/
         h100-fused-glu/run1``, ``run2``): the kernel writing ``h``, ``gate`` and ``up`` made
@@ -158,12 +288,43 @@ class PallasMosaicGatedGroupedMatmul(GatedGroupedMatmulBackend):
     name: str = dataclasses.field(default="pallas", init=False)
     residuals_from_kernel: bool = False
     tiles: MosaicTileConfig | None = None
+    fused_backward: bool = True
+    down_dgrad_tiles: MosaicTileConfig | None = None
     interpret: bool | None = None
 
     def __post_init__(self):
         super().__post_init__()
         if self.tiles is not None:
             check_tiles(self.tiles, num_rhs=2)
+        if self.down_dgrad_tiles is not None:
+            check_tiles(self.down_dgrad_tiles)
+
+    def _down_dgrad_tiles(self, out_bar_shape, rhs_down_shape):
+        m, h = out_bar_shape
+        return self.down_dgrad_tiles or pallas_mosaic_tiles.default_mosaic_gmm_tiles(
+            m, h, rhs_down_shape[1]
+        )
+
+    def down_dgrad_unsupported_reason(self, out_bar, rhs_down, group_sizes):
+        if not self.fused_backward:
+            return "fused_backward=False"
+        cfg = self._down_dgrad_tiles(out_bar.shape, rhs_down.shape)
+        interpreted = pallas_triton._use_interpret(self.interpret)
+        return down_dgrad_unsupported_reason(
+            out_bar.shape, rhs_down.shape, out_bar.dtype, cfg, interpreted
+        )
+
+    def down_dgrad(self, out_bar, gate, up, rhs_down, group_sizes, *, activation):
+        return fused_down_dgrad(
+            out_bar,
+            gate,
+            up,
+            rhs_down,
+            group_sizes,
+            activation=activation,
+            tiles=self._down_dgrad_tiles(out_bar.shape, rhs_down.shape),
+            interpret=self.interpret,
+        )
 
     def _tiles(self, lhs_shape, rhs_shape):
         return self.tiles or default_gated_tiles(lhs_shape[0], lhs_shape[1], rhs_shape[2])

@@ -23,7 +23,7 @@ gmm(x, Wu)`` (``act``'s own JVP included), so the gradients equal the unfused on
 Where ``gate`` and ``up`` come from (``kernel.residuals_from_kernel``): never from the fused
 ``h`` plus two more ``gmm`` calls (every forward FLOP twice). Either the kernel writes them from
 its epilogue beside ``h`` (two ``[M, F]`` stores the unfused path makes anyway), or the unfused
-composition computes all three (``_composition``), and the kernel runs only when nothing is
+composition computes all three (``composition``), and the kernel runs only when nothing is
 differentiated. The Mosaic backend takes the second by measurement (see its docstring); the
 derivatives are the same either way.
 
@@ -44,7 +44,6 @@ import jax.numpy as jnp
 from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 
-from jaxmoe import compat
 from jaxmoe.ops.gated_grouped_matmul.base import GATE_ACTIVATIONS
 from jaxmoe.ops.gated_grouped_matmul.reference import unfused
 from jaxmoe.ops.grouped_matmul import primitives as gmm_primitives
@@ -57,13 +56,17 @@ gated_gmm_p.multiple_results = True
 
 def gated_gmm(lhs, rhs_gate, rhs_up, group_sizes, *, kernel, activation: str, residuals: bool):
     """``(h,)`` or ``(h, gate, up)``; see the module docstring."""
-    operands = (lhs, rhs_gate, rhs_up, group_sizes)
-    axes = set()
-    for value in operands:
-        axes |= compat.varying_axes(value) or frozenset()
-    operands = tuple(compat.vary(value, tuple(axes)) for value in operands)
     return tuple(
-        gated_gmm_p.bind(*operands, kernel=kernel, activation=activation, residuals=residuals)
+        gmm_primitives.bind_varying(
+            gated_gmm_p,
+            lhs,
+            rhs_gate,
+            rhs_up,
+            group_sizes,
+            kernel=kernel,
+            activation=activation,
+            residuals=residuals,
+        )
     )
 
 
@@ -86,7 +89,7 @@ gated_gmm_p.def_impl(_kernel_call)
 mlir.register_lowering(gated_gmm_p, mlir.lower_fun(_kernel_call, multiple_results=True))
 
 
-def _composition(lhs, rhs_gate, rhs_up, group_sizes, *, kernel, activation, residuals):
+def composition(lhs, rhs_gate, rhs_up, group_sizes, *, kernel, activation, residuals):
     gate, up = (
         gmm_primitives.gmm(
             lhs, rhs, group_sizes, impl=kernel.grouped, transpose_rhs=False, out_dtype=lhs.dtype
@@ -100,7 +103,7 @@ def _composition(lhs, rhs_gate, rhs_up, group_sizes, *, kernel, activation, resi
 # --- differentiation: the product rule on grouped matmul primitives ---------------------------
 
 
-def _product_tangent(lhs, rhs, lhs_dot, rhs_dot, group_sizes, grouped, like):
+def product_tangent(lhs, rhs, lhs_dot, rhs_dot, group_sizes, grouped, like):
     """``gmm(lhs_dot, rhs) + gmm(lhs, rhs_dot)``, skipping symbolic zeros."""
     gmm = functools.partial(
         gmm_primitives.gmm, impl=grouped, transpose_rhs=False, out_dtype=lhs.dtype
@@ -115,21 +118,26 @@ def _product_tangent(lhs, rhs, lhs_dot, rhs_dot, group_sizes, grouped, like):
     return functools.reduce(jnp.add, terms)
 
 
+def hidden_tangent(gate, up, gate_dot, up_dot, activation: str):
+    """The tangent of ``h = act(gate) * up``: ``act'(gate) gate_dot * up + act(gate) * up_dot``,
+    with act's own JVP, as reverse mode applies it to the unfused ``act(gate) * up``."""
+    activated, activated_dot = jax.jvp(GATE_ACTIVATIONS[activation], (gate,), (gate_dot,))
+    return activated_dot * up + activated * up_dot
+
+
 def _jvp(primals, tangents, *, kernel, activation, residuals):
     lhs, rhs_gate, rhs_up, group_sizes = primals
     lhs_dot, gate_w_dot, up_w_dot, _ = tangents
-    primal = gated_gmm if kernel.residuals_from_kernel else _composition
+    primal = gated_gmm if kernel.residuals_from_kernel else composition
     hidden, gate, up = primal(
         lhs, rhs_gate, rhs_up, group_sizes, kernel=kernel, activation=activation, residuals=True
     )
     tangent = functools.partial(
-        _product_tangent, group_sizes=group_sizes, grouped=kernel.grouped, like=gate
+        product_tangent, group_sizes=group_sizes, grouped=kernel.grouped, like=gate
     )
     gate_dot = tangent(lhs, rhs_gate, lhs_dot, gate_w_dot)
     up_dot = tangent(lhs, rhs_up, lhs_dot, up_w_dot)
-    # act's own JVP, as reverse mode applies it to the unfused act(gate) * up.
-    activated, activated_dot = jax.jvp(GATE_ACTIVATIONS[activation], (gate,), (gate_dot,))
-    hidden_dot = activated_dot * up + activated * up_dot
+    hidden_dot = hidden_tangent(gate, up, gate_dot, up_dot, activation)
     if residuals:
         return (hidden, gate, up), (hidden_dot, gate_dot, up_dot)
     return (hidden,), (hidden_dot,)
@@ -142,7 +150,7 @@ ad.primitive_jvps[gated_gmm_p] = _jvp
 
 
 def _batch(args, dims, **params):
-    outs = jax.vmap(functools.partial(_composition, **params), in_axes=tuple(dims))(*args)
+    outs = jax.vmap(functools.partial(composition, **params), in_axes=tuple(dims))(*args)
     return outs, [0] * len(outs)
 
 

@@ -86,8 +86,10 @@ def _jaxmoe_mosaic_gmm(
     k_step_scale=None,
     interpreted: bool = False,
 ):
-    # ``epilogue(acc, *epilogue_gmem, group=, row0=, col0=)`` maps a compute warpgroup's float32
-    # ``[bm, bn / 2]`` accumulator (columns from ``col0``) before the cast: the FP8 kernel's scales.
+    # ``epilogue(acc, *epilogue_gmem, group=, row0=, col0=)`` maps one epilogue slab of a
+    # compute warpgroup's float32 accumulator (``[stage_rows, bn / 2]``, rows from ``row0``,
+    # columns from ``col0``) before the cast, to one result or a tuple of ``num_outputs``: the FP8
+    # kernel's scales, the gated FFN's activation derivative (two results).
     # ``num_rhs`` weights share each lhs block (one accumulator each, same columns); ``combine``
     # maps the accumulators to the ``num_outputs`` float32 results (the fused gated kernel's
     # ``act(gate) * up``); without it the one accumulator is the one result.
@@ -218,7 +220,7 @@ def _jaxmoe_mosaic_gmm(
 
         def store_swizzled(values, dst, first_store):
             """A whole slab through the swizzled slots: ``chunk_cols`` columns per TMA store; the
-            slot alternates over a result's stores (``first_store``: this slab's first index)."""
+            slot alternates over a tile's stores (``first_store``: how many came before)."""
             for chunk in range(epi["chunks"]):
                 slot = (first_store + chunk) % num_slots
                 # At most one store in flight: the one from the other slot.
@@ -231,57 +233,60 @@ def _jaxmoe_mosaic_gmm(
                     dst.at[:, pl.ds(chunk * chunk_cols, chunk_cols)],
                 )
 
-        def store(values, out_gmem, row0, col0, lo, hi):
-            """A compute warpgroup's ``[bm, wg_n]`` result, rows ``[lo, hi)`` of the tile only."""
+        def store_part(value, out_gmem, row0, col0, first_row, lo, hi, first_store):
+            """Slab ``first_row // stage_rows`` of a compute warpgroup's result (``value``:
+            ``[stage_rows, wg_n]``), its rows in ``[lo, hi)`` of the tile only; ``first_store``
+            counts this warpgroup's swizzled stores of the tile so far (the slots alternate)."""
+            part_lo = jnp.clip(lo - first_row, 0, stage_rows)
+            part_hi = jnp.clip(hi - first_row, 0, stage_rows)
+            dst = out_gmem.at[pl.ds(row0 + first_row, stage_rows), pl.ds(col0 + wg * wg_n, wg_n)]
+            whole = (part_lo == 0) & (part_hi == stage_rows)
+            if not cfg.swizzled_epilogue:
+                # The previous store from this slab must have been read before we overwrite it.
+                plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+                stage = out_smem.at[wg, pl.ds(0, stage_rows)]
+                stage[...] = value
+                plgpu.commit_smem()
+
+                @pl.when(whole)
+                def _store_whole():
+                    plgpu.copy_smem_to_gmem(stage, dst)
+
+                @pl.when(jnp.logical_not(whole))
+                def _store_part():
+                    store_runs(stage, dst, part_lo, part_hi)
+
+                return
+
+            @pl.when(whole)
+            def _store_whole_swizzled():
+                store_swizzled(value, dst, first_store)
+
+            @pl.when(jnp.logical_not(whole))
+            def _store_part_unswizzled():
+                # The unswizzled slab aliases both swizzled slots: every store of this
+                # warpgroup must have read it before it is written, and the runs must have
+                # been read before the slots are written again.
+                plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+                stage = out_smem.at[wg, pl.ds(0, stage_rows)]
+                stage[...] = value
+                plgpu.commit_smem()
+                store_runs(stage, dst, part_lo, part_hi)
+                plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+
+        def store(slab_results, row0, col0, lo, hi):
+            """A compute warpgroup's results of one tile, rows ``[lo, hi)`` only, slab by slab:
+            ``slab_results(first_row)`` gives the slab's ``[stage_rows, wg_n]`` value of each
+            output (computing an epilogue a slab at a time keeps fewer values in registers)."""
             if cfg.swizzled_epilogue and num_slots == 1:
                 # One slot: the previous result's store must have been read.
                 plgpu.wait_smem_to_gmem(0, wait_read_only=True)
-            for part in range(bm // stage_rows):
-                first_row = part * stage_rows
-                part_lo = jnp.clip(lo - first_row, 0, stage_rows)
-                part_hi = jnp.clip(hi - first_row, 0, stage_rows)
-                part_values = (
-                    values if stage_rows == bm else values[first_row : first_row + stage_rows]
-                )
-                dst = out_gmem.at[
-                    pl.ds(row0 + first_row, stage_rows), pl.ds(col0 + wg * wg_n, wg_n)
-                ]
-                whole = (part_lo == 0) & (part_hi == stage_rows)
-                if not cfg.swizzled_epilogue:
-                    # The previous store from this slab must have been read before we overwrite
-                    # it.
-                    plgpu.wait_smem_to_gmem(0, wait_read_only=True)
-                    stage = out_smem.at[wg, pl.ds(0, stage_rows)]
-                    stage[...] = part_values
-                    plgpu.commit_smem()
-
-                    @pl.when(whole)
-                    def _store_whole(stage=stage, dst=dst):
-                        plgpu.copy_smem_to_gmem(stage, dst)
-
-                    @pl.when(jnp.logical_not(whole))
-                    def _store_part(stage=stage, dst=dst, lo=part_lo, hi=part_hi):
-                        store_runs(stage, dst, lo, hi)
-
-                    continue
-
-                @pl.when(whole)
-                def _store_whole_swizzled(part_values=part_values, dst=dst, part=part):
-                    store_swizzled(part_values, dst, part * epi["chunks"])
-
-                @pl.when(jnp.logical_not(whole))
-                def _store_part_unswizzled(
-                    part_values=part_values, dst=dst, lo=part_lo, hi=part_hi
-                ):
-                    # The unswizzled slab aliases both swizzled slots: every store of this
-                    # warpgroup must have read it before it is written, and the runs must have
-                    # been read before the slots are written again.
-                    plgpu.wait_smem_to_gmem(0, wait_read_only=True)
-                    stage = out_smem.at[wg, pl.ds(0, stage_rows)]
-                    stage[...] = part_values
-                    plgpu.commit_smem()
-                    store_runs(stage, dst, lo, hi)
-                    plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+            stores = 0
+            for first_row in range(0, bm, stage_rows):
+                values = slab_results(first_row)
+                for value, out in zip(values, out_gmems, strict=True):
+                    store_part(value.astype(out_dtype), out, row0, col0, first_row, lo, hi, stores)
+                    stores += epi["chunks"]
 
         def tile_rows(work):
             group = work_group_gmem[work]
@@ -297,34 +302,46 @@ def _jaxmoe_mosaic_gmm(
                 (index,) = loop_info.index
                 _, row0, lo, hi = tile_rows(num_compute_work + index // num_n_tiles)
                 col0 = (index % num_n_tiles) * bn
-                for out in out_gmems:
-                    store(jnp.zeros((bm, wg_n), out_dtype), out, row0, col0, lo, hi)
+                zeros = (jnp.zeros((stage_rows, wg_n), out_dtype),) * num_outputs
+                store(lambda first_row: zeros, row0, col0, lo, hi)
+
+        def slabs_of(results):
+            return lambda first_row: tuple(r[first_row : first_row + stage_rows] for r in results)
+
+        def epilogue_slabs(acc, group, row0, col0):
+            """``epilogue`` applied to one slab of ``acc`` at a time (its rows from ``row0 +
+            first_row``); it returns one value or a tuple of ``num_outputs``."""
+            if epilogue is None:
+                return slabs_of((acc,))
+
+            def slab(first_row):
+                value = epilogue(
+                    acc[first_row : first_row + stage_rows],
+                    *epilogue_gmem,
+                    group=group,
+                    row0=row0 + first_row,
+                    col0=col0 + wg * wg_n,
+                )
+                return value if isinstance(value, tuple) else (value,)
+
+            return slab
 
         def make_context(group, row0, lo, hi, col0):
             def context(eval_pipeline):
                 if k_step_scale is not None:  # the main accumulator is the pipeline's carry
                     acc = eval_pipeline(jnp.zeros((bm, wg_n), jnp.float32))
-                    if epilogue is not None:
-                        acc = epilogue(
-                            acc, *epilogue_gmem, group=group, row0=row0, col0=col0 + wg * wg_n
-                        )
-                    store(acc.astype(out_dtype), out_gmem, row0, col0, lo, hi)
+                    store(epilogue_slabs(acc, group, row0, col0), row0, col0, lo, hi)
                     return
 
                 def acc_scope(*acc_refs):
                     eval_pipeline(acc_refs)
+                    accs = [acc_ref[...] for acc_ref in acc_refs]
                     if combine is not None:
-                        results = combine(*(acc[...] for acc in acc_refs))
+                        slab_results = slabs_of(combine(*accs))
                     else:
-                        (acc,) = (acc_ref[...] for acc_ref in acc_refs)
-                        if epilogue is not None:
-                            wg_col0 = col0 + wg * wg_n
-                            acc = epilogue(
-                                acc, *epilogue_gmem, group=group, row0=row0, col0=wg_col0
-                            )
-                        results = (acc,)
-                    for result, out in zip(results, out_gmems, strict=True):
-                        store(result.astype(out_dtype), out, row0, col0, lo, hi)
+                        (acc,) = accs
+                        slab_results = epilogue_slabs(acc, group, row0, col0)
+                    store(slab_results, row0, col0, lo, hi)
 
                 pl.run_scoped(acc_scope, *[plgpu.ACC((bm, wg_n), jnp.float32)] * num_rhs)
 

@@ -56,18 +56,18 @@ gmm_p = Primitive("jaxmoe_grouped_matmul")
 tgmm_p = Primitive("jaxmoe_transposed_grouped_matmul")
 
 
-def _bind(primitive: Primitive, lhs, rhs, group_sizes, **params) -> Array:
-    """Binds ``primitive`` with its operands varying over the same manual axes."""
+def bind_varying(primitive: Primitive, *operands, **params):
+    """Binds ``primitive`` with its operands varying over the same manual axes (inside
+    ``shard_map``; elsewhere a plain bind)."""
     axes = set()
-    for value in (lhs, rhs, group_sizes):
+    for value in operands:
         axes |= compat.varying_axes(value) or frozenset()
-    lhs, rhs, group_sizes = (compat.vary(value, tuple(axes)) for value in (lhs, rhs, group_sizes))
-    return primitive.bind(lhs, rhs, group_sizes, **params)
+    return primitive.bind(*(compat.vary(value, tuple(axes)) for value in operands), **params)
 
 
 def gmm(lhs, rhs, group_sizes, *, impl: GroupedMatmulBackend, transpose_rhs: bool, out_dtype):
     """``[M, N]``: ``lhs``'s group-``g`` rows times ``rhs[g]`` (``rhs[g]^T`` if transposed)."""
-    return _bind(
+    return bind_varying(
         gmm_p,
         lhs,
         rhs,
@@ -80,7 +80,7 @@ def gmm(lhs, rhs, group_sizes, *, impl: GroupedMatmulBackend, transpose_rhs: boo
 
 def tgmm(lhs, rhs, group_sizes, *, impl: GroupedMatmulBackend, out_dtype):
     """``[G, K, N]``: ``lhs_g^T @ rhs_g`` over each group's rows ``g``."""
-    return _bind(tgmm_p, lhs, rhs, group_sizes, impl=impl, out_dtype=jnp.dtype(out_dtype))
+    return bind_varying(tgmm_p, lhs, rhs, group_sizes, impl=impl, out_dtype=jnp.dtype(out_dtype))
 
 
 # --- evaluation: shapes, the kernel call, its lowering ----------------------------------------

@@ -1,0 +1,183 @@
+"""Probe (issue 15): the gated FFN's backward with the activation's derivative fused into the
+down projection's dgrad (``fused_down_dgrad``), against the unfused path, on one GPU.
+
+Rows go to ``<out-dir>/glu-dgrad-probe.json`` as they come:
+
+1. ``kernel``, per layer preset (Mixtral-, DeepSeek-, Qwen3-like: ``M = tokens * top_k`` rows,
+   ``[M, H] x [G, F, H]^T``), balanced and skewed (Dirichlet 0.3, two groups forced empty, 77
+   rows past the sum): ``gate_bar`` and ``up_bar`` of the fused kernel and of the unfused path
+   (the Mosaic dgrad, then XLA's elementwise pass: what the layer ran before) against a float32
+   reference (``ragged_dot`` accumulating in float32, the derivative in float32); rows past the
+   groups must be zero. Balanced: both timed in interleaved rounds.
+2. ``layer``, per preset: ``jaxmoe.moe`` fwd+bwd (bf16) with the fused backward (the default)
+   and without (``fused_backward=False``), interleaved; the gradients' difference.
+
+    PYTHONPATH=src python benchmarks/glu_dgrad_probe.py --out-dir $OUT
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+import traceback
+
+import numpy as np
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--out-dir", default=os.environ.get("OUT", "/tmp"))
+    parser.add_argument("--presets", default="mixtral,dsv3,qwen3")
+    parser.add_argument("--phases", default="kernel,layer")
+    parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--time-budget-s", type=float, default=400)
+    args = parser.parse_args()
+    start = time.time()
+
+    import jax
+    import jax.numpy as jnp
+
+    import jaxmoe
+    from jaxmoe.bench.gemm import hard_group_sizes
+    from jaxmoe.bench.harness import relative_error, results_header, row_emitter
+    from jaxmoe.bench.layer import forward_backward, layer_inputs
+    from jaxmoe.bench.presets import LAYER_PRESETS
+    from jaxmoe.bench.timing import jax_sync, time_interleaved, warm_up
+    from jaxmoe.ops.gated_grouped_matmul import api, ffn_primitives
+    from jaxmoe.ops.gated_grouped_matmul import pallas_mosaic as fused_mosaic
+    from jaxmoe.ops.grouped_matmul import resolve_backend
+
+    os.makedirs(args.out_dir, exist_ok=True)
+    emit = row_emitter(
+        os.path.join(args.out_dir, "glu-dgrad-probe.json"),
+        results_header(" ".join(sys.argv), device=str(jax.devices()[0])),
+    )
+    presets = [LAYER_PRESETS[name] for name in args.presets.split(",")]
+    phases = args.phases.split(",")
+    grouped = resolve_backend("auto")
+    unfused_kernel = fused_mosaic.PallasMosaicGatedGroupedMatmul(
+        grouped=grouped, fused_backward=False
+    )
+
+    def out_of_time() -> bool:
+        return time.time() - start > args.time_budget_s
+
+    def sizes_for(m, g, routing):
+        if routing == "balanced":
+            return np.full(g, m // g, np.int32)
+        return hard_group_sizes(m, g)
+
+    fused = jax.jit(lambda *a: fused_mosaic.fused_down_dgrad(*a, activation="swiglu"))
+    unfused = jax.jit(
+        lambda *a: ffn_primitives._unfused_glu_dgrad(*a, kernel=unfused_kernel, activation="swiglu")
+    )
+
+    @jax.jit
+    def reference(out_bar, gate, up, down_w, sizes):
+        f32 = jnp.float32
+        hidden_bar = jax.lax.ragged_dot(
+            out_bar, jnp.swapaxes(down_w, 1, 2), sizes, preferred_element_type=f32
+        )
+        gate, up = gate.astype(f32), up.astype(f32)
+        s = jax.nn.sigmoid(gate)
+        return hidden_bar * up * (s + gate * s * (1 - s)), hidden_bar * gate * s
+
+    if "kernel" in phases:
+        for preset in presets:
+            m, h, f, g = (
+                preset.tokens * preset.top_k,
+                preset.hidden_size,
+                preset.ffn_size,
+                preset.num_experts,
+            )
+            keys = jax.random.split(jax.random.key(0), 4)
+            out_bar = jax.random.normal(keys[0], (m, h), jnp.bfloat16)
+            gate, up = (jax.random.normal(key, (m, f), jnp.bfloat16) for key in keys[1:3])
+            down_w = (jax.random.normal(keys[3], (g, f, h)) / np.sqrt(f)).astype(jnp.bfloat16)
+            for routing in ("balanced", "skewed"):
+                if out_of_time():
+                    break
+                row = {"phase": "kernel", "preset": preset.name, "routing": routing}
+                try:
+                    sizes = jnp.asarray(sizes_for(m, g, routing))
+                    end = int(sizes.sum())
+                    operands = (out_bar, gate, up, down_w, sizes)
+                    want = reference(*operands)
+                    for name, fn in (("fused", fused), ("unfused", unfused)):
+                        got = fn(*operands)
+                        for label, a, b in zip(("gate_bar", "up_bar"), got, want, strict=True):
+                            row[f"{name}_{label}_rel_err"] = relative_error(a[:end], b[:end])
+                            row[f"{name}_{label}_tail_max"] = float(jnp.max(jnp.abs(a[end:])))
+                            row[f"{name}_{label}_finite"] = bool(jnp.all(jnp.isfinite(a)))
+                    if routing == "balanced":
+                        contenders = {}
+                        for name, fn in (("fused", fused), ("unfused", unfused)):
+                            call = lambda fn=fn, operands=operands: fn(*operands)
+                            contenders[name] = (call, jax_sync, warm_up(call, jax_sync))
+                        timings = time_interleaved(contenders, rounds=args.rounds)
+                        for name, timing in timings.items():
+                            row[f"{name}_ms"] = timing.median_ms
+                            row[f"{name}_min_ms"] = timing.min_ms
+                        row["speedup"] = row["unfused_ms"] / row["fused_ms"]
+                except Exception as error:  # noqa: BLE001 - a probe reports and goes on
+                    row["error"] = f"{type(error).__name__}: {error}"[:2000]
+                    traceback.print_exc()
+                row["elapsed_s"] = round(time.time() - start, 1)
+                emit(row)
+
+    if "layer" in phases:
+        auto_fused = api._auto_fused_backend
+        for preset in presets:
+            if out_of_time():
+                break
+            row = {"phase": "layer", "preset": preset.name, "pass": "fwd+bwd"}
+            try:
+                cfg, params, x, dy = layer_inputs(preset, jnp.bfloat16)
+                calls, grads = {}, {}
+                for name, fused_backward in (("fused", True), ("unfused", False)):
+                    api._auto_fused_backend = lambda grouped, fb=fused_backward: (
+                        fused_mosaic.PallasMosaicGatedGroupedMatmul(
+                            grouped=grouped, fused_backward=fb
+                        )
+                    )
+                    layer = lambda p, x, cfg=cfg: jaxmoe.moe(p, x, cfg)[0]  # noqa: E731
+                    fn = jax.jit(forward_backward(layer))
+                    text = str(jax.make_jaxpr(fn)(params, x, dy))
+                    row[f"{name}_glu_dgrad_in_jaxpr"] = "jaxmoe_glu_dgrad" in text
+                    grads[name] = fn(params, x, dy)
+                    call = lambda fn=fn, args=(params, x, dy): fn(*args)
+                    calls[name] = (call, jax_sync, warm_up(call, jax_sync))
+                api._auto_fused_backend = auto_fused
+                for label, a, b in (
+                    ("dx", grads["fused"][2], grads["unfused"][2]),
+                    *(
+                        (
+                            f"d_{w}",
+                            grads["fused"][1]["experts"][w],
+                            grads["unfused"][1]["experts"][w],
+                        )
+                        for w in ("w_gate", "w_up", "w_down")
+                    ),
+                ):
+                    row[f"{label}_rel_diff"] = relative_error(a, b)
+                timings = time_interleaved(calls, rounds=args.rounds)
+                flops = 3 * 3 * 2 * preset.tokens * preset.top_k * preset.hidden_size
+                flops *= preset.ffn_size
+                for name, timing in timings.items():
+                    row[f"{name}_ms"] = timing.median_ms
+                    row[f"{name}_min_ms"] = timing.min_ms
+                    row[f"{name}_tflops"] = flops / timing.median_ms / 1e9
+                row["speedup"] = row["unfused_ms"] / row["fused_ms"]
+            except Exception as error:  # noqa: BLE001
+                row["error"] = f"{type(error).__name__}: {error}"[:2000]
+                traceback.print_exc()
+            finally:
+                api._auto_fused_backend = auto_fused
+            row["elapsed_s"] = round(time.time() - start, 1)
+            emit(row)
+
+
+if __name__ == "__main__":
+    main()

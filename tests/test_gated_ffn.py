@@ -1,0 +1,238 @@
+"""The gated FFN op (gated grouped matmul, then the down projection, with the activation's
+derivative fused into the down projection's dgrad): its primitives against the unfused
+composition to every order and under jit, vmap and shard_map (float32, reference backend), and
+the fused Mosaic backward (Mosaic GPU's interpreter, bf16) against a float64 NumPy reference."""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from test_gated_grouped_matmul import _close, _np_act, _operands
+
+from jaxmoe.ops.gated_grouped_matmul import (
+    ReferenceGatedGroupedMatmul,
+    api,
+    ffn_primitives,
+    gated_ffn,
+    gated_grouped_matmul,
+)
+from jaxmoe.ops.gated_grouped_matmul import pallas_mosaic as fused_mosaic
+from jaxmoe.ops.gated_grouped_matmul.pallas_mosaic import PallasMosaicGatedGroupedMatmul
+from jaxmoe.ops.grouped_matmul import ReferenceGroupedMatmul, grouped_matmul
+
+ROWS, K, F, H_OUT = 12, 5, 4, 6
+GROUP_SIZES = jnp.array([3, 0, 6], jnp.int32)  # an empty group; 3 rows past the groups
+REFERENCE = ReferenceGatedGroupedMatmul(grouped=ReferenceGroupedMatmul())
+
+
+def _ffn_operands(dtype=jnp.float32, rows=ROWS, k=K, f=F, h_out=H_OUT, seed=0):
+    lhs, gate_w, up_w = _operands(dtype, rows=rows, k=k, f=f, seed=seed)
+    down_w = jax.random.normal(jax.random.key(seed + 1), (3, f, h_out)) / np.sqrt(f)
+    return lhs, gate_w, up_w, down_w.astype(dtype)
+
+
+def fused(group_sizes=GROUP_SIZES, activation="swiglu", kernel=REFERENCE):
+    return lambda x, wg, wu, wd: gated_ffn(
+        x, wg, wu, wd, group_sizes, activation=activation, backend=kernel
+    )
+
+
+def composition(group_sizes=GROUP_SIZES, activation="swiglu"):
+    def op(x, wg, wu, wd):
+        hidden = gated_grouped_matmul(
+            x, wg, wu, group_sizes, activation=activation, backend="reference"
+        )
+        return grouped_matmul(hidden, wd, group_sizes, backend="reference")
+
+    return op
+
+
+def _loss(op):
+    return lambda *args: jnp.sum(jnp.sin(op(*args)))
+
+
+def _all_close(got, want, rtol=1e-6):
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+        _close(a, b, rtol)
+
+
+@pytest.mark.parametrize("activation", ["swiglu", "geglu"])
+def test_value_and_gradients_equal_the_composition(activation):
+    operands = _ffn_operands()
+    ops = fused(activation=activation), composition(activation=activation)
+    _all_close(*(jax.jit(op)(*operands) for op in ops))
+    grads = [jax.jit(jax.grad(_loss(op), argnums=(0, 1, 2, 3)))(*operands) for op in ops]
+    _all_close(*grads)
+    d_lhs, d_gate, _, _ = grads[0]
+    assert np.all(np.asarray(d_lhs[9:]) == 0) and np.all(np.asarray(d_gate[1]) == 0)
+
+
+def test_the_backward_transposes_into_one_glu_dgrad():
+    operands = _ffn_operands()
+    text = str(jax.make_jaxpr(jax.grad(_loss(fused()), argnums=(0, 1, 2, 3)))(*operands))
+    assert text.count("jaxmoe_glu_dgrad") == 1
+    # Only the weight gradient of the down projection needs h: no dgrad of it is left.
+    assert "jaxmoe_glu_down" not in text
+
+
+def test_every_order_equals_the_composition():
+    operands = _ffn_operands()
+    tangents = tuple(jax.random.normal(jax.random.key(9), a.shape) for a in operands)
+    for op_pair in [(fused(), composition())]:
+        jvps = [jax.jvp(op, operands, tangents)[1] for op in op_pair]
+        _all_close(*jvps, rtol=1e-5)
+        grad = [jax.grad(_loss(op), argnums=(0, 1, 2, 3)) for op in op_pair]
+        hvps = [jax.jvp(g, operands, tangents)[1] for g in grad]  # forward over reverse
+        _all_close(*hvps, rtol=1e-5)
+
+        def penalty(op):  # reverse over reverse: |d loss / d lhs|^2, differentiated again
+            inner = jax.grad(_loss(op))
+            return jax.grad(lambda *a: jnp.sum(inner(*a) ** 2), argnums=(0, 3))(*operands)
+
+        _all_close(*(penalty(op) for op in op_pair), rtol=1e-5)
+
+
+def test_vmap_and_shard_map():
+    lhs, gate_w, up_w, down_w = _ffn_operands(rows=2 * ROWS)
+    sizes = jnp.array([[3, 0, 6], [1, 10, 1]], jnp.int32)
+    batch = lhs.reshape(2, ROWS, K)
+
+    def batched(op):
+        loss = lambda x: jnp.sum(  # noqa: E731
+            jax.vmap(lambda xb, gs: op(gs)(xb, gate_w, up_w, down_w))(x, sizes) ** 2
+        )
+        return jax.value_and_grad(loss)(batch)
+
+    _all_close(batched(fused), batched(composition))
+
+    mesh = jax.make_mesh((2,), ("data",), axis_types=(jax.sharding.AxisType.Auto,))
+    spec = jax.sharding.PartitionSpec
+
+    def sharded(op):
+        def body(x, wg, wu, wd, gs):
+            return jax.lax.psum(jnp.sum(op(gs[0])(x, wg, wu, wd) ** 2), "data")
+
+        in_specs = (spec("data"), spec(), spec(), spec(), spec("data"))
+        loss = jax.shard_map(body, mesh=mesh, in_specs=in_specs, out_specs=spec())
+        return jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2, 3)))(
+            lhs, gate_w, up_w, down_w, sizes
+        )
+
+    _all_close(sharded(fused), sharded(composition))
+
+
+def test_auto_and_named_backends(monkeypatch):
+    operands = _ffn_operands(jnp.bfloat16, rows=128, k=64, f=256, h_out=64)
+    sizes = jnp.array([100, 0, 28], jnp.int32)
+
+    def ops(backend=None, dtype=jnp.bfloat16):
+        op = lambda *a: gated_ffn(  # noqa: E731
+            *(x.astype(dtype) for x in a), sizes, activation="swiglu", backend=backend
+        )
+        return str(jax.make_jaxpr(op)(*operands))
+
+    assert "jaxmoe_gated_ffn" not in ops()  # a CPU: the unfused composition
+    monkeypatch.setattr(api, "default_backend_name", lambda platform=None: "pallas")  # a GPU
+    assert "jaxmoe_gated_ffn" in ops() and "fuse_forward=True" in ops()
+    assert "jaxmoe_gated_ffn" not in ops(dtype=jnp.float32)  # neither kernel takes fp32
+    for named in ("xla", "pallas_triton", ReferenceGroupedMatmul()):  # a named backend stays
+        assert "jaxmoe_gated_ffn" not in ops(named)
+    # K past the fused forward's measured limit: the forward unfused, the backward still fused.
+    monkeypatch.setattr(api, "AUTO_FUSED_MAX_K", 32)
+    assert "jaxmoe_gated_ffn" in ops() and "fuse_forward=False" in ops()
+
+
+@pytest.mark.parametrize(
+    "rhs_down, match",
+    [
+        (jnp.ones((3, F + 1, H_OUT)), r"rhs_down.*\[G, F, H\]"),
+        (jnp.ones((3, F, H_OUT), jnp.int32), "rhs_down"),
+    ],
+)
+def test_bad_down_weights_raise_value_error(rhs_down, match):
+    lhs, gate_w, up_w, _ = _ffn_operands()
+    with pytest.raises(ValueError, match=match):
+        gated_ffn(lhs, gate_w, up_w, rhs_down, GROUP_SIZES, activation="swiglu")
+
+
+# --- the fused Mosaic backward (Mosaic GPU's interpreter) ---------------------------------------
+
+M, H, FF = 256, 64, 256
+# An empty group, a group cut inside a 128-row tile, a tile of three groups, 36 rows past them.
+MOSAIC_SIZES = np.array([100, 0, 7, 113], np.int32)
+
+
+def _np_down_dgrad(out_bar, gate, up, down_w, sizes, activation):
+    as64 = lambda a: np.asarray(jnp.asarray(a, jnp.float32), np.float64)  # noqa: E731
+    out_bar, gate, up, down_w = map(as64, (out_bar, gate, up, down_w))
+    hidden_bar = np.zeros(gate.shape)
+    start = 0
+    for group, size in enumerate(sizes):
+        hidden_bar[start : start + size] = out_bar[start : start + size] @ down_w[group].T
+        start += size
+    eps = 1e-6  # act' by a central difference in float64 (exact to ~1e-10 here)
+    slope = (_np_act(gate + eps, activation) - _np_act(gate - eps, activation)) / (2 * eps)
+    return hidden_bar * up * slope, hidden_bar * _np_act(gate, activation)
+
+
+def _mosaic_operands():
+    keys = jax.random.split(jax.random.key(3), 4)
+    out_bar = jax.random.normal(keys[0], (M, H))
+    gate, up = (jax.random.normal(key, (M, FF)) for key in keys[1:3])
+    down_w = jax.random.normal(keys[3], (len(MOSAIC_SIZES), FF, H)) / np.sqrt(FF)
+    return tuple(a.astype(jnp.bfloat16) for a in (out_bar, gate, up, down_w))
+
+
+def _rel_err(got, want):
+    got = np.asarray(jnp.asarray(got, jnp.float32), np.float64)
+    return np.linalg.norm(got - want) / np.linalg.norm(want)
+
+
+@pytest.mark.parametrize("activation", ["swiglu", "geglu"])
+def test_fused_down_dgrad_against_numpy(activation):
+    out_bar, gate, up, down_w = _mosaic_operands()
+    sizes = jnp.asarray(MOSAIC_SIZES)
+    got = fused_mosaic.fused_down_dgrad(
+        out_bar, gate, up, down_w, sizes, activation=activation, interpret=True
+    )
+    want = _np_down_dgrad(out_bar, gate, up, down_w, MOSAIC_SIZES, activation)
+    unfused = ffn_primitives._unfused_glu_dgrad(
+        out_bar, gate, up, down_w, sizes, kernel=REFERENCE, activation=activation
+    )
+    for got_bar, unfused_bar, want_bar in zip(got, unfused, want, strict=True):
+        # One rounding (float32 h_bar and derivative) against the unfused path's several.
+        assert _rel_err(got_bar, want_bar) < 4e-3
+        assert _rel_err(got_bar, want_bar) <= _rel_err(unfused_bar, want_bar)
+        assert np.all(np.asarray(got_bar[MOSAIC_SIZES.sum() :]) == 0)  # rows past the groups
+
+
+def test_gradients_through_the_fused_backward():
+    lhs, gate_w, up_w, down_w = _ffn_operands(jnp.bfloat16, rows=M, k=64, f=FF, h_out=H)
+    sizes = jnp.array([100, 0, 150], jnp.int32)
+    kernel = PallasMosaicGatedGroupedMatmul(grouped=ReferenceGroupedMatmul(), interpret=True)
+    ops = (fused(sizes, kernel=kernel), composition(sizes))
+    operands = (lhs, gate_w, up_w, down_w)
+    f32 = tuple(a.astype(jnp.float32) for a in operands)
+    grads = [
+        jax.jit(jax.grad(_loss(op), argnums=(0, 1, 2, 3)))(*args)
+        for op, args in zip(ops, (operands, f32), strict=True)
+    ]
+    for got, want in zip(*grads, strict=True):  # bf16 against the float32 composition
+        _close(got, want, rtol=2e-2)
+    kernel_off = PallasMosaicGatedGroupedMatmul(fused_backward=False, interpret=True)
+    assert kernel_off.down_dgrad_unsupported_reason(lhs, down_w, sizes) == "fused_backward=False"
+
+
+def test_fused_down_dgrad_lowers_for_cuda():
+    # The GPU path reads the down weights transposed (which the interpreter cannot run).
+    fn = jax.jit(
+        functools.partial(fused_mosaic.fused_down_dgrad, activation="swiglu", interpret=False)
+    )
+    shapes = [(M, H), (M, FF), (M, FF), (4, FF, H), (4,)]
+    dtypes = [jnp.bfloat16] * 4 + [jnp.int32]
+    args = [jax.ShapeDtypeStruct(s, d) for s, d in zip(shapes, dtypes, strict=True)]
+    assert "mosaic_gpu" in fn.trace(*args).lower(lowering_platforms=("cuda",)).as_text()
