@@ -5,12 +5,13 @@ Rows go to ``<out-dir>/glu-dgrad-probe.json`` as they come:
 
 1. ``kernel``, per layer preset (Mixtral-, DeepSeek-, Qwen3-like: ``M = tokens * top_k`` rows,
    ``[M, H] x [G, F, H]^T``), balanced and skewed (Dirichlet 0.3, two groups forced empty, 77
-   rows past the sum): ``gate_bar`` and ``up_bar`` of the fused kernel and of the unfused path
-   (the Mosaic dgrad, then XLA's elementwise pass: what the layer ran before) against a float32
-   reference (``ragged_dot`` accumulating in float32, the derivative in float32); rows past the
-   groups must be zero. Balanced: both timed in interleaved rounds.
-2. ``layer``, per preset: ``jaxmoe.moe`` fwd+bwd (bf16) with the fused backward (the default)
-   and without (``fused_backward=False``), interleaved; the gradients' difference.
+   rows past the sum): ``gate_bar`` and ``up_bar`` of the fused kernel (default tiles and
+   ``block_n`` 128) and of the unfused path (the Mosaic dgrad, then XLA's elementwise pass)
+   against a float32 reference (one float32 dot per group, the derivative in float32); rows
+   past the groups must be zero. Balanced: all timed in interleaved rounds.
+2. ``layer``, per preset: ``jaxmoe.moe`` fwd+bwd (bf16) with the gated FFN's backend variants
+   of ``layer_variants`` (fused backward, unfused, fused with ``block_n`` 128, the forward
+   kernel writing the residuals), interleaved; each one's gradients against the unfused one's.
 
     PYTHONPATH=src python benchmarks/glu_dgrad_probe.py --out-dir $OUT
 """
@@ -18,6 +19,7 @@ Rows go to ``<out-dir>/glu-dgrad-probe.json`` as they come:
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 import time
@@ -48,6 +50,7 @@ def main() -> None:
     from jaxmoe.ops.gated_grouped_matmul import api, ffn_primitives
     from jaxmoe.ops.gated_grouped_matmul import pallas_mosaic as fused_mosaic
     from jaxmoe.ops.grouped_matmul import resolve_backend
+    from jaxmoe.ops.grouped_matmul.pallas_mosaic_tiles import default_mosaic_gmm_tiles
 
     os.makedirs(args.out_dir, exist_ok=True)
     emit = row_emitter(
@@ -69,20 +72,41 @@ def main() -> None:
             return np.full(g, m // g, np.int32)
         return hard_group_sizes(m, g)
 
-    fused = jax.jit(lambda *a: fused_mosaic.fused_down_dgrad(*a, activation="swiglu"))
+    def fused_with(tiles):
+        return jax.jit(
+            lambda *a: fused_mosaic.fused_down_dgrad(*a, activation="swiglu", tiles=tiles)
+        )
+
+    base_tiles = default_mosaic_gmm_tiles(1, 1, 1)
+    # The fused kernel's tiles: the gmm default, and block_n 128 (half the epilogue's loads and
+    # registers per thread).
+    kernel_variants = {
+        "fused": fused_with(None),
+        "fused_bn128": fused_with(dataclasses.replace(base_tiles, block_n=128)),
+    }
     unfused = jax.jit(
         lambda *a: ffn_primitives._unfused_glu_dgrad(*a, kernel=unfused_kernel, activation="swiglu")
     )
 
-    @jax.jit
     def reference(out_bar, gate, up, down_w, sizes):
-        f32 = jnp.float32
-        hidden_bar = jax.lax.ragged_dot(
-            out_bar, jnp.swapaxes(down_w, 1, 2), sizes, preferred_element_type=f32
-        )
-        gate, up = gate.astype(f32), up.astype(f32)
-        s = jax.nn.sigmoid(gate)
-        return hidden_bar * up * (s + gate * s * (1 - s)), hidden_bar * gate * s
+        """float32, one dot per group (static bounds: no dense rewrite of ragged_dot, which
+        runs out of memory on the Qwen3 preset)."""
+        bounds = np.concatenate([[0], np.cumsum(np.asarray(sizes))])
+
+        @jax.jit
+        def run(out_bar, gate, up, down_w):
+            f32 = jnp.float32
+            parts = [
+                jnp.dot(out_bar[lo:hi], down_w[e].T, preferred_element_type=f32)
+                for e, (lo, hi) in enumerate(zip(bounds[:-1], bounds[1:], strict=True))
+            ]
+            hidden_bar = jnp.concatenate(parts)
+            end = hidden_bar.shape[0]
+            gate, up = gate[:end].astype(f32), up[:end].astype(f32)
+            s = jax.nn.sigmoid(gate)
+            return hidden_bar * up * (s + gate * s * (1 - s)), hidden_bar * gate * s
+
+        return run(out_bar, gate, up, down_w)
 
     if "kernel" in phases:
         for preset in presets:
@@ -105,28 +129,37 @@ def main() -> None:
                     end = int(sizes.sum())
                     operands = (out_bar, gate, up, down_w, sizes)
                     want = reference(*operands)
-                    for name, fn in (("fused", fused), ("unfused", unfused)):
+                    variants = {**kernel_variants, "unfused": unfused}
+                    for name, fn in variants.items():
                         got = fn(*operands)
                         for label, a, b in zip(("gate_bar", "up_bar"), got, want, strict=True):
-                            row[f"{name}_{label}_rel_err"] = relative_error(a[:end], b[:end])
-                            row[f"{name}_{label}_tail_max"] = float(jnp.max(jnp.abs(a[end:])))
-                            row[f"{name}_{label}_finite"] = bool(jnp.all(jnp.isfinite(a)))
+                            row[f"{name}_{label}_rel_err"] = relative_error(a[:end], b)
+                            row[f"{name}_{label}_tail_zero"] = bool(jnp.all(a[end:] == 0))
                     if routing == "balanced":
                         contenders = {}
-                        for name, fn in (("fused", fused), ("unfused", unfused)):
+                        for name, fn in variants.items():
                             call = lambda fn=fn, operands=operands: fn(*operands)
                             contenders[name] = (call, jax_sync, warm_up(call, jax_sync))
                         timings = time_interleaved(contenders, rounds=args.rounds)
                         for name, timing in timings.items():
                             row[f"{name}_ms"] = timing.median_ms
                             row[f"{name}_min_ms"] = timing.min_ms
-                        row["speedup"] = row["unfused_ms"] / row["fused_ms"]
+                        for name in kernel_variants:
+                            row[f"{name}_speedup"] = row["unfused_ms"] / row[f"{name}_ms"]
                 except Exception as error:  # noqa: BLE001 - a probe reports and goes on
                     row["error"] = f"{type(error).__name__}: {error}"[:2000]
                     traceback.print_exc()
                 row["elapsed_s"] = round(time.time() - start, 1)
                 emit(row)
 
+    # The layer's gated-FFN backend fields: the fused backward (default tiles, block_n 128), the
+    # unfused one, and the fused forward writing the residuals (so no separate gate, up, product).
+    layer_variants = {
+        "fused": {},
+        "unfused": {"fused_backward": False},
+        "fused_bn128": {"down_dgrad_tiles": dataclasses.replace(base_tiles, block_n=128)},
+        "unfused_residuals": {"fused_backward": False, "residuals_from_kernel": True},
+    }
     if "layer" in phases:
         auto_fused = api._auto_fused_backend
         for preset in presets:
@@ -136,32 +169,33 @@ def main() -> None:
             try:
                 cfg, params, x, dy = layer_inputs(preset, jnp.bfloat16)
                 calls, grads = {}, {}
-                for name, fused_backward in (("fused", True), ("unfused", False)):
-                    api._auto_fused_backend = lambda grouped, fb=fused_backward: (
-                        fused_mosaic.PallasMosaicGatedGroupedMatmul(
-                            grouped=grouped, fused_backward=fb
-                        )
+                for name, kernel_fields in layer_variants.items():
+                    api._auto_fused_backend = lambda grouped, fields=kernel_fields: (
+                        fused_mosaic.PallasMosaicGatedGroupedMatmul(grouped=grouped, **fields)
                     )
                     layer = lambda p, x, cfg=cfg: jaxmoe.moe(p, x, cfg)[0]  # noqa: E731
                     fn = jax.jit(forward_backward(layer))
                     text = str(jax.make_jaxpr(fn)(params, x, dy))
                     row[f"{name}_glu_dgrad_in_jaxpr"] = "jaxmoe_glu_dgrad" in text
                     grads[name] = fn(params, x, dy)
-                    call = lambda fn=fn, args=(params, x, dy): fn(*args)
+                    call = lambda fn=fn, args=(params, x, dy): fn(*args)  # noqa: E731
                     calls[name] = (call, jax_sync, warm_up(call, jax_sync))
                 api._auto_fused_backend = auto_fused
-                for label, a, b in (
-                    ("dx", grads["fused"][2], grads["unfused"][2]),
-                    *(
-                        (
-                            f"d_{w}",
-                            grads["fused"][1]["experts"][w],
-                            grads["unfused"][1]["experts"][w],
-                        )
-                        for w in ("w_gate", "w_up", "w_down")
-                    ),
-                ):
-                    row[f"{label}_rel_diff"] = relative_error(a, b)
+                for name in layer_variants:
+                    if name == "unfused":
+                        continue
+                    for label, a, b in (
+                        ("dx", grads[name][2], grads["unfused"][2]),
+                        *(
+                            (
+                                f"d_{w}",
+                                grads[name][1]["experts"][w],
+                                grads["unfused"][1]["experts"][w],
+                            )
+                            for w in ("w_gate", "w_up", "w_down")
+                        ),
+                    ):
+                        row[f"{name}_{label}_rel_diff"] = relative_error(a, b)
                 timings = time_interleaved(calls, rounds=args.rounds)
                 flops = 3 * 3 * 2 * preset.tokens * preset.top_k * preset.hidden_size
                 flops *= preset.ffn_size
@@ -169,7 +203,8 @@ def main() -> None:
                     row[f"{name}_ms"] = timing.median_ms
                     row[f"{name}_min_ms"] = timing.min_ms
                     row[f"{name}_tflops"] = flops / timing.median_ms / 1e9
-                row["speedup"] = row["unfused_ms"] / row["fused_ms"]
+                for name in layer_variants:
+                    row[f"{name}_speedup"] = row["unfused_ms"] / row[f"{name}_ms"]
             except Exception as error:  # noqa: BLE001
                 row["error"] = f"{type(error).__name__}: {error}"[:2000]
                 traceback.print_exc()
