@@ -12,6 +12,7 @@ Rows go to ``<out-dir>/glu-dgrad-probe.json`` as they come:
 2. ``layer``, per preset: ``jaxmoe.moe`` fwd+bwd (bf16) with the gated FFN's backend variants
    of ``layer_variants`` (fused backward, unfused, fused with ``block_n`` 128, the forward
    kernel writing the residuals), interleaved; each one's gradients against the unfused one's.
+   They differ only where ``auto`` takes the fused gated op (``K <= 4096``: Mixtral, Qwen3).
 
     PYTHONPATH=src python benchmarks/glu_dgrad_probe.py --out-dir $OUT
 """
@@ -34,6 +35,7 @@ def main() -> None:
     parser.add_argument("--presets", default="mixtral,dsv3,qwen3")
     parser.add_argument("--phases", default="kernel,layer")
     parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--layer-variants", default="fused,unfused,fused_bn128,unfused_residuals")
     parser.add_argument("--time-budget-s", type=float, default=400)
     args = parser.parse_args()
     start = time.time()
@@ -155,11 +157,15 @@ def main() -> None:
     # The layer's gated-FFN backend fields: the fused backward (default tiles, block_n 128), the
     # unfused one, and the fused forward writing the residuals (so no separate gate, up, product).
     layer_variants = {
-        "fused": {},
+        "fused": {"fused_backward": True},
         "unfused": {"fused_backward": False},
-        "fused_bn128": {"down_dgrad_tiles": dataclasses.replace(base_tiles, block_n=128)},
+        "fused_bn128": {
+            "fused_backward": True,
+            "down_dgrad_tiles": dataclasses.replace(base_tiles, block_n=128),
+        },
         "unfused_residuals": {"fused_backward": False, "residuals_from_kernel": True},
     }
+    layer_variants = {name: layer_variants[name] for name in args.layer_variants.split(",")}
     if "layer" in phases:
         auto_fused = api._auto_fused_backend
         for preset in presets:

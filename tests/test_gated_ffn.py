@@ -137,13 +137,12 @@ def test_auto_and_named_backends(monkeypatch):
 
     assert "jaxmoe_gated_ffn" not in ops()  # a CPU: the unfused composition
     monkeypatch.setattr(api, "default_backend_name", lambda platform=None: "pallas")  # a GPU
-    assert "jaxmoe_gated_ffn" in ops() and "fuse_forward=True" in ops()
-    assert "jaxmoe_gated_ffn" not in ops(dtype=jnp.float32)  # neither kernel takes fp32
+    assert "jaxmoe_gated_ffn" in ops()
+    assert "jaxmoe_gated_ffn" not in ops(dtype=jnp.float32)  # the kernels take no fp32
     for named in ("xla", "pallas_triton", ReferenceGroupedMatmul()):  # a named backend stays
         assert "jaxmoe_gated_ffn" not in ops(named)
-    # K past the fused forward's measured limit: the forward unfused, the backward still fused.
-    monkeypatch.setattr(api, "AUTO_FUSED_MAX_K", 32)
-    assert "jaxmoe_gated_ffn" in ops() and "fuse_forward=False" in ops()
+    monkeypatch.setattr(api, "AUTO_FUSED_MAX_K", 32)  # K past the fused forward's limit
+    assert "jaxmoe_gated_ffn" not in ops()
 
 
 @pytest.mark.parametrize(
@@ -213,7 +212,9 @@ def test_fused_down_dgrad_against_numpy(activation):
 def test_gradients_through_the_fused_backward():
     lhs, gate_w, up_w, down_w = _ffn_operands(jnp.bfloat16, rows=M, k=64, f=FF, h_out=H)
     sizes = jnp.array([100, 0, 150], jnp.int32)
-    kernel = PallasMosaicGatedGroupedMatmul(grouped=ReferenceGroupedMatmul(), interpret=True)
+    kernel = PallasMosaicGatedGroupedMatmul(
+        grouped=ReferenceGroupedMatmul(), fused_backward=True, interpret=True
+    )
     ops = (fused(sizes, kernel=kernel), composition(sizes))
     operands = (lhs, gate_w, up_w, down_w)
     f32 = tuple(a.astype(jnp.float32) for a in operands)
@@ -223,7 +224,8 @@ def test_gradients_through_the_fused_backward():
     ]
     for got, want in zip(*grads, strict=True):  # bf16 against the float32 composition
         _close(got, want, rtol=2e-2)
-    kernel_off = PallasMosaicGatedGroupedMatmul(fused_backward=False, interpret=True)
+    assert kernel.down_dgrad_unsupported_reason(lhs, down_w, sizes) is None
+    kernel_off = PallasMosaicGatedGroupedMatmul(interpret=True)  # the default: measured slower
     assert kernel_off.down_dgrad_unsupported_reason(lhs, down_w, sizes) == "fused_backward=False"
 
 

@@ -44,8 +44,8 @@ def routed_experts(
     ``act(x @ w_up[e]) @ w_down[e]``. Zero rows stay zero (act(0) = 0 for every activation).
     The gated grouped (not capacity-block, not FP8) path is
     :func:`jaxmoe.ops.gated_grouped_matmul.gated_ffn`: on a Hopper GPU with ``backend``
-    None/``"auto"`` a fused gate/up kernel (forward) and the activation's derivative fused into
-    the down projection's dgrad (backward); the same grouped matmuls and product otherwise.
+    None/``"auto"`` a fused gate/up kernel where it applies, the same grouped matmuls and product
+    otherwise.
 
     Args:
       buffer: ``[R, H]`` rows sorted expert-major.

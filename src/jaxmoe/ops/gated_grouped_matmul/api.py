@@ -110,12 +110,14 @@ def gated_ffn(
     rhs_down[g]``.
 
     :func:`gated_grouped_matmul` followed by the down projection, as one op so that its backward
-    can fuse the activation's derivative into the down projection's dgrad: on a Hopper GPU one
-    Mosaic kernel computes ``h_bar = y_bar @ rhs_down[g]^T`` and, in its epilogue, ``gate_bar =
-    h_bar * up * act'(gate)`` and ``up_bar = h_bar * act(gate)`` (:mod:`.ffn_primitives`),
-    where the unfused path writes ``h_bar`` and runs an elementwise pass over it, ``gate`` and
-    ``up``. Rows past ``sum(group_sizes)`` are zero. Differentiable in ``lhs`` and the three
-    weights to any order; works under ``jit``, ``vmap`` and ``shard_map``.
+    can fuse the activation's derivative into the down projection's dgrad
+    (:mod:`.ffn_primitives`): one kernel computes ``h_bar = y_bar @ rhs_down[g]^T`` and, in its
+    epilogue, ``gate_bar = h_bar * up * act'(gate)`` and ``up_bar = h_bar * act(gate)``, where
+    the unfused path writes ``h_bar`` and runs an elementwise pass over it, ``gate`` and ``up``.
+    The Mosaic backend has that kernel, off by default (``fused_backward``: exact, and more
+    accurate, but not faster on an H100 yet). Rows past ``sum(group_sizes)`` are zero.
+    Differentiable in ``lhs`` and the three weights to any order; works under ``jit``, ``vmap``
+    and ``shard_map``.
 
     Args:
       lhs: ``[M, H]`` rows sorted by group.
@@ -123,13 +125,10 @@ def gated_ffn(
       rhs_down: ``[G, F, H_out]``.
       group_sizes: ``[G]`` integer row counts, >= 0.
       activation: ``"swiglu"`` or ``"geglu"``.
-      backend: as :func:`gated_grouped_matmul`'s; in addition, ``None``/``"auto"`` on a Hopper
-        GPU takes the fused backward wherever its kernel applies (bf16/fp16, ``M``, ``H_out``
-        and ``F`` multiples of its blocks), whether or not the forward is fused. A grouped
-        matmul backend (a name or object): the unfused composition on it, unchanged. A
-        :class:`GatedGroupedMatmulBackend`: its fused forward (``NotImplementedError`` where it
-        cannot run) and its fused backward where that applies (its own rule: the Mosaic
-        backend's ``fused_backward``), the unfused derivative on its ``grouped`` elsewhere.
+      backend: as :func:`gated_grouped_matmul`'s, which picks the same kernels (the down
+        projection on the grouped matmul ``backend``). A :class:`GatedGroupedMatmulBackend`
+        also runs its fused backward where it has one and it applies, the unfused derivative
+        on its ``grouped`` elsewhere.
 
     Returns:
       ``[M, H_out]`` in ``lhs``'s dtype.
@@ -146,7 +145,7 @@ def gated_ffn(
     )
     _check(lhs, rhs_gate, rhs_up, group_sizes, activation, "gated_ffn")
     check_down_args(rhs_gate, rhs_down)
-    kernel, fuse_forward = _ffn_backend(backend, lhs, rhs_gate, rhs_down, group_sizes)
+    kernel = _fused_backend(backend, lhs, rhs_gate, group_sizes)
     if kernel is None:
         hidden = gated_grouped_matmul(
             lhs, rhs_gate, rhs_up, group_sizes, activation=activation, backend=backend
@@ -160,7 +159,6 @@ def gated_ffn(
         clip_group_sizes(group_sizes, lhs.shape[0]),
         kernel=kernel,
         activation=activation,
-        fuse_forward=fuse_forward,
     )
 
 
@@ -169,21 +167,6 @@ def _check(lhs, rhs_gate, rhs_up, group_sizes, activation, op: str) -> None:
     check_nonnegative(
         group_sizes, "group_sizes", op, "A group holds a count of rows: pass 0 for an empty group."
     )
-
-
-def _ffn_backend(backend, lhs, rhs_gate, rhs_down, group_sizes):
-    """``(kernel, fuse_forward)`` for :func:`gated_ffn`; ``(None, False)`` for the unfused
-    composition."""
-    fused = _fused_backend(backend, lhs, rhs_gate, group_sizes)
-    if fused is not None:
-        return fused, True
-    if backend not in (None, "auto") or default_backend_name() != "pallas":
-        return None, False
-    kernel = _auto_fused_backend(resolve_backend("auto"))
-    out_bar = jax.ShapeDtypeStruct((lhs.shape[0], rhs_down.shape[2]), lhs.dtype)
-    if kernel.down_dgrad_unsupported_reason(out_bar, rhs_down, group_sizes) is None:
-        return kernel, False  # the forward unfused (long K), the backward fused
-    return None, False
 
 
 # ``"auto"`` fuses only up to this contraction depth. Measured on an H100 (forward, fused /

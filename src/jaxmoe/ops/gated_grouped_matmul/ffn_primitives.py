@@ -4,8 +4,8 @@ run the activation's derivative in the down projection's dgrad epilogue.
 Three primitives::
 
     gated_ffn_p(x, Wg, Wu, Wd, group_sizes) -> y
-        the op: the gated grouped matmul (:mod:`.primitives`; the fused forward kernel where
-        ``fuse_forward``) then the down projection.
+        the op: the gated grouped matmul (:mod:`.primitives`, the backend's fused forward) then
+        the down projection.
 
     glu_down_p(gate_dot, up_dot, gate, up, Wd, group_sizes) -> y_dot
         linear in (gate_dot, up_dot): gmm(act'(gate) gate_dot * up + act(gate) * up_dot, Wd),
@@ -14,8 +14,9 @@ Three primitives::
     glu_dgrad_p(y_bar, gate, up, Wd, group_sizes) -> (gate_bar, up_bar)
         its transpose, linear in y_bar:
         h_bar = gmm(y_bar, Wd^T);  gate_bar = h_bar * up * act'(gate);  up_bar = h_bar * act(gate)
-        by ``kernel.down_dgrad`` where it applies (the Mosaic backend: one kernel, the
-        derivative in the dgrad's epilogue, ``h_bar`` never written), else the unfused form.
+        by ``kernel.down_dgrad`` where it applies (the Mosaic backend with ``fused_backward``:
+        one kernel, the derivative in the dgrad's epilogue, ``h_bar`` never written), else the
+        unfused form.
 
 ``gated_ffn_p``'s JVP is the product rule of :mod:`.primitives` with the down projection::
 
@@ -54,9 +55,7 @@ glu_dgrad_p = Primitive("jaxmoe_glu_dgrad")
 glu_dgrad_p.multiple_results = True
 
 
-def gated_ffn(
-    lhs, rhs_gate, rhs_up, rhs_down, group_sizes, *, kernel, activation: str, fuse_forward: bool
-):
+def gated_ffn(lhs, rhs_gate, rhs_up, rhs_down, group_sizes, *, kernel, activation: str):
     """``[M, H]``: ``gmm(act(gmm(lhs, rhs_gate)) * gmm(lhs, rhs_up), rhs_down)``."""
     return gmm_primitives.bind_varying(
         gated_ffn_p,
@@ -67,7 +66,6 @@ def gated_ffn(
         group_sizes,
         kernel=kernel,
         activation=activation,
-        fuse_forward=fuse_forward,
     )
 
 
@@ -105,9 +103,8 @@ def glu_dgrad(out_bar, gate, up, rhs_down, group_sizes, *, kernel, activation: s
 # --- evaluation ---------------------------------------------------------------------------------
 
 
-def _ffn_call(lhs, rhs_gate, rhs_up, rhs_down, group_sizes, *, kernel, activation, fuse_forward):
-    gated = gated_primitives.gated_gmm if fuse_forward else gated_primitives.composition
-    (hidden,) = gated(
+def _ffn_call(lhs, rhs_gate, rhs_up, rhs_down, group_sizes, *, kernel, activation):
+    (hidden,) = gated_primitives.gated_gmm(
         lhs, rhs_gate, rhs_up, group_sizes, kernel=kernel, activation=activation, residuals=False
     )
     return gmm_primitives.gmm(
@@ -177,10 +174,10 @@ for _primitive, _abstract, _call, _multiple in (
 # --- differentiation ----------------------------------------------------------------------------
 
 
-def _ffn_jvp(primals, tangents, *, kernel, activation, fuse_forward):
+def _ffn_jvp(primals, tangents, *, kernel, activation):
     lhs, rhs_gate, rhs_up, rhs_down, group_sizes = primals
     lhs_dot, gate_w_dot, up_w_dot, down_w_dot, _ = tangents
-    from_kernel = fuse_forward and kernel.residuals_from_kernel
+    from_kernel = kernel.residuals_from_kernel
     gated = gated_primitives.gated_gmm if from_kernel else gated_primitives.composition
     hidden, gate, up = gated(
         lhs, rhs_gate, rhs_up, group_sizes, kernel=kernel, activation=activation, residuals=True

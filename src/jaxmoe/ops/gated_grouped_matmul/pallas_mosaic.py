@@ -271,8 +271,13 @@ class PallasMosaicGatedGroupedMatmul(GatedGroupedMatmulBackend):
       tiles: block sizes; ``None``: :func:`default_gated_tiles`.
       fused_backward: under differentiation inside :func:`~.api.gated_ffn` (the layer's expert
         FFN), run the down projection's dgrad and the activation's derivative as one kernel
-        (:func:`fused_down_dgrad`) wherever it applies; the unfused derivative on ``grouped``
-        elsewhere, or everywhere when ``False``.
+        (:func:`fused_down_dgrad`) wherever it applies, the unfused derivative on ``grouped``
+        elsewhere. ``False`` by measurement (H100, ``benchmarks/results/raw/h100-run13``): the
+        kernel is exact (1.66e-3 from a float32 reference on the three presets, balanced and
+        skewed, against the unfused path's 3.3-3.7e-3), but 0.95x (Mixtral), 1.00x (DeepSeek)
+        and 0.92x (Qwen3) the unfused dgrad plus its elementwise pass, and the layer's fwd+bwd
+        0.97-0.99x: its epilogue waits for ``gate`` and ``up`` from GPU memory with the tensor
+        cores idle, which costs more than the pass it saves (``block_n`` 128: 0.84-0.87x).
       down_dgrad_tiles: that kernel's block sizes; ``None``: the Mosaic ``gmm``'s default.
       interpret: ``None`` runs the interpreter when JAX's default backend is not a GPU.
       residuals_from_kernel: ``False`` by measurement (H100, ``benchmarks/results/raw/
@@ -288,7 +293,7 @@ class PallasMosaicGatedGroupedMatmul(GatedGroupedMatmulBackend):
     name: str = dataclasses.field(default="pallas", init=False)
     residuals_from_kernel: bool = False
     tiles: MosaicTileConfig | None = None
-    fused_backward: bool = True
+    fused_backward: bool = False
     down_dgrad_tiles: MosaicTileConfig | None = None
     interpret: bool | None = None
 
