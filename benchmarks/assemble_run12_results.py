@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import pathlib
 
+from add_layer_run import add_layer_run
 from assemble_run10_results import gemm_markdown, geomean
 
 RESULTS = pathlib.Path(__file__).resolve().parent / "results"
@@ -83,13 +84,7 @@ def main() -> None:
         "geomean_first_measure": ratios(rows, first_measures(rows)),
     }
     (RESULTS / "grouped_matmul-h100.json").write_text(json.dumps(out, indent=1) + "\n")
-    path = RESULTS / "layer-h100.json"
-    table = _load(path)
-    kept = [row for row in table["rows"] if not str(row.get("run", "")).startswith("run12")]
-    raw = _load(RAW / "call3" / "layer.json")
-    table["rows"] = kept + [{**row, "run": "run12/call3"} for row in raw["rows"]]
-    table["header"] = {**table["header"], "session11_run": raw["header"]}
-    path.write_text(json.dumps(table, indent=1) + "\n")
+    add_layer_run("h100-run12/call3", header_key="session11_run")
     order = {"balanced": 0, "skewed": 1}
     current.sort(key=lambda row: order[row["routing"]])
     print(gemm_markdown(current))
