@@ -87,7 +87,7 @@ def main() -> None:
         "fused_bn128": fused_with(dataclasses.replace(base_tiles, block_n=128)),
     }
     unfused = jax.jit(
-        lambda *a: ffn_primitives._unfused_glu_dgrad(*a, kernel=unfused_kernel, activation="swiglu")
+        lambda *a: ffn_primitives.unfused_glu_dgrad(*a, kernel=unfused_kernel, activation="swiglu")
     )
 
     def reference(out_bar, gate, up, down_w, sizes):

@@ -199,7 +199,7 @@ def test_fused_down_dgrad_against_numpy(activation):
         out_bar, gate, up, down_w, sizes, activation=activation, interpret=True
     )
     want = _np_down_dgrad(out_bar, gate, up, down_w, MOSAIC_SIZES, activation)
-    unfused = ffn_primitives._unfused_glu_dgrad(
+    unfused = ffn_primitives.unfused_glu_dgrad(
         out_bar, gate, up, down_w, sizes, kernel=REFERENCE, activation=activation
     )
     for got_bar, unfused_bar, want_bar in zip(got, unfused, want, strict=True):

@@ -112,7 +112,7 @@ def _ffn_call(lhs, rhs_gate, rhs_up, rhs_down, group_sizes, *, kernel, activatio
     )
 
 
-def _unfused_glu_down(gate_dot, up_dot, gate, up, rhs_down, group_sizes, *, kernel, activation):
+def unfused_glu_down(gate_dot, up_dot, gate, up, rhs_down, group_sizes, *, kernel, activation):
     hidden_dot = gated_primitives.hidden_tangent(gate, up, gate_dot, up_dot, activation)
     return gmm_primitives.gmm(
         hidden_dot,
@@ -124,12 +124,12 @@ def _unfused_glu_down(gate_dot, up_dot, gate, up, rhs_down, group_sizes, *, kern
     )
 
 
-def _unfused_glu_dgrad(out_bar, gate, up, rhs_down, group_sizes, *, kernel, activation):
+def unfused_glu_dgrad(out_bar, gate, up, rhs_down, group_sizes, *, kernel, activation):
     """What reverse mode of the unfused composition computes: the transpose of
-    :func:`_unfused_glu_down` in ``(gate_dot, up_dot)``."""
+    :func:`unfused_glu_down` in ``(gate_dot, up_dot)``."""
 
     def down(gate_dot, up_dot):
-        return _unfused_glu_down(
+        return unfused_glu_down(
             gate_dot, up_dot, gate, up, rhs_down, group_sizes, kernel=kernel, activation=activation
         )
 
@@ -141,7 +141,7 @@ def _glu_dgrad_call(out_bar, gate, up, rhs_down, group_sizes, *, kernel, activat
         return tuple(
             kernel.down_dgrad(out_bar, gate, up, rhs_down, group_sizes, activation=activation)
         )
-    return _unfused_glu_dgrad(
+    return unfused_glu_dgrad(
         out_bar, gate, up, rhs_down, group_sizes, kernel=kernel, activation=activation
     )
 
@@ -163,7 +163,7 @@ def _glu_dgrad_abstract(out_bar, gate, up, rhs_down, group_sizes, **params):
 
 for _primitive, _abstract, _call, _multiple in (
     (gated_ffn_p, _ffn_abstract, _ffn_call, False),
-    (glu_down_p, _glu_down_abstract, _unfused_glu_down, False),
+    (glu_down_p, _glu_down_abstract, unfused_glu_down, False),
     (glu_dgrad_p, _glu_dgrad_abstract, _glu_dgrad_call, True),
 ):
     _primitive.def_effectful_abstract_eval(gmm_primitives._with_kernel_effects(_abstract, _call))
@@ -250,8 +250,8 @@ def _glu_dgrad_transpose(cotangents, out_bar, gate, up, rhs_down, group_sizes, *
 
 
 ad.primitive_jvps[gated_ffn_p] = _ffn_jvp
-ad.primitive_jvps[glu_down_p] = functools.partial(_unfused_jvp, _unfused_glu_down)
-ad.primitive_jvps[glu_dgrad_p] = functools.partial(_unfused_jvp, _unfused_glu_dgrad)
+ad.primitive_jvps[glu_down_p] = functools.partial(_unfused_jvp, unfused_glu_down)
+ad.primitive_jvps[glu_dgrad_p] = functools.partial(_unfused_jvp, unfused_glu_dgrad)
 ad.primitive_transposes[glu_down_p] = _glu_down_transpose
 ad.primitive_transposes[glu_dgrad_p] = _glu_dgrad_transpose
 
@@ -265,5 +265,5 @@ def _batch(call, args, dims, **params):
 
 
 batching.primitive_batchers[gated_ffn_p] = functools.partial(_batch, _ffn_call)
-batching.primitive_batchers[glu_down_p] = functools.partial(_batch, _unfused_glu_down)
-batching.primitive_batchers[glu_dgrad_p] = functools.partial(_batch, _unfused_glu_dgrad)
+batching.primitive_batchers[glu_down_p] = functools.partial(_batch, unfused_glu_down)
+batching.primitive_batchers[glu_dgrad_p] = functools.partial(_batch, unfused_glu_dgrad)
