@@ -113,6 +113,8 @@ def _ffn_call(lhs, rhs_gate, rhs_up, rhs_down, group_sizes, *, kernel, activatio
 
 
 def unfused_glu_down(gate_dot, up_dot, gate, up, rhs_down, group_sizes, *, kernel, activation):
+    """``glu_down`` as the unfused path computes it: the hidden tangent in ``jnp`` (act's own
+    JVP), then a grouped matmul on ``kernel.grouped``."""
     hidden_dot = gated_primitives.hidden_tangent(gate, up, gate_dot, up_dot, activation)
     return gmm_primitives.gmm(
         hidden_dot,
