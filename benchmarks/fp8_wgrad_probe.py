@@ -25,6 +25,7 @@ Writes ``fp8-wgrad-probe.json`` (``{"header", "rows"}``) and ``.md`` into ``--ou
 
     PYTHONPATH=src python benchmarks/fp8_wgrad_probe.py --out-dir $OUT
 
+``--half-slab`` also checks and times ``HALF_SLAB_TILES`` (``fp8_mosaic_variant``).
 ``--smoke`` runs the check only, on a tiny problem with small tiles, on any backend (Mosaic GPU's
 interpreter on a CPU): for the tests.
 """
@@ -57,6 +58,8 @@ from jaxmoe.ops.fp8.columnwise import ALIGN, quantize_columnwise
 from jaxmoe.ops.grouped_matmul import pallas_mosaic_wgrad
 
 SHAPES = "mixtral-up,mixtral-down,dsv3-up,dsv3-down,qwen3-up,qwen3-down"
+# A fourth ring slot, the result staged in 64-row halves (the bf16 wgrad's default since run 12).
+HALF_SLAB_TILES = fp8_wgrad.Fp8TgmmTileConfig(stages=4, epilogue_rows=64)
 ROUNDS = 5
 SMOKE_SHAPE = GemmShape("smoke", 512, 256, 256, 4)
 SMOKE_TILES = fp8_wgrad.Fp8TgmmTileConfig(block_k=128, block_n=128, stages=2, group_swizzle=2)
@@ -108,7 +111,9 @@ def sizes_for(shape: GemmShape, routing: str) -> np.ndarray:
     return group_sizes_for(shape, "balanced") if routing == "balanced" else skewed_sizes(shape)
 
 
-def run_case(shape, routing, *, tiles, timed: bool, rounds: int, torch) -> list[dict]:
+def run_case(
+    shape, routing, *, tiles, timed: bool, rounds: int, torch, variant_tiles=None
+) -> list[dict]:
     sizes = sizes_for(shape, routing)
     gs = jnp.asarray(sizes)
     kx, kd = jax.random.split(jax.random.key(0))
@@ -123,28 +128,40 @@ def run_case(shape, routing, *, tiles, timed: bool, rounds: int, torch) -> list[
     base = {"shape": shape.name, "routing": routing, "m": shape.m, "k": shape.k, "n": shape.n}
     base |= {"groups": shape.groups, "mp": mp, "empty_groups": int(np.sum(sizes == 0))}
 
-    row = {**base, "impl": "fp8_mosaic"}
     padded_sizes = jnp.asarray(round_up(sizes, ALIGN).astype(np.int32))
     if mp > int(padded_sizes.sum()):  # all groups empty: the reference's sizes must reach Mp
         padded_sizes = padded_sizes.at[-1].add(mp - int(padded_sizes.sum()))
     want = reference(*operands, padded_sizes)
-    poison = jnp.full(want.shape, jnp.nan, jnp.bfloat16)
-    jax.block_until_ready(poison)
-    del poison
-    got = jax.block_until_ready(fp8_fn(*operands, starts_d, gs))
-    checks = jax.jit(weight_gradient_errors)(got, want, gs)
-    rel, group_max, nonfinite, empty_max = (float(v) for v in checks)
-    row |= {"rel_err": rel, "group_max_rel_err": group_max, "nonfinite": int(nonfinite)}
-    row |= {"empty_max_abs": empty_max}
-    # bf16 rounding of the result is ~2e-3 relative (Frobenius); FP8 products summed in the
-    # wgmma accumulator (narrower than float32) add a little at large M.
-    row["ok"] = bool(rel < 1e-2 and group_max < 2e-2 and nonfinite == 0 and empty_max == 0)
-    del got, want
-    rows = [row]
+    fp8_fns = {"fp8_mosaic": fp8_fn}
+    if variant_tiles is not None:
+        fp8_fns["fp8_mosaic_variant"] = jax.jit(
+            functools.partial(fp8_wgrad.scaled_tgmm, tiles=variant_tiles)
+        )
+    rows = []
+    for impl, fn in fp8_fns.items():
+        row = {**base, "impl": impl}
+        if impl == "fp8_mosaic_variant":
+            row["tiles"] = str(variant_tiles)
+        poison = jnp.full(want.shape, jnp.nan, jnp.bfloat16)
+        jax.block_until_ready(poison)
+        del poison
+        got = jax.block_until_ready(fn(*operands, starts_d, gs))
+        checks = jax.jit(weight_gradient_errors)(got, want, gs)
+        rel, group_max, nonfinite, empty_max = (float(v) for v in checks)
+        row |= {"rel_err": rel, "group_max_rel_err": group_max, "nonfinite": int(nonfinite)}
+        row |= {"empty_max_abs": empty_max}
+        # bf16 rounding of the result is ~2e-3 relative (Frobenius); FP8 products summed in the
+        # wgmma accumulator (narrower than float32) add a little at large M.
+        row["ok"] = bool(rel < 1e-2 and group_max < 2e-2 and nonfinite == 0 and empty_max == 0)
+        del got
+        rows.append(row)
+    del want
     if not timed:
         return rows
 
-    contenders = {"fp8_mosaic": (lambda: fp8_fn(*operands, starts_d, gs), jax_sync)}
+    contenders = {
+        impl: (lambda fn=fn: fn(*operands, starts_d, gs), jax_sync) for impl, fn in fp8_fns.items()
+    }
     xb, dyb = x.astype(jnp.bfloat16), dy.astype(jnp.bfloat16)
     bf16_fn = jax.jit(pallas_mosaic_wgrad.tgmm)
     contenders["bf16_mosaic"] = (lambda: bf16_fn(xb, dyb, gs), jax_sync)
@@ -194,6 +211,11 @@ def main(argv=None) -> int:
     parser.add_argument(
         "--smoke", action="store_true", help="check only, a tiny shape, small tiles (any backend)"
     )
+    parser.add_argument(
+        "--half-slab",
+        action="store_true",
+        help="also check and time HALF_SLAB_TILES (rows fp8_mosaic_variant)",
+    )
     args = parser.parse_args(argv)
     torch = None
     if not args.smoke:
@@ -222,6 +244,7 @@ def main(argv=None) -> int:
                     timed=not args.smoke,
                     rounds=args.rounds,
                     torch=torch,
+                    variant_tiles=HALF_SLAB_TILES if args.half_slab else None,
                 )
             except Exception as error:  # noqa: BLE001
                 traceback.print_exc()
