@@ -25,7 +25,8 @@ Writes ``fp8-wgrad-probe.json`` (``{"header", "rows"}``) and ``.md`` into ``--ou
 
     PYTHONPATH=src python benchmarks/fp8_wgrad_probe.py --out-dir $OUT
 
-``--half-slab`` also checks and times ``HALF_SLAB_TILES`` (``fp8_mosaic_variant``).
+``--whole-slab`` also checks and times ``WHOLE_SLAB_TILES`` (``fp8_mosaic_variant``; H100 run 13
+call 6 ran the then ``--half-slab`` against the 3-slot default of the time).
 ``--smoke`` runs the check only, on a tiny problem with small tiles, on any backend (Mosaic GPU's
 interpreter on a CPU): for the tests.
 """
@@ -58,8 +59,8 @@ from jaxmoe.ops.fp8.columnwise import ALIGN, quantize_columnwise
 from jaxmoe.ops.grouped_matmul import pallas_mosaic_wgrad
 
 SHAPES = "mixtral-up,mixtral-down,dsv3-up,dsv3-down,qwen3-up,qwen3-down"
-# A fourth ring slot, the result staged in 64-row halves (the bf16 wgrad's default since run 12).
-HALF_SLAB_TILES = fp8_wgrad.Fp8TgmmTileConfig(stages=4, epilogue_rows=64)
+# The default before session 12: three ring slots and a whole 128-row epilogue slab.
+WHOLE_SLAB_TILES = fp8_wgrad.Fp8TgmmTileConfig(stages=3, epilogue_rows=None)
 ROUNDS = 5
 SMOKE_SHAPE = GemmShape("smoke", 512, 256, 256, 4)
 SMOKE_TILES = fp8_wgrad.Fp8TgmmTileConfig(block_k=128, block_n=128, stages=2, group_swizzle=2)
@@ -212,9 +213,9 @@ def main(argv=None) -> int:
         "--smoke", action="store_true", help="check only, a tiny shape, small tiles (any backend)"
     )
     parser.add_argument(
-        "--half-slab",
+        "--whole-slab",
         action="store_true",
-        help="also check and time HALF_SLAB_TILES (rows fp8_mosaic_variant)",
+        help="also check and time WHOLE_SLAB_TILES (rows fp8_mosaic_variant)",
     )
     args = parser.parse_args(argv)
     torch = None
@@ -244,7 +245,7 @@ def main(argv=None) -> int:
                     timed=not args.smoke,
                     rounds=args.rounds,
                     torch=torch,
-                    variant_tiles=HALF_SLAB_TILES if args.half_slab else None,
+                    variant_tiles=WHOLE_SLAB_TILES if args.whole_slab else None,
                 )
             except Exception as error:  # noqa: BLE001
                 traceback.print_exc()
