@@ -82,18 +82,17 @@ def test_the_backward_transposes_into_one_glu_dgrad():
 def test_every_order_equals_the_composition():
     operands = _ffn_operands()
     tangents = tuple(jax.random.normal(jax.random.key(9), a.shape) for a in operands)
-    for op_pair in [(fused(), composition())]:
-        jvps = [jax.jvp(op, operands, tangents)[1] for op in op_pair]
-        _all_close(*jvps, rtol=1e-5)
-        grad = [jax.grad(_loss(op), argnums=(0, 1, 2, 3)) for op in op_pair]
-        hvps = [jax.jvp(g, operands, tangents)[1] for g in grad]  # forward over reverse
-        _all_close(*hvps, rtol=1e-5)
+    ops = (fused(), composition())
+    _all_close(*(jax.jvp(op, operands, tangents)[1] for op in ops), rtol=1e-5)
+    grads = [jax.grad(_loss(op), argnums=(0, 1, 2, 3)) for op in ops]
+    # Forward over reverse (Hessian-vector products in every operand).
+    _all_close(*(jax.jvp(grad, operands, tangents)[1] for grad in grads), rtol=1e-5)
 
-        def penalty(op):  # reverse over reverse: |d loss / d lhs|^2, differentiated again
-            inner = jax.grad(_loss(op))
-            return jax.grad(lambda *a: jnp.sum(inner(*a) ** 2), argnums=(0, 3))(*operands)
+    def penalty(op):  # reverse over reverse: |d loss / d lhs|^2, differentiated again
+        inner = jax.grad(_loss(op))
+        return jax.grad(lambda *a: jnp.sum(inner(*a) ** 2), argnums=(0, 3))(*operands)
 
-        _all_close(*(penalty(op) for op in op_pair), rtol=1e-5)
+    _all_close(*(penalty(op) for op in ops), rtol=1e-5)
 
 
 def test_vmap_and_shard_map():
