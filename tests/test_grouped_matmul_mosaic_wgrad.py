@@ -184,3 +184,10 @@ def test_bad_tiles_raise_value_error(field, value):
     with pytest.raises(ValueError, match="memory" if memory else field):
         PallasMosaicGroupedMatmul(tgmm_tiles=MosaicTgmmTileConfig(**{field: value}))
     PallasMosaicGroupedMatmul(tgmm_tiles=MosaicTgmmTileConfig(stages=3, epilogue_rows=None))
+
+
+def test_groups_go_largest_first_keeping_ties_in_order():
+    # Both wgrads (bf16 and FP8) walk their tiles in this order.
+    sizes = jnp.array([3, 0, 7, 3, 7, 1], jnp.int32)
+    order = wgrad.largest_first(sizes)
+    assert order.dtype == jnp.int32 and order.tolist() == [2, 4, 0, 3, 5, 1]

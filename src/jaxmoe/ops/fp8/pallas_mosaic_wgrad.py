@@ -334,8 +334,7 @@ def scaled_tgmm(
     if num_groups == 0:
         return jnp.zeros((0, k, n), out_dtype)
     sizes = group_sizes.astype(jnp.int32)
-    # Largest group first (stable: equal sizes keep their order, neighbours share L2).
-    group_order = jnp.argsort(-sizes, stable=True).astype(jnp.int32)
+    group_order = pallas_mosaic_wgrad.largest_first(sizes)
     # The interpreter has no transposed wgmma operand: B goes in [Mp, N] there.
     rhs = rhs_t_q.T if interpreted else rhs_t_q
     kernel = common.persistent_kernel(

@@ -299,6 +299,13 @@ def store_tile(values, stage, out_ref) -> None:
         plgpu.copy_smem_to_gmem(stage, out_ref.at[pl.ds(first, rows)])
 
 
+def largest_first(group_sizes) -> jax.Array:
+    """``[G]`` int32: the groups in the wgrads' tile order, largest first (a tile's cost is its
+    group's row count, so the long ones start first); stable, so equal sizes keep their order
+    and neighbours share L2."""
+    return jnp.argsort(-group_sizes, stable=True).astype(jnp.int32)
+
+
 def tgmm(
     lhs: Array,
     rhs: Array,
@@ -332,8 +339,7 @@ def tgmm(
     if num_groups == 0:
         return jnp.zeros((0, k, n), out_dtype)
     offsets = _offsets(group_sizes, m)
-    # Largest group first (stable: equal sizes keep their order, neighbours share L2).
-    group_order = jnp.argsort(-(offsets[1:] - offsets[:-1]), stable=True).astype(jnp.int32)
+    group_order = largest_first(offsets[1:] - offsets[:-1])
     kernel = common.persistent_kernel(
         functools.partial(_jaxmoe_mosaic_tgmm, cfg=cfg),
         jax.ShapeDtypeStruct((num_groups, k, n), out_dtype),
