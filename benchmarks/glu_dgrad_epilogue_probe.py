@@ -26,7 +26,11 @@ import sys
 import time
 import traceback
 
-import numpy as np
+import jax
+import jax.numpy as jnp
+from glu_dgrad_probe import down_dgrad_operands
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import mosaic_gpu as plgpu
 
 
 def main() -> None:
@@ -36,11 +40,6 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=10)
     args = parser.parse_args()
     start = time.time()
-
-    import jax
-    import jax.numpy as jnp
-    from jax.experimental import pallas as pl
-    from jax.experimental.pallas import mosaic_gpu as plgpu
 
     from jaxmoe.bench.harness import results_header, row_emitter
     from jaxmoe.bench.presets import LAYER_PRESETS
@@ -108,18 +107,9 @@ def main() -> None:
     }
     for name in args.presets.split(","):
         preset = LAYER_PRESETS[name]
-        m, h, f, g = (
-            preset.tokens * preset.top_k,
-            preset.hidden_size,
-            preset.ffn_size,
-            preset.num_experts,
-        )
+        (m, h, f, g), (out_bar, gate, up, down_w) = down_dgrad_operands(preset)
         row = {"preset": name, "m": m, "h": h, "f": f, "groups": g}
         try:
-            keys = jax.random.split(jax.random.key(0), 4)
-            out_bar = jax.random.normal(keys[0], (m, h), jnp.bfloat16)
-            gate, up = (jax.random.normal(key, (m, f), jnp.bfloat16) for key in keys[1:3])
-            down_w = (jax.random.normal(keys[3], (g, f, h)) / np.sqrt(f)).astype(jnp.bfloat16)
             sizes = jnp.full((g,), m // g, jnp.int32)
             operands = (out_bar, gate, up, down_w, sizes)
             contenders = {}

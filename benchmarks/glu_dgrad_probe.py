@@ -26,7 +26,26 @@ import sys
 import time
 import traceback
 
+import jax
+import jax.numpy as jnp
 import numpy as np
+
+
+def down_dgrad_operands(preset):
+    """``(m, h, f, g), (out_bar, gate, up, down_w)``: the down projection's dgrad of a layer
+    preset (``M = tokens * top_k`` rows), standard normal bf16 operands, weights scaled by
+    ``1 / sqrt(F)``."""
+    m, h, f, g = (
+        preset.tokens * preset.top_k,
+        preset.hidden_size,
+        preset.ffn_size,
+        preset.num_experts,
+    )
+    keys = jax.random.split(jax.random.key(0), 4)
+    out_bar = jax.random.normal(keys[0], (m, h), jnp.bfloat16)
+    gate, up = (jax.random.normal(key, (m, f), jnp.bfloat16) for key in keys[1:3])
+    down_w = (jax.random.normal(keys[3], (g, f, h)) / np.sqrt(f)).astype(jnp.bfloat16)
+    return (m, h, f, g), (out_bar, gate, up, down_w)
 
 
 def main() -> None:
@@ -39,9 +58,6 @@ def main() -> None:
     parser.add_argument("--time-budget-s", type=float, default=400)
     args = parser.parse_args()
     start = time.time()
-
-    import jax
-    import jax.numpy as jnp
 
     import jaxmoe
     from jaxmoe.bench.gemm import hard_group_sizes
@@ -112,16 +128,7 @@ def main() -> None:
 
     if "kernel" in phases:
         for preset in presets:
-            m, h, f, g = (
-                preset.tokens * preset.top_k,
-                preset.hidden_size,
-                preset.ffn_size,
-                preset.num_experts,
-            )
-            keys = jax.random.split(jax.random.key(0), 4)
-            out_bar = jax.random.normal(keys[0], (m, h), jnp.bfloat16)
-            gate, up = (jax.random.normal(key, (m, f), jnp.bfloat16) for key in keys[1:3])
-            down_w = (jax.random.normal(keys[3], (g, f, h)) / np.sqrt(f)).astype(jnp.bfloat16)
+            (m, _, _, g), (out_bar, gate, up, down_w) = down_dgrad_operands(preset)
             for routing in ("balanced", "skewed"):
                 if out_of_time():
                     break

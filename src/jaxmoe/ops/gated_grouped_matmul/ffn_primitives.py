@@ -179,10 +179,16 @@ for _primitive, _abstract, _call, _multiple in (
 def _ffn_jvp(primals, tangents, *, kernel, activation):
     lhs, rhs_gate, rhs_up, rhs_down, group_sizes = primals
     lhs_dot, gate_w_dot, up_w_dot, down_w_dot, _ = tangents
-    from_kernel = kernel.residuals_from_kernel
-    gated = gated_primitives.gated_gmm if from_kernel else gated_primitives.composition
-    hidden, gate, up = gated(
-        lhs, rhs_gate, rhs_up, group_sizes, kernel=kernel, activation=activation, residuals=True
+    (hidden, gate, up), (gate_dot, up_dot) = gated_primitives.projections_jvp(
+        lhs,
+        rhs_gate,
+        rhs_up,
+        group_sizes,
+        lhs_dot,
+        gate_w_dot,
+        up_w_dot,
+        kernel=kernel,
+        activation=activation,
     )
     gmm = functools.partial(
         gmm_primitives.gmm, impl=kernel.grouped, transpose_rhs=False, out_dtype=lhs.dtype
@@ -190,14 +196,6 @@ def _ffn_jvp(primals, tangents, *, kernel, activation):
     out = gmm(hidden, rhs_down, group_sizes)
     terms = []
     if not all(type(t) is ad.Zero for t in (lhs_dot, gate_w_dot, up_w_dot)):
-        tangent = functools.partial(
-            gated_primitives.product_tangent,
-            group_sizes=group_sizes,
-            grouped=kernel.grouped,
-            like=gate,
-        )
-        gate_dot = tangent(lhs, rhs_gate, lhs_dot, gate_w_dot)
-        up_dot = tangent(lhs, rhs_up, lhs_dot, up_w_dot)
         terms.append(
             glu_down(
                 gate_dot,
@@ -260,12 +258,11 @@ ad.primitive_transposes[glu_dgrad_p] = _glu_dgrad_transpose
 
 # --- batching: the unfused forms, batched by the grouped matmul's rule --------------------------
 
-
-def _batch(call, args, dims, **params):
-    outs = jax.vmap(functools.partial(call, **params), in_axes=tuple(dims))(*args)
-    return outs, (tuple(0 for _ in outs) if isinstance(outs, tuple) else 0)
-
-
-batching.primitive_batchers[gated_ffn_p] = functools.partial(_batch, _ffn_call)
-batching.primitive_batchers[glu_down_p] = functools.partial(_batch, unfused_glu_down)
-batching.primitive_batchers[glu_dgrad_p] = functools.partial(_batch, unfused_glu_dgrad)
+for _primitive, _unfused in (
+    (gated_ffn_p, _ffn_call),
+    (glu_down_p, unfused_glu_down),
+    (glu_dgrad_p, unfused_glu_dgrad),
+):
+    batching.primitive_batchers[_primitive] = functools.partial(
+        gated_primitives.batch_by_vmap, _unfused
+    )

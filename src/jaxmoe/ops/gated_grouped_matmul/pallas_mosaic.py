@@ -52,10 +52,17 @@ def _silu(x):
     return x * lax.logistic(x)
 
 
+_SQRT_2_OVER_PI = np.sqrt(2 / np.pi).astype(np.float32)
+
+
+def _gelu_tanh_term(x):
+    # t = tanh(c (x + a x^3)) of jax.nn.gelu(approximate=True), spelled in primitives Mosaic GPU
+    # lowers.
+    return jnp.tanh(_SQRT_2_OVER_PI * (x + 0.044715 * (x * x * x)))
+
+
 def _gelu_tanh(x):
-    # jax.nn.gelu(approximate=True)'s formula, spelled in primitives Mosaic GPU lowers.
-    sqrt_2_over_pi = np.sqrt(2 / np.pi).astype(np.float32)
-    return x * (0.5 * (1.0 + jnp.tanh(sqrt_2_over_pi * (x + 0.044715 * (x * x * x)))))
+    return x * (0.5 * (1.0 + _gelu_tanh_term(x)))
 
 
 def _silu_and_slope(x):
@@ -67,11 +74,10 @@ def _silu_and_slope(x):
 def _gelu_tanh_and_slope(x):
     # gelu(x) = x (1 + t) / 2, t = tanh(c (x + a x^3)):
     # gelu'(x) = (1 + t) / 2 + x (1 - t^2) c (1 + 3 a x^2) / 2.
-    sqrt_2_over_pi = np.sqrt(2 / np.pi).astype(np.float32)
-    t = jnp.tanh(sqrt_2_over_pi * (x + 0.044715 * (x * x * x)))
+    t = _gelu_tanh_term(x)
     half_x = 0.5 * x
     slope = 0.5 * (1.0 + t) + half_x * (1.0 - t * t) * (
-        sqrt_2_over_pi * (1.0 + (3 * 0.044715) * (x * x))
+        _SQRT_2_OVER_PI * (1.0 + (3 * 0.044715) * (x * x))
     )
     return half_x * (1.0 + t), slope
 

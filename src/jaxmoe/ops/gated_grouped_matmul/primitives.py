@@ -125,9 +125,12 @@ def hidden_tangent(gate, up, gate_dot, up_dot, activation: str):
     return activated_dot * up + activated * up_dot
 
 
-def _jvp(primals, tangents, *, kernel, activation, residuals):
-    lhs, rhs_gate, rhs_up, group_sizes = primals
-    lhs_dot, gate_w_dot, up_w_dot, _ = tangents
+def projections_jvp(
+    lhs, rhs_gate, rhs_up, group_sizes, lhs_dot, gate_w_dot, up_w_dot, *, kernel, activation
+):
+    """``(hidden, gate, up), (gate_dot, up_dot)``: the primal with its residuals (from the
+    kernel or the unfused composition, ``kernel.residuals_from_kernel``) and the tangents of the
+    two projections by the product rule."""
     primal = gated_gmm if kernel.residuals_from_kernel else composition
     hidden, gate, up = primal(
         lhs, rhs_gate, rhs_up, group_sizes, kernel=kernel, activation=activation, residuals=True
@@ -137,6 +140,13 @@ def _jvp(primals, tangents, *, kernel, activation, residuals):
     )
     gate_dot = tangent(lhs, rhs_gate, lhs_dot, gate_w_dot)
     up_dot = tangent(lhs, rhs_up, lhs_dot, up_w_dot)
+    return (hidden, gate, up), (gate_dot, up_dot)
+
+
+def _jvp(primals, tangents, *, kernel, activation, residuals):
+    (hidden, gate, up), (gate_dot, up_dot) = projections_jvp(
+        *primals, *tangents[:3], kernel=kernel, activation=activation
+    )
     hidden_dot = hidden_tangent(gate, up, gate_dot, up_dot, activation)
     if residuals:
         return (hidden, gate, up), (hidden_dot, gate_dot, up_dot)
@@ -149,9 +159,11 @@ ad.primitive_jvps[gated_gmm_p] = _jvp
 # --- batching: the unfused composition, batched by the grouped matmul's rule ------------------
 
 
-def _batch(args, dims, **params):
-    outs = jax.vmap(functools.partial(composition, **params), in_axes=tuple(dims))(*args)
-    return outs, [0] * len(outs)
+def batch_by_vmap(call, args, dims, **params):
+    """A batching rule: ``jax.vmap`` of ``call`` (an unfused form, written with primitives that
+    batch by their own rules), every output batched along axis 0."""
+    outs = jax.vmap(functools.partial(call, **params), in_axes=tuple(dims))(*args)
+    return outs, (tuple(0 for _ in outs) if isinstance(outs, tuple) else 0)
 
 
-batching.primitive_batchers[gated_gmm_p] = _batch
+batching.primitive_batchers[gated_gmm_p] = functools.partial(batch_by_vmap, composition)
