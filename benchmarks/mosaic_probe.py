@@ -58,6 +58,18 @@ def main() -> None:
         action="store_true",
         help="also check the default tiles on the hand-written ring (ring=True) for exactness",
     )
+    parser.add_argument(
+        "--exact-variants",
+        default="",
+        help="exactness phase: these tile variants too (comma-separated names)",
+    )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=0,
+        help="timing phase: torch and the variants interleaved in this many rounds (one sample "
+        "of each per round, jaxmoe.bench.timing.time_interleaved); 0 times them one by one",
+    )
     args = parser.parse_args()
     start = time.time()
 
@@ -68,7 +80,14 @@ def main() -> None:
     from jaxmoe.bench.gemm import group_sizes_for
     from jaxmoe.bench.harness import row_emitter
     from jaxmoe.bench.presets import GEMM_SHAPES
-    from jaxmoe.bench.timing import time_jax, time_torch
+    from jaxmoe.bench.timing import (
+        jax_sync,
+        time_interleaved,
+        time_jax,
+        time_torch,
+        torch_sync,
+        warm_up,
+    )
     from jaxmoe.ops.grouped_matmul import pallas_mosaic, pallas_mosaic_tiles, pallas_triton
 
     try:
@@ -137,6 +156,18 @@ def main() -> None:
         "s4e64ringswz": cfg(
             128, 256, 64, 4, 8, epilogue_rows=64, swizzled_epilogue=True, ring=True
         ),
+        # Ping-pong (session 13): each compute warpgroup its own tiles, the CTA's tiles
+        # alternating, on the ring; the two tile shapes one warpgroup's registers hold.
+        "pp128s6": cfg(
+            128, 128, 64, 6, 8, epilogue_rows=64, swizzled_epilogue=True, ring=True, pingpong=True
+        ),
+        "pp128s5": cfg(
+            128, 128, 64, 5, 8, epilogue_rows=64, swizzled_epilogue=True, ring=True, pingpong=True
+        ),
+        "pp128s6g16": cfg(
+            128, 128, 64, 6, 16, epilogue_rows=64, swizzled_epilogue=True, ring=True, pingpong=True
+        ),
+        "pp64x256s4": cfg(64, 256, 64, 4, 8, swizzled_epilogue=True, ring=True, pingpong=True),
     }
     if args.variants != "all":
         variants = {k: variants[k] for k in args.variants.split(",")}
@@ -299,6 +330,8 @@ def main() -> None:
                         )
                     if args.exact_ring:
                         mosaic_tiles["mosaic-default-ring"] = dataclasses.replace(tiles, ring=True)
+                    for name in filter(None, args.exact_variants.split(",")):
+                        mosaic_tiles[name] = variants[name]
                     base = {
                         "phase": "exact",
                         "shape": shape_name,
@@ -380,6 +413,24 @@ def main() -> None:
             lhs = dy if transpose else x
             n_out = shape.k if transpose else shape.n
             default = pallas_mosaic_tiles.default_mosaic_gmm_tiles(shape.m, lhs.shape[1], n_out)
+            if args.rounds:
+                if time.time() - start > args.time_budget_s:
+                    emit({"budget": "stopped", "at": [shape_name, op]})
+                    return
+                contenders = {}
+                if op in tstate:
+                    call = tstate[op]
+                    contenders["torch"] = (call, torch_sync, warm_up(call, torch_sync))
+                for name, tiles in working.items():
+                    call = functools.partial(mosaic_fn(transpose, tiles), lhs, w, gs)
+                    contenders[name] = (call, jax_sync, warm_up(call, jax_sync))
+                timings = time_interleaved(contenders, rounds=args.rounds)
+                for name, t in timings.items():
+                    extra = {"rounds": args.rounds}
+                    if name in working:
+                        extra["is_default"] = working[name] == default
+                    row(name, op, t, extra)
+                continue
             if op in tstate:
                 row("torch", op, time_torch(tstate[op]))
             row("triton", op, time_jax(triton_fn(transpose), lhs, w, gs))

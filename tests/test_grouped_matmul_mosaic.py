@@ -63,6 +63,20 @@ CONFIGS = {
     "ring_swizzled": MosaicTileConfig(
         64, 256, 64, stages=2, group_swizzle=2, swizzled_epilogue=True, ring=True
     ),
+    # Ping-pong: the CTA's tiles alternate between the compute warpgroups, each waiting for and
+    # releasing the other's slots; with the unswizzled slab and with the swizzled 64-row slabs.
+    "pingpong": MosaicTileConfig(64, 128, 64, stages=2, group_swizzle=2, ring=True, pingpong=True),
+    "pingpong_swizzled": MosaicTileConfig(
+        128,
+        128,
+        64,
+        stages=3,
+        group_swizzle=2,
+        epilogue_rows=64,
+        swizzled_epilogue=True,
+        ring=True,
+        pingpong=True,
+    ),
 }
 SWIZZLED = [name for name in CONFIGS if name.startswith("swizzled")]
 TRITON_TILES = TileConfig(block_m=32, block_n=32, block_k=32, num_warps=4, num_stages=2)
@@ -86,13 +100,21 @@ def test_forward_empty_groups_straddling_tiles_and_tail(name):
     assert np.all(got[213:] == 0), "rows past sum(group_sizes) are not zero"
 
 
-@pytest.mark.parametrize("name", ["plain", "ring", *SWIZZLED])
+def test_pingpong_many_ring_turns_per_tile():
+    # Six K steps per tile on a two-slot ring: each warpgroup skips three turns of the other's
+    # slots per tile, and the slots' phases wrap within a tile and across the alternation.
+    got, want = mosaic_forward([70, 0, 3, 100, 40], CONFIGS["pingpong"], k=384, seed=5)
+    assert np.max(np.abs(got - want)) / np.max(np.abs(want)) <= 1.6e-2
+    assert np.all(got[213:] == 0)
+
+
+@pytest.mark.parametrize("name", ["plain", "ring", "pingpong", *SWIZZLED])
 def test_forward_single_group_holds_every_row(name):
     got, want = mosaic_forward([0, M, 0], CONFIGS[name], seed=1)
     assert np.max(np.abs(got - want)) / np.max(np.abs(want)) <= 1.6e-2
 
 
-@pytest.mark.parametrize("name", ["plain", "swizzled", "ring"])
+@pytest.mark.parametrize("name", ["plain", "swizzled", "ring", "pingpong"])
 def test_forward_no_rows_at_all_is_zeros(name):
     got, _ = mosaic_forward([0, 0], CONFIGS[name], m=64, n=CONFIGS[name].block_n)
     assert np.all(got == 0)
@@ -181,6 +203,13 @@ LOWERED = {
         128, 128, 64, stages=4, epilogue_rows=64, swizzled_epilogue=True
     ),
     "ring": MosaicTileConfig(stages=4, epilogue_rows=64, ring=True),
+    # Ping-pong at the two tile shapes that fit one warpgroup's registers, their deepest rings.
+    "pingpong": MosaicTileConfig(
+        128, 128, 64, stages=6, epilogue_rows=64, swizzled_epilogue=True, ring=True, pingpong=True
+    ),
+    "pingpong_64x256": MosaicTileConfig(
+        64, 256, 64, stages=4, swizzled_epilogue=True, ring=True, pingpong=True
+    ),
 }
 
 
@@ -235,6 +264,35 @@ def test_bad_tiles_raise_value_error(field, value):
         PallasMosaicGroupedMatmul(gmm_tiles=MosaicTileConfig(**{field: value}))
 
 
+@pytest.mark.parametrize(
+    "fields, why",
+    [
+        (dict(pingpong=True), "needs ring=True"),  # the ping-pong is built on the ring
+        (dict(pingpong=True, ring=True), "registers"),  # a 128 x 256 float32 accumulator
+    ],
+)
+def test_bad_pingpong_tiles_raise_value_error(fields, why):
+    with pytest.raises(ValueError, match=why):
+        PallasMosaicGroupedMatmul(gmm_tiles=MosaicTileConfig(epilogue_rows=64, **fields))
+
+
+def test_pingpong_takes_one_weight_only():
+    cfg = MosaicTileConfig(128, 128, 64, stages=2, ring=True, pingpong=True)
+    pallas_mosaic_tiles.check_tiles(cfg)
+    with pytest.raises(ValueError, match="one weight"):
+        pallas_mosaic_tiles.check_tiles(cfg, num_rhs=2)
+
+
+def test_pingpong_epilogue_buffers_hold_whole_tiles_per_warpgroup():
+    # Each warpgroup stages its own [rows, block_n] results: twice a cooperative warpgroup's.
+    cfg = MosaicTileConfig(
+        128, 128, 64, stages=6, epilogue_rows=64, swizzled_epilogue=True, ring=True, pingpong=True
+    )
+    lay = pallas_mosaic_tiles.epilogue_layout(cfg)
+    assert (lay["wg_n"], lay["chunks"], lay["stores"]) == (128, 2, 4)
+    assert pallas_mosaic_tiles.smem_bytes(cfg) == 6 * 32 * 1024 + 32 * 1024
+
+
 def test_tiles_that_do_not_fit_in_shared_memory_are_refused():
     # A 4-deep ring (192 KiB) leaves 35 KiB: a 64-row slab (32 KiB) fits, swizzled or not (the
     # two buffers share it); the whole-tile slab (64 KiB) and a 5-deep ring do not.
@@ -277,7 +335,7 @@ def test_each_warpgroup_slab_lies_on_its_own_swizzled_slots(block_n, epilogue_ro
     assert pallas_mosaic_tiles.epilogue_smem_bytes(cfg, out_bytes) == 2 * max(slab, slots) * 2
 
 
-@pytest.mark.parametrize("name", ["plain", "swizzled", "ring_three_slots"])
+@pytest.mark.parametrize("name", ["plain", "swizzled", "ring_three_slots", "pingpong_swizzled"])
 @settings(max_examples=3, deadline=None, derandomize=True)
 @given(sizes=st.lists(st.integers(0, 90), min_size=3, max_size=3))
 def test_forward_random_group_sizes(name, sizes):

@@ -18,6 +18,10 @@ Layout of the work (``bm, bn, bk`` are the block sizes)::
                  Otherwise jax's ``emit_pipeline_warp_specialized`` runs per pair (chained
                  across pairs with ``pipelined_tiles``); the FP8 and fused gated kernels' default
                  tiles still take it (the ring is not measured with them yet).
+                 With ``pingpong`` (on the ring) each compute warpgroup instead multiplies whole
+                 pairs into a ``[bm, bn]`` accumulator, the CTA's pairs alternating between the
+                 two: one's epilogue runs under the other's ``wgmma``; each waits for (and
+                 releases) the other's slots too (:func:`.pallas_mosaic_common.ring_skip`).
     epilogue     the accumulator is cast and staged in shared memory, then stored by TMA without
                  waiting for completion (the next pair waits only until the stage has been read).
                  A tile whose rows all belong to its group is one store; a tile cut by a group
@@ -63,6 +67,7 @@ from jaxmoe.ops.grouped_matmul.pallas_mosaic_tiles import (
     default_mosaic_gmm_tiles,
     epilogue_layout,
     unsupported_reason,
+    warpgroup_cols,
 )
 from jaxmoe.ops.grouped_matmul.pallas_triton import gmm_work_items
 
@@ -103,7 +108,7 @@ def _jaxmoe_mosaic_gmm(
     out_gmems = rhs_epilogue_and_out_gmem[-num_outputs:]
     out_gmem = out_gmems[0]
     bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
-    wg_n = bn // common.NUM_COMPUTE_WARPGROUPS
+    wg_n = warpgroup_cols(cfg)
     stage_rows = cfg.epilogue_rows or bm
     k = lhs_gmem.shape[1]
     n = out_gmem.shape[1]
@@ -195,7 +200,9 @@ def _jaxmoe_mosaic_gmm(
         if cfg.swizzled_epilogue:
             out_smem, swizzled_smem = out_smem
         wg = lax.axis_index("wg")
-        wg_cols = pl.ds(wg * wg_n, wg_n)
+        # A compute warpgroup's first column in its tile: ping-pong tiles are a warpgroup's own.
+        wg_col = 0 if cfg.pingpong else wg * wg_n
+        wg_cols = pl.ds(wg_col, wg_n)
         num_compute_work = work_counts_gmem[0]
         num_tail_work = work_counts_gmem[1]
 
@@ -239,7 +246,7 @@ def _jaxmoe_mosaic_gmm(
             counts this warpgroup's swizzled stores of the tile so far (the slots alternate)."""
             part_lo = jnp.clip(lo - first_row, 0, stage_rows)
             part_hi = jnp.clip(hi - first_row, 0, stage_rows)
-            dst = out_gmem.at[pl.ds(row0 + first_row, stage_rows), pl.ds(col0 + wg * wg_n, wg_n)]
+            dst = out_gmem.at[pl.ds(row0 + first_row, stage_rows), pl.ds(col0 + wg_col, wg_n)]
             whole = (part_lo == 0) & (part_hi == stage_rows)
             if not cfg.swizzled_epilogue:
                 # The previous store from this slab must have been read before we overwrite it.
@@ -303,7 +310,11 @@ def _jaxmoe_mosaic_gmm(
                 _, row0, lo, hi = tile_rows(num_compute_work + index // num_n_tiles)
                 col0 = (index % num_n_tiles) * bn
                 zeros = (jnp.zeros((stage_rows, wg_n), out_dtype),) * num_outputs
-                store(lambda first_row: zeros, row0, col0, lo, hi)
+
+                # Ping-pong: a tile is one warpgroup's (they alternate); else each stores half.
+                @pl.when(index % 2 == wg if cfg.pingpong else True)
+                def _store_zeros():
+                    store(lambda first_row: zeros, row0, col0, lo, hi)
 
         def slabs_of(results):
             return lambda first_row: tuple(r[first_row : first_row + stage_rows] for r in results)
@@ -320,7 +331,7 @@ def _jaxmoe_mosaic_gmm(
                     *epilogue_gmem,
                     group=group,
                     row0=row0 + first_row,
-                    col0=col0 + wg * wg_n,
+                    col0=col0 + wg_col,
                 )
                 return value if isinstance(value, tuple) else (value,)
 
@@ -374,7 +385,7 @@ def _jaxmoe_mosaic_gmm(
                         k_step=k_step,
                         group=group,
                         row0=row0,
-                        col0=col0 + wg * wg_n,
+                        col0=col0 + wg_col,
                     )
                 for rhs_block, acc_ref in zip(rhs_blocks, acc_refs, strict=True):
                     plgpu.wgmma(acc_ref, lhs_smem, rhs_block)
@@ -423,23 +434,32 @@ def _jaxmoe_mosaic_gmm(
                 def tile(local_tile, carry):
                     (group, row0, lo, hi, col0), count = parts(local_tile)
                     mma = make_mma(group, row0, col0)
+                    barriers = dict(
+                        stages=cfg.stages, loaded=ring["loaded"], released=ring["released"]
+                    )
 
                     def eval_steps(acc):
                         def step(i, slot, acc):
                             rhs_smems = [rhs_ring.at[slot] for rhs_ring in ring["rhs"]]
                             return mma((i,), ring["lhs"].at[slot], *rhs_smems, acc)
 
-                        return common.ring_consume(
-                            local_tile * count,
-                            count,
-                            step,
-                            acc,
-                            stages=cfg.stages,
-                            loaded=ring["loaded"],
-                            released=ring["released"],
-                        )
+                        return common.ring_consume(local_tile * count, count, step, acc, **barriers)
 
-                    make_context(group, row0, lo, hi, col0)(eval_steps)
+                    if not cfg.pingpong:
+                        make_context(group, row0, lo, hi, col0)(eval_steps)
+                        return carry
+
+                    # Ping-pong: the CTA's tiles alternate between the two warpgroups.
+                    mine = local_tile % common.NUM_COMPUTE_WARPGROUPS == wg
+
+                    @pl.when(mine)
+                    def _multiply():
+                        make_context(group, row0, lo, hi, col0)(eval_steps)
+
+                    @pl.when(jnp.logical_not(mine))
+                    def _skip():
+                        common.ring_skip(local_tile * count, count, **barriers)
+
                     return carry
 
                 lax.fori_loop(0, my_tiles, tile, jnp.int32(0))

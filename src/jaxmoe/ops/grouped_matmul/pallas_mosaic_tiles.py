@@ -41,6 +41,13 @@ class MosaicTileConfig:
     keep the unswizzled slab and its row runs; the two buffers share the same shared memory
     (a ``plgpu.RefUnion``), so the epilogue costs no more of it than the unswizzled one when
     ``block_n = 256``.
+
+    ``pingpong`` (with ``ring``): each compute warpgroup owns whole ``[block_m, block_n]`` tiles,
+    the CTA's tiles alternating between the two, instead of half of every tile. One
+    warpgroup's epilogue (and its wait for the next tile's first blocks) then runs while the
+    other's ``wgmma`` keep the tensor cores busy; the price is a smaller tile per ring slot
+    (``block_m * block_n <= 128 * 128``: the whole accumulator in one warpgroup's registers),
+    so more bytes loaded per FLOP. One weight only (no fused gate/up, no per-step scales).
     """
 
     block_m: int = 128
@@ -52,6 +59,15 @@ class MosaicTileConfig:
     epilogue_rows: int | None = None
     swizzled_epilogue: bool = False
     ring: bool = False
+    pingpong: bool = False
+
+
+def warpgroup_cols(cfg: MosaicTileConfig) -> int:
+    """The columns of a tile one compute warpgroup multiplies: all of ``block_n`` in ping-pong
+    (each warpgroup its own tiles), otherwise half (the two split every tile)."""
+    if cfg.pingpong:
+        return cfg.block_n
+    return cfg.block_n // NUM_COMPUTE_WARPGROUPS
 
 
 # Hopper's opt-in shared memory per block (227 KiB); the barriers use a few hundred bytes more.
@@ -76,7 +92,7 @@ def epilogue_layout(cfg: MosaicTileConfig, out_bytes: int = 2) -> dict[str, int]
     skewed groups on an H100, run 10 call 1).
     """
     rows = cfg.epilogue_rows or cfg.block_m
-    wg_n = cfg.block_n // NUM_COMPUTE_WARPGROUPS
+    wg_n = warpgroup_cols(cfg)
     chunk_cols = min(wg_n, SWIZZLE_BYTES // out_bytes)
     chunks = wg_n // chunk_cols
     stores = (cfg.block_m // rows) * chunks
@@ -217,6 +233,16 @@ def check_tiles(cfg: MosaicTileConfig, operand_bytes: int = 2, num_rhs: int = 1)
         problems.append(f"stages={cfg.stages} must be >= 2")
     if cfg.group_swizzle < 1:
         problems.append(f"group_swizzle={cfg.group_swizzle} must be >= 1")
+    if cfg.pingpong:
+        if not cfg.ring:
+            problems.append("pingpong=True needs ring=True (the hand-written ring)")
+        if num_rhs != 1:
+            problems.append(f"pingpong=True takes one weight, not {num_rhs} (fused gate/up)")
+        if bm * bn > 128 * 128:
+            problems.append(
+                f"pingpong=True: a [{bm}, {bn}] tile does not fit one warpgroup's registers; "
+                "use block_m * block_n <= 128 * 128 (128 x 128 or 64 x 256)"
+            )
     if cfg.epilogue_rows not in (None, bm) and not (
         cfg.epilogue_rows == bm // 2 and cfg.epilogue_rows >= 64
     ):
