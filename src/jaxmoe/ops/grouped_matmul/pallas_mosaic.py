@@ -23,14 +23,12 @@ Layout of the work (``bm, bn, bk`` are the block sizes)::
                  two: one's epilogue runs under the other's ``wgmma``; each waits for (and
                  releases) the other's slots too (:func:`.pallas_mosaic_common.ring_skip`).
     epilogue     the accumulator is cast and staged in shared memory, then stored by TMA without
-                 waiting for completion (the next pair waits only until the stage has been read).
-                 A tile whose rows all belong to its group is one store; a tile cut by a group
-                 boundary stores its rows ``[lo, hi)`` as power-of-two runs, because a TMA box has
-                 a static shape: ``hi - lo = 0b1011`` is stored as runs of 8, 2 and 1 rows.
-                 With ``swizzled_epilogue`` a whole slab is instead written in 64-column chunks
-                 to a 128-byte-swizzled buffer (no shared-memory bank conflicts), two slots per
-                 warpgroup, one store left in flight; only cut slabs use the unswizzled slab,
-                 which shares its memory with the slots (``plgpu.RefUnion``).
+                 waiting for completion (the next pair waits only until the stage has been read;
+                 :mod:`.pallas_mosaic_epilogue`). A tile whose rows all belong to its group is
+                 one store; a tile cut by a group boundary stores its rows ``[lo, hi)`` as
+                 power-of-two runs (a TMA box has a static shape). With ``swizzled_epilogue`` a
+                 whole slab is instead written in 64-column chunks to a 128-byte-swizzled
+                 buffer, one store left in flight.
 
 Why a second lowering: the Triton kernel (``pallas_triton``) is not persistent and cannot overlap
 its epilogue with the next tile's main loop, which costs most on short-K shapes (benchmarks/).
@@ -61,11 +59,11 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from jaxmoe.ops.grouped_matmul import pallas_mosaic_common as common
 from jaxmoe.ops.grouped_matmul import pallas_triton
+from jaxmoe.ops.grouped_matmul.pallas_mosaic_epilogue import EpilogueStores, epilogue_allocation
 from jaxmoe.ops.grouped_matmul.pallas_mosaic_tiles import (
     MosaicTileConfig,
     check_tiles,
     default_mosaic_gmm_tiles,
-    epilogue_layout,
     unsupported_reason,
     warpgroup_cols,
 )
@@ -92,7 +90,7 @@ def _jaxmoe_mosaic_gmm(
     interpreted: bool = False,
 ):
     # ``epilogue(acc, *epilogue_gmem, group=, row0=, col0=)`` maps one epilogue slab of a
-    # compute warpgroup's float32 accumulator (``[stage_rows, bn / 2]``, rows from ``row0``,
+    # compute warpgroup's float32 accumulator (``[epilogue_rows, wg_n]``, rows from ``row0``,
     # columns from ``col0``) before the cast, to one result or a tuple of ``num_outputs``: the FP8
     # kernel's scales, the gated FFN's activation derivative (two results).
     # ``num_rhs`` weights share each lhs block (one accumulator each, same columns); ``combine``
@@ -109,7 +107,6 @@ def _jaxmoe_mosaic_gmm(
     out_gmem = out_gmems[0]
     bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
     wg_n = warpgroup_cols(cfg)
-    stage_rows = cfg.epilogue_rows or bm
     k = lhs_gmem.shape[1]
     n = out_gmem.shape[1]
     num_n_tiles = n // bn
@@ -162,33 +159,7 @@ def _jaxmoe_mosaic_gmm(
             lhs_gmem.at[pl.ds(0, bm), :], *(rhs_block_source(rhs, 0, 0) for rhs in rhs_gmems)
         )
 
-    # Unswizzled so that a run may start at any row (group boundaries are arbitrary); each
-    # warpgroup's slab is its first stage_rows rows of slab_rows (see epilogue_layout).
-    epi = epilogue_layout(cfg, jnp.dtype(out_dtype).itemsize)
-    runs_alloc = plgpu.SMEM((common.NUM_COMPUTE_WARPGROUPS, epi["slab_rows"], wg_n), out_dtype)
-    chunk_cols, num_slots = epi["chunk_cols"], epi["slots"]
-    if cfg.swizzled_epilogue:
-        # Whole slabs: [stage_rows, chunk_cols] chunks, 128-byte swizzled (conflict-free writes
-        # of the wgmma registers), two slots per warpgroup so that one store stays in flight.
-        out_swizzle = plgpu.find_swizzle(chunk_cols * jnp.dtype(out_dtype).itemsize * 8)
-        swizzled_alloc = plgpu.SMEM(
-            (common.NUM_COMPUTE_WARPGROUPS, num_slots, stage_rows, chunk_cols),
-            out_dtype,
-            transforms=(
-                plgpu.TilingTransform((8, out_swizzle // jnp.dtype(out_dtype).itemsize)),
-                plgpu.SwizzleTransform(out_swizzle),
-            ),
-        )
-        # On the GPU both buffers share one region (shared memory is full); a warpgroup switching
-        # between them first waits until its stores have read it. The interpreter has no aliased
-        # refs (and no shared-memory limit): two buffers there.
-        out_alloc = (
-            (runs_alloc, swizzled_alloc)
-            if interpreted
-            else plgpu.RefUnion(runs_alloc, swizzled_alloc)
-        )
-    else:
-        out_alloc = runs_alloc
+    out_alloc = epilogue_allocation(cfg, out_dtype, interpreted)
 
     @functools.partial(
         pl.run_scoped,
@@ -197,103 +168,13 @@ def _jaxmoe_mosaic_gmm(
         collective_axes="wg",
     )
     def _scope(pipeline_allocs, out_smem):
-        if cfg.swizzled_epilogue:
-            out_smem, swizzled_smem = out_smem
         wg = lax.axis_index("wg")
         # A compute warpgroup's first column in its tile: ping-pong tiles are a warpgroup's own.
         wg_col = 0 if cfg.pingpong else wg * wg_n
         wg_cols = pl.ds(wg_col, wg_n)
+        stores = EpilogueStores(cfg, out_smem, out_gmems, wg=wg, wg_col=wg_col)
         num_compute_work = work_counts_gmem[0]
         num_tail_work = work_counts_gmem[1]
-
-        def store_runs(stage, dst, part_lo, part_hi):
-            """Slab rows ``[part_lo, part_hi)``, staged in the unswizzled ``stage``, as
-            power-of-two runs (a TMA box has a static shape: ``0b1011`` rows are runs of 8, 2
-            and 1)."""
-            size = part_hi - part_lo
-            first = part_lo
-            run = stage_rows
-            while run >= 1:
-                this_run = run
-
-                @pl.when((size & this_run) != 0)
-                def _store_run(first=first, this_run=this_run):
-                    plgpu.copy_smem_to_gmem(
-                        stage.at[pl.ds(first, this_run)], dst.at[pl.ds(first, this_run)]
-                    )
-
-                first = first + (size & this_run)
-                run //= 2
-
-        def store_swizzled(values, dst, first_store):
-            """A whole slab through the swizzled slots: ``chunk_cols`` columns per TMA store; the
-            slot alternates over a tile's stores (``first_store``: how many came before)."""
-            for chunk in range(epi["chunks"]):
-                slot = (first_store + chunk) % num_slots
-                # At most one store in flight: the one from the other slot.
-                plgpu.wait_smem_to_gmem(num_slots - 1, wait_read_only=True)
-                cols = slice(chunk * chunk_cols, (chunk + 1) * chunk_cols)
-                swizzled_smem[wg, slot] = values[:, cols]
-                plgpu.commit_smem()
-                plgpu.copy_smem_to_gmem(
-                    swizzled_smem.at[wg, slot],
-                    dst.at[:, pl.ds(chunk * chunk_cols, chunk_cols)],
-                )
-
-        def store_part(value, out_gmem, row0, col0, first_row, lo, hi, first_store):
-            """Slab ``first_row // stage_rows`` of a compute warpgroup's result (``value``:
-            ``[stage_rows, wg_n]``), its rows in ``[lo, hi)`` of the tile only; ``first_store``
-            counts this warpgroup's swizzled stores of the tile so far (the slots alternate)."""
-            part_lo = jnp.clip(lo - first_row, 0, stage_rows)
-            part_hi = jnp.clip(hi - first_row, 0, stage_rows)
-            dst = out_gmem.at[pl.ds(row0 + first_row, stage_rows), pl.ds(col0 + wg_col, wg_n)]
-            whole = (part_lo == 0) & (part_hi == stage_rows)
-            if not cfg.swizzled_epilogue:
-                # The previous store from this slab must have been read before we overwrite it.
-                plgpu.wait_smem_to_gmem(0, wait_read_only=True)
-                stage = out_smem.at[wg, pl.ds(0, stage_rows)]
-                stage[...] = value
-                plgpu.commit_smem()
-
-                @pl.when(whole)
-                def _store_whole():
-                    plgpu.copy_smem_to_gmem(stage, dst)
-
-                @pl.when(jnp.logical_not(whole))
-                def _store_part():
-                    store_runs(stage, dst, part_lo, part_hi)
-
-                return
-
-            @pl.when(whole)
-            def _store_whole_swizzled():
-                store_swizzled(value, dst, first_store)
-
-            @pl.when(jnp.logical_not(whole))
-            def _store_part_unswizzled():
-                # The unswizzled slab aliases both swizzled slots: every store of this
-                # warpgroup must have read it before it is written, and the runs must have
-                # been read before the slots are written again.
-                plgpu.wait_smem_to_gmem(0, wait_read_only=True)
-                stage = out_smem.at[wg, pl.ds(0, stage_rows)]
-                stage[...] = value
-                plgpu.commit_smem()
-                store_runs(stage, dst, part_lo, part_hi)
-                plgpu.wait_smem_to_gmem(0, wait_read_only=True)
-
-        def store(slab_results, row0, col0, lo, hi):
-            """A compute warpgroup's results of one tile, rows ``[lo, hi)`` only, slab by slab:
-            ``slab_results(first_row)`` gives the slab's ``[stage_rows, wg_n]`` value of each
-            output (computing an epilogue a slab at a time keeps fewer values in registers)."""
-            if cfg.swizzled_epilogue and num_slots == 1:
-                # One slot: the previous result's store must have been read.
-                plgpu.wait_smem_to_gmem(0, wait_read_only=True)
-            stores = 0
-            for first_row in range(0, bm, stage_rows):
-                values = slab_results(first_row)
-                for value, out in zip(values, out_gmems, strict=True):
-                    store_part(value.astype(out_dtype), out, row0, col0, first_row, lo, hi, stores)
-                    stores += epi["chunks"]
 
         def tile_rows(work):
             group = work_group_gmem[work]
@@ -309,50 +190,34 @@ def _jaxmoe_mosaic_gmm(
                 (index,) = loop_info.index
                 _, row0, lo, hi = tile_rows(num_compute_work + index // num_n_tiles)
                 col0 = (index % num_n_tiles) * bn
-                zeros = (jnp.zeros((stage_rows, wg_n), out_dtype),) * num_outputs
+                zeros = (jnp.zeros((stores.stage_rows, wg_n), out_dtype),) * num_outputs
 
                 # Ping-pong: a tile is one warpgroup's (they alternate); else each stores half.
                 @pl.when(index % 2 == wg if cfg.pingpong else True)
                 def _store_zeros():
-                    store(lambda first_row: zeros, row0, col0, lo, hi)
-
-        def slabs_of(results):
-            return lambda first_row: tuple(r[first_row : first_row + stage_rows] for r in results)
-
-        def epilogue_slabs(acc, group, row0, col0):
-            """``epilogue`` applied to one slab of ``acc`` at a time (its rows from ``row0 +
-            first_row``); it returns one value or a tuple of ``num_outputs``."""
-            if epilogue is None:
-                return slabs_of((acc,))
-
-            def slab(first_row):
-                value = epilogue(
-                    acc[first_row : first_row + stage_rows],
-                    *epilogue_gmem,
-                    group=group,
-                    row0=row0 + first_row,
-                    col0=col0 + wg_col,
-                )
-                return value if isinstance(value, tuple) else (value,)
-
-            return slab
+                    stores.store(lambda first_row: zeros, row0, col0, lo, hi)
 
         def make_context(group, row0, lo, hi, col0):
             def context(eval_pipeline):
                 if k_step_scale is not None:  # the main accumulator is the pipeline's carry
                     acc = eval_pipeline(jnp.zeros((bm, wg_n), jnp.float32))
-                    store(epilogue_slabs(acc, group, row0, col0), row0, col0, lo, hi)
+                    slab_results = stores.epilogue_slabs(
+                        epilogue, epilogue_gmem, acc, group, row0, col0
+                    )
+                    stores.store(slab_results, row0, col0, lo, hi)
                     return
 
                 def acc_scope(*acc_refs):
                     eval_pipeline(acc_refs)
                     accs = [acc_ref[...] for acc_ref in acc_refs]
                     if combine is not None:
-                        slab_results = slabs_of(combine(*accs))
+                        slab_results = stores.slabs_of(combine(*accs))
                     else:
                         (acc,) = accs
-                        slab_results = epilogue_slabs(acc, group, row0, col0)
-                    store(slab_results, row0, col0, lo, hi)
+                        slab_results = stores.epilogue_slabs(
+                            epilogue, epilogue_gmem, acc, group, row0, col0
+                        )
+                    stores.store(slab_results, row0, col0, lo, hi)
 
                 pl.run_scoped(acc_scope, *[plgpu.ACC((bm, wg_n), jnp.float32)] * num_rhs)
 

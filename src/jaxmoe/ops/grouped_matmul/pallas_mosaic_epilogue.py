@@ -1,0 +1,201 @@
+"""The Mosaic GPU ``gmm``'s epilogue (:mod:`.pallas_mosaic`): how a compute warpgroup's results
+are staged in shared memory and stored by TMA.
+
+Each result of a tile is cast and written a slab (``epilogue_rows`` rows of the warpgroup's
+columns) at a time; the stores are not waited for (a buffer is rewritten only once its previous
+store has read it), so the next tile's main loop overlaps them. Two ways to stage a slab::
+
+    unswizzled   one ``[epilogue_rows, wg_n]`` slab per compute warpgroup, so that a store may
+                 start at any row: a slab cut by a group boundary stores its rows ``[lo, hi)``
+                 as power-of-two runs, because a TMA box has a static shape (``hi - lo =
+                 0b1011`` is stored as runs of 8, 2 and 1 rows). A whole slab is one store.
+    swizzled     with ``swizzled_epilogue``, a whole slab is instead written in 64-column
+                 chunks (one 128-byte row) to a 128-byte-swizzled buffer, which the ``wgmma``
+                 registers write without shared-memory bank conflicts: two slots per
+                 warpgroup, alternating, so one store stays in flight while the next chunk is
+                 written. Cut slabs still take the unswizzled slab and its runs.
+
+On the GPU the two buffers share one region of shared memory (``plgpu.RefUnion``: the ring
+leaves no room for both), so a warpgroup switching between them first waits until its stores
+have read the region; :func:`.pallas_mosaic_tiles.epilogue_layout` pads the slab so that each
+warpgroup's covers exactly its own slots. The interpreter has no aliased refs: two buffers there.
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+from jaxmoe.ops.grouped_matmul import pallas_mosaic_common as common
+from jaxmoe.ops.grouped_matmul.pallas_mosaic_tiles import MosaicTileConfig, epilogue_layout
+
+
+def epilogue_allocation(cfg: MosaicTileConfig, out_dtype, interpreted: bool):
+    """The epilogue's shared-memory buffers, for ``pl.run_scoped``: the unswizzled slab, and
+    with ``swizzled_epilogue`` the swizzled slots too (aliased on the GPU, two buffers in the
+    interpreter); :class:`EpilogueStores` takes what the scope gives."""
+    # Unswizzled so that a run may start at any row (group boundaries are arbitrary); each
+    # warpgroup's slab is its first stage_rows rows of slab_rows (see epilogue_layout).
+    layout = epilogue_layout(cfg, jnp.dtype(out_dtype).itemsize)
+    runs_alloc = plgpu.SMEM(
+        (common.NUM_COMPUTE_WARPGROUPS, layout["slab_rows"], layout["wg_n"]), out_dtype
+    )
+    if not cfg.swizzled_epilogue:
+        return runs_alloc
+    # Whole slabs: [stage_rows, chunk_cols] chunks, 128-byte swizzled (conflict-free writes of
+    # the wgmma registers), two slots per warpgroup so that one store stays in flight.
+    chunk_cols = layout["chunk_cols"]
+    out_swizzle = plgpu.find_swizzle(chunk_cols * jnp.dtype(out_dtype).itemsize * 8)
+    swizzled_alloc = plgpu.SMEM(
+        (common.NUM_COMPUTE_WARPGROUPS, layout["slots"], layout["rows"], chunk_cols),
+        out_dtype,
+        transforms=(
+            plgpu.TilingTransform((8, out_swizzle // jnp.dtype(out_dtype).itemsize)),
+            plgpu.SwizzleTransform(out_swizzle),
+        ),
+    )
+    # On the GPU both buffers share one region (shared memory is full); a warpgroup switching
+    # between them first waits until its stores have read it. The interpreter has no aliased
+    # refs (and no shared-memory limit): two buffers there.
+    return (
+        (runs_alloc, swizzled_alloc) if interpreted else plgpu.RefUnion(runs_alloc, swizzled_alloc)
+    )
+
+
+class EpilogueStores:
+    """One compute warpgroup's stores of its tiles' results, through the buffers of
+    :func:`epilogue_allocation` (``out_smem``, as the scope gives them) into ``out_gmems`` (one
+    ``[M, N]`` ref per output). ``wg`` is the warpgroup's index, ``wg_col`` its first column in
+    a tile."""
+
+    def __init__(self, cfg: MosaicTileConfig, out_smem, out_gmems, *, wg, wg_col):
+        self.cfg = cfg
+        self.out_gmems = out_gmems
+        self.out_dtype = out_gmems[0].dtype
+        self.layout = epilogue_layout(cfg, jnp.dtype(self.out_dtype).itemsize)
+        self.stage_rows = self.layout["rows"]
+        self.wg_n = self.layout["wg_n"]
+        self.wg = wg
+        self.wg_col = wg_col
+        if cfg.swizzled_epilogue:
+            self.runs_smem, self.swizzled_smem = out_smem
+        else:
+            self.runs_smem, self.swizzled_smem = out_smem, None
+
+    def slabs_of(self, results):
+        """``slab_results`` for :meth:`store`: the slabs of whole-tile ``results``."""
+        rows = self.stage_rows
+        return lambda first_row: tuple(r[first_row : first_row + rows] for r in results)
+
+    def epilogue_slabs(self, epilogue, epilogue_gmem, acc, group, row0, col0):
+        """``slab_results`` for :meth:`store`: ``epilogue`` (see :mod:`.pallas_mosaic`'s kernel;
+        ``None`` for none) applied to one slab of ``acc`` at a time (its rows from ``row0 +
+        first_row``); it returns one value or a tuple of outputs."""
+        if epilogue is None:
+            return self.slabs_of((acc,))
+
+        def slab(first_row):
+            value = epilogue(
+                acc[first_row : first_row + self.stage_rows],
+                *epilogue_gmem,
+                group=group,
+                row0=row0 + first_row,
+                col0=col0 + self.wg_col,
+            )
+            return value if isinstance(value, tuple) else (value,)
+
+        return slab
+
+    def store_runs(self, stage, dst, part_lo, part_hi):
+        """Slab rows ``[part_lo, part_hi)``, staged in the unswizzled ``stage``, as power-of-two
+        runs (a TMA box has a static shape: ``0b1011`` rows are runs of 8, 2 and 1)."""
+        size = part_hi - part_lo
+        first = part_lo
+        run = self.stage_rows
+        while run >= 1:
+            this_run = run
+
+            @pl.when((size & this_run) != 0)
+            def _store_run(first=first, this_run=this_run):
+                plgpu.copy_smem_to_gmem(
+                    stage.at[pl.ds(first, this_run)], dst.at[pl.ds(first, this_run)]
+                )
+
+            first = first + (size & this_run)
+            run //= 2
+
+    def store_swizzled(self, values, dst, first_store):
+        """A whole slab through the swizzled slots: ``chunk_cols`` columns per TMA store; the
+        slot alternates over a tile's stores (``first_store``: how many came before)."""
+        chunk_cols, num_slots = self.layout["chunk_cols"], self.layout["slots"]
+        for chunk in range(self.layout["chunks"]):
+            slot = (first_store + chunk) % num_slots
+            # At most one store in flight: the one from the other slot.
+            plgpu.wait_smem_to_gmem(num_slots - 1, wait_read_only=True)
+            cols = slice(chunk * chunk_cols, (chunk + 1) * chunk_cols)
+            self.swizzled_smem[self.wg, slot] = values[:, cols]
+            plgpu.commit_smem()
+            plgpu.copy_smem_to_gmem(
+                self.swizzled_smem.at[self.wg, slot],
+                dst.at[:, pl.ds(chunk * chunk_cols, chunk_cols)],
+            )
+
+    def stage_unswizzled(self, value):
+        """``value`` written to this warpgroup's unswizzled slab, once the previous stores from
+        it have read it; returns the slab."""
+        plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+        stage = self.runs_smem.at[self.wg, pl.ds(0, self.stage_rows)]
+        stage[...] = value
+        plgpu.commit_smem()
+        return stage
+
+    def store_part(self, value, out_gmem, row0, col0, first_row, lo, hi, first_store):
+        """Slab ``first_row // stage_rows`` of a compute warpgroup's result (``value``:
+        ``[stage_rows, wg_n]``), its rows in ``[lo, hi)`` of the tile only; ``first_store``
+        counts this warpgroup's swizzled stores of the tile so far (the slots alternate)."""
+        rows, wg_n = self.stage_rows, self.wg_n
+        part_lo = jnp.clip(lo - first_row, 0, rows)
+        part_hi = jnp.clip(hi - first_row, 0, rows)
+        dst = out_gmem.at[pl.ds(row0 + first_row, rows), pl.ds(col0 + self.wg_col, wg_n)]
+        whole = (part_lo == 0) & (part_hi == rows)
+        if not self.cfg.swizzled_epilogue:
+            stage = self.stage_unswizzled(value)
+
+            @pl.when(whole)
+            def _store_whole():
+                plgpu.copy_smem_to_gmem(stage, dst)
+
+            @pl.when(jnp.logical_not(whole))
+            def _store_part():
+                self.store_runs(stage, dst, part_lo, part_hi)
+
+            return
+
+        @pl.when(whole)
+        def _store_whole_swizzled():
+            self.store_swizzled(value, dst, first_store)
+
+        @pl.when(jnp.logical_not(whole))
+        def _store_part_unswizzled():
+            # The unswizzled slab aliases both swizzled slots: every store of this warpgroup
+            # must have read it before it is written, and the runs must have been read before
+            # the slots are written again.
+            stage = self.stage_unswizzled(value)
+            self.store_runs(stage, dst, part_lo, part_hi)
+            plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+
+    def store(self, slab_results, row0, col0, lo, hi):
+        """A compute warpgroup's results of one tile, rows ``[lo, hi)`` only, slab by slab:
+        ``slab_results(first_row)`` gives the slab's ``[stage_rows, wg_n]`` value of each output
+        (computing an epilogue a slab at a time keeps fewer values in registers)."""
+        if self.cfg.swizzled_epilogue and self.layout["slots"] == 1:
+            # One slot: the previous result's store must have been read.
+            plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+        stores = 0
+        for first_row in range(0, self.cfg.block_m, self.stage_rows):
+            values = slab_results(first_row)
+            for value, out in zip(values, self.out_gmems, strict=True):
+                value = value.astype(self.out_dtype)
+                self.store_part(value, out, row0, col0, first_row, lo, hi, stores)
+                stores += self.layout["chunks"]
