@@ -48,6 +48,10 @@ class MosaicTileConfig:
     other's ``wgmma`` keep the tensor cores busy; the price is a smaller tile per ring slot
     (``block_m * block_n <= 128 * 128``: the whole accumulator in one warpgroup's registers),
     so more bytes loaded per FLOP. One weight only (no fused gate/up, no per-step scales).
+    Measured on an H100 (session 13, ``benchmarks/results/raw/h100-run14/call1``): exact on the
+    six shapes, but 0.74-0.96x the cooperative ``128 x 256`` default on the four large ones
+    (``128 x 128`` with 5 or 6 slots, ``64 x 256`` with 4) and within noise of it on Qwen3's
+    short contractions, so it is off by default.
     """
 
     block_m: int = 128
