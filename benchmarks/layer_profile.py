@@ -81,6 +81,12 @@ def main():
     parser.add_argument(
         "--fp8-wgrad", choices=("high", "fp8"), default="high", help="with --fp8-recipe rowwise"
     )
+    parser.add_argument("--top", type=int, default=25, help="jaxmoe only: rows (ops) listed")
+    parser.add_argument(
+        "--dump-hlo",
+        action="store_true",
+        help="jaxmoe only: also write each function's optimized HLO (hlo-<preset>-<pass>.txt)",
+    )
     args = parser.parse_args()
     recipe = args.fp8_recipe
     if recipe and args.fp8_wgrad == "fp8":
@@ -98,7 +104,10 @@ def main():
         for pass_ in args.passes.split(","):
             if args.impl == "jaxmoe":
                 operands = (params, x) if pass_ == "fwd" else (params, x, dy)
-                breakdown = kernel_breakdown(functions[pass_], *operands)
+                breakdown = kernel_breakdown(functions[pass_], *operands, top=args.top)
+                if args.dump_hlo:
+                    hlo = functions[pass_].lower(*operands).compile().as_text()
+                    (out_dir / f"hlo-{name}-{pass_}.txt").write_text(hlo)
             else:
                 breakdown = torch_breakdown(params, x, dy, preset.top_k, pass_)
             title = f"{name} {pass_} {args.impl}" + (
