@@ -168,18 +168,6 @@ def main() -> None:
             128, 128, 64, 6, 16, epilogue_rows=64, swizzled_epilogue=True, ring=True, pingpong=True
         ),
         "pp64x256s4": cfg(64, 256, 64, 4, 8, swizzled_epilogue=True, ring=True, pingpong=True),
-        # Half tiles (session 13): a tile whose rows lie in one 64-row half multiplies that half.
-        "s4e64ringswzhalf": cfg(
-            128,
-            256,
-            64,
-            4,
-            8,
-            epilogue_rows=64,
-            swizzled_epilogue=True,
-            ring=True,
-            half_tiles=True,
-        ),
     }
     if args.variants != "all":
         variants = {k: variants[k] for k in args.variants.split(",")}

@@ -8,6 +8,8 @@ import numpy as np
 import pytest
 
 import jaxmoe
+from jaxmoe import stages
+from jaxmoe.ops.grouped_matmul import pallas_mosaic_tiles
 
 BASE = {"num_experts": 8, "top_k": 2, "hidden_size": 16, "ffn_size": 32}
 
@@ -180,3 +182,22 @@ def test_not_a_config(layer):
     _, params, x = layer
     with pytest.raises(ValueError, match=r"`cfg`"):
         jaxmoe.moe(params, x, {"num_experts": 4})
+
+
+@pytest.mark.parametrize(
+    "overrides, platform, hopper, want",
+    [
+        ({}, "cpu", False, 1),  # no padding off GPU
+        ({}, "gpu", True, 64),  # the Mosaic kernels' measured padding
+        ({"grouped_matmul_backend": "pallas"}, "gpu", True, 64),
+        ({}, "gpu", False, 128),  # another GPU: the Triton kernels' row tile
+        ({"grouped_matmul_backend": "pallas_triton"}, "gpu", True, 128),
+        ({"fp8_recipe": "rowwise"}, "gpu", True, 128),  # FP8: measured with 128 only
+        ({"alignment": 32}, "gpu", True, 32),  # the user's choice wins
+    ],
+)
+def test_default_alignment_follows_the_kernels(monkeypatch, overrides, platform, hopper, want):
+    monkeypatch.setattr(stages.jax, "default_backend", lambda: platform)
+    monkeypatch.setattr(pallas_mosaic_tiles, "hopper_gpu", lambda: hopper)
+    cfg = jaxmoe.MoEConfig(num_experts=4, top_k=2, hidden_size=8, ffn_size=16, **overrides)
+    assert stages.resolve_alignment(cfg) == want

@@ -65,21 +65,6 @@ CONFIGS = {
     ),
     # Ping-pong: the CTA's tiles alternate between the compute warpgroups, each waiting for and
     # releasing the other's slots; with the unswizzled slab and with the swizzled 64-row slabs.
-    # Half tiles: a tile whose rows lie in one 64-row half multiplies only that half.
-    "half_tiles": MosaicTileConfig(
-        128, 128, 64, stages=2, group_swizzle=2, epilogue_rows=64, ring=True, half_tiles=True
-    ),
-    "half_tiles_swizzled": MosaicTileConfig(
-        128,
-        128,
-        64,
-        stages=3,
-        group_swizzle=2,
-        epilogue_rows=64,
-        swizzled_epilogue=True,
-        ring=True,
-        half_tiles=True,
-    ),
     "pingpong": MosaicTileConfig(64, 128, 64, stages=2, group_swizzle=2, ring=True, pingpong=True),
     "pingpong_swizzled": MosaicTileConfig(
         128,
@@ -121,15 +106,6 @@ def test_pingpong_many_ring_turns_per_tile():
     got, want = mosaic_forward([70, 0, 3, 100, 40], CONFIGS["pingpong"], k=384, seed=5)
     assert np.max(np.abs(got - want)) / np.max(np.abs(want)) <= 1.6e-2
     assert np.all(got[213:] == 0)
-
-
-@pytest.mark.parametrize("name", ["half_tiles", "half_tiles_swizzled"])
-def test_half_tiles_groups_padded_to_64_rows(name):
-    # The MoE layer's case with a 64-row alignment: groups of 64 (a half tile each, first or
-    # second half), 192 (a whole tile and a half), an empty group, then 64 tail rows.
-    got, want = mosaic_forward([64, 192, 0, 64, 64, 64], CONFIGS[name], m=512, seed=6)
-    assert np.max(np.abs(got - want)) / np.max(np.abs(want)) <= 1.6e-2
-    assert np.all(got[448:] == 0)
 
 
 @pytest.mark.parametrize("name", ["plain", "ring", "pingpong", *SWIZZLED])
@@ -234,9 +210,6 @@ LOWERED = {
     "pingpong_64x256": MosaicTileConfig(
         64, 256, 64, stages=4, swizzled_epilogue=True, ring=True, pingpong=True
     ),
-    "half_tiles": MosaicTileConfig(
-        stages=4, epilogue_rows=64, swizzled_epilogue=True, ring=True, half_tiles=True
-    ),
 }
 
 
@@ -303,19 +276,6 @@ def test_bad_pingpong_tiles_raise_value_error(fields, why):
         PallasMosaicGroupedMatmul(gmm_tiles=MosaicTileConfig(epilogue_rows=64, **fields))
 
 
-@pytest.mark.parametrize(
-    "fields, why",
-    [
-        (dict(half_tiles=True, epilogue_rows=64), "needs ring=True"),
-        (dict(half_tiles=True, ring=True), "epilogue_rows=64"),
-        (dict(half_tiles=True, ring=True, pingpong=True, epilogue_rows=64), "pingpong=False"),
-    ],
-)
-def test_bad_half_tiles_raise_value_error(fields, why):
-    with pytest.raises(ValueError, match=why):
-        pallas_mosaic_tiles.check_tiles(MosaicTileConfig(128, 128, 64, stages=2, **fields))
-
-
 def test_pingpong_takes_one_weight_only():
     cfg = MosaicTileConfig(128, 128, 64, stages=2, ring=True, pingpong=True)
     pallas_mosaic_tiles.check_tiles(cfg)
@@ -375,9 +335,7 @@ def test_each_warpgroup_slab_lies_on_its_own_swizzled_slots(block_n, epilogue_ro
     assert pallas_mosaic_tiles.epilogue_smem_bytes(cfg, out_bytes) == 2 * max(slab, slots) * 2
 
 
-@pytest.mark.parametrize(
-    "name", ["plain", "swizzled", "ring_three_slots", "pingpong_swizzled", "half_tiles_swizzled"]
-)
+@pytest.mark.parametrize("name", ["plain", "swizzled", "ring_three_slots", "pingpong_swizzled"])
 @settings(max_examples=3, deadline=None, derandomize=True)
 @given(sizes=st.lists(st.integers(0, 90), min_size=3, max_size=3))
 def test_forward_random_group_sizes(name, sizes):

@@ -197,17 +197,14 @@ def _jaxmoe_mosaic_gmm(
                 def _store_zeros():
                     stores.store(lambda first_row: zeros, row0, col0, lo, hi)
 
-        def make_context(group, row0, lo, hi, col0, rows=bm):
-            """The tile's accumulator scope and epilogue around ``eval_pipeline`` (its main
-            loop); ``rows``: the tile's height (``bm``, or half of it for a half tile)."""
-
+        def make_context(group, row0, lo, hi, col0):
             def context(eval_pipeline):
                 if k_step_scale is not None:  # the main accumulator is the pipeline's carry
-                    acc = eval_pipeline(jnp.zeros((rows, wg_n), jnp.float32))
+                    acc = eval_pipeline(jnp.zeros((bm, wg_n), jnp.float32))
                     slab_results = stores.epilogue_slabs(
                         epilogue, epilogue_gmem, acc, group, row0, col0
                     )
-                    stores.store(slab_results, row0, col0, lo, hi, rows)
+                    stores.store(slab_results, row0, col0, lo, hi)
                     return
 
                 def acc_scope(*acc_refs):
@@ -220,9 +217,9 @@ def _jaxmoe_mosaic_gmm(
                         slab_results = stores.epilogue_slabs(
                             epilogue, epilogue_gmem, acc, group, row0, col0
                         )
-                    stores.store(slab_results, row0, col0, lo, hi, rows)
+                    stores.store(slab_results, row0, col0, lo, hi)
 
-                pl.run_scoped(acc_scope, *[plgpu.ACC((rows, wg_n), jnp.float32)] * num_rhs)
+                pl.run_scoped(acc_scope, *[plgpu.ACC((bm, wg_n), jnp.float32)] * num_rhs)
 
             return context
 
@@ -245,8 +242,7 @@ def _jaxmoe_mosaic_gmm(
                         plgpu.wgmma_wait(0)
                         return partial_ref[...]
 
-                    partial_shape = (lhs_smem.shape[0], wg_n)
-                    partial = pl.run_scoped(step_product, plgpu.ACC(partial_shape, jnp.float32))
+                    partial = pl.run_scoped(step_product, plgpu.ACC((bm, wg_n), jnp.float32))
                     (k_step,) = indices
                     return acc_refs + k_step_scale(
                         partial,
@@ -265,14 +261,6 @@ def _jaxmoe_mosaic_gmm(
             return mma
 
         num_tiles = num_compute_work * num_n_tiles
-        half_m = bm // 2
-
-        def half_of(lo, hi):
-            """With ``half_tiles``: whether a tile's rows ``[lo, hi)`` lie in one half of it (a
-            group's last rows, its alignment padding included, or its first), and that half's
-            first row; such a tile multiplies ``bm / 2`` rows instead of ``bm``."""
-            in_half = (hi <= half_m) | (lo >= half_m)
-            return in_half, jnp.where(lo >= half_m, half_m, 0)
 
         def tile_parts(index):
             work, n_tile = common.swizzle(index, num_compute_work, num_n_tiles, cfg.group_swizzle)
@@ -290,23 +278,11 @@ def _jaxmoe_mosaic_gmm(
             @pl.when(wg == common.NUM_COMPUTE_WARPGROUPS)
             def _memory_warpgroup():
                 def load(info, i, slot):
-                    group, row0, lo, hi, col0 = info
+                    group, row0, _, _, col0 = info
                     barrier = ring["loaded"].at[slot]
                     k_cols = pl.ds(i * bk, bk)
-
-                    def load_lhs(first, rows):
-                        plgpu.copy_gmem_to_smem(
-                            lhs_gmem.at[pl.ds(row0 + first, rows), k_cols],
-                            ring["lhs"].at[slot].at[pl.ds(0, rows)],
-                            barrier,
-                        )
-
-                    if cfg.half_tiles:
-                        in_half, first = half_of(lo, hi)
-                        pl.when(in_half)(lambda: load_lhs(first, half_m))
-                        pl.when(jnp.logical_not(in_half))(lambda: load_lhs(0, bm))
-                    else:
-                        load_lhs(0, bm)
+                    lhs_block = lhs_gmem.at[pl.ds(row0, bm), k_cols]
+                    plgpu.copy_gmem_to_smem(lhs_block, ring["lhs"].at[slot], barrier)
                     for rhs, rhs_ring in zip(rhs_gmems, ring["rhs"], strict=True):
                         source = rhs_block_source(rhs, group, col0)
                         block = source.at[:, k_cols] if transpose_rhs else source.at[k_cols, :]
@@ -327,30 +303,12 @@ def _jaxmoe_mosaic_gmm(
                         stages=cfg.stages, loaded=ring["loaded"], released=ring["released"]
                     )
 
-                    def eval_steps(acc, rows=bm):
+                    def eval_steps(acc):
                         def step(i, slot, acc):
                             rhs_smems = [rhs_ring.at[slot] for rhs_ring in ring["rhs"]]
-                            lhs_smem = ring["lhs"].at[slot].at[pl.ds(0, rows)]
-                            return mma((i,), lhs_smem, *rhs_smems, acc)
+                            return mma((i,), ring["lhs"].at[slot], *rhs_smems, acc)
 
                         return common.ring_consume(local_tile * count, count, step, acc, **barriers)
-
-                    if cfg.half_tiles:
-                        # The memory warpgroup loaded only the half's rows (the slot's first).
-                        in_half, first = half_of(lo, hi)
-
-                        @pl.when(in_half)
-                        def _half_tile():
-                            context = make_context(
-                                group, row0 + first, lo - first, hi - first, col0, rows=half_m
-                            )
-                            context(functools.partial(eval_steps, rows=half_m))
-
-                        @pl.when(jnp.logical_not(in_half))
-                        def _whole_tile():
-                            make_context(group, row0, lo, hi, col0)(eval_steps)
-
-                        return carry
 
                     if not cfg.pingpong:
                         make_context(group, row0, lo, hi, col0)(eval_steps)

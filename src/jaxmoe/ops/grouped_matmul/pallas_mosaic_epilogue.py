@@ -185,16 +185,15 @@ class EpilogueStores:
             self.store_runs(stage, dst, part_lo, part_hi)
             plgpu.wait_smem_to_gmem(0, wait_read_only=True)
 
-    def store(self, slab_results, row0, col0, lo, hi, rows=None):
-        """A compute warpgroup's results of one tile (``rows`` high, default ``block_m``), rows
-        ``[lo, hi)`` only, slab by slab: ``slab_results(first_row)`` gives the slab's
-        ``[stage_rows, wg_n]`` value of each output (computing an epilogue a slab at a time keeps
-        fewer values in registers)."""
+    def store(self, slab_results, row0, col0, lo, hi):
+        """A compute warpgroup's results of one tile, rows ``[lo, hi)`` only, slab by slab:
+        ``slab_results(first_row)`` gives the slab's ``[stage_rows, wg_n]`` value of each output
+        (computing an epilogue a slab at a time keeps fewer values in registers)."""
         if self.cfg.swizzled_epilogue and self.layout["slots"] == 1:
             # One slot: the previous result's store must have been read.
             plgpu.wait_smem_to_gmem(0, wait_read_only=True)
         stores = 0
-        for first_row in range(0, rows or self.cfg.block_m, self.stage_rows):
+        for first_row in range(0, self.cfg.block_m, self.stage_rows):
             values = slab_results(first_row)
             for value, out in zip(values, self.out_gmems, strict=True):
                 value = value.astype(self.out_dtype)

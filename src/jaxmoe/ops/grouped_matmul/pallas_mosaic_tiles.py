@@ -48,9 +48,6 @@ class MosaicTileConfig:
     other's ``wgmma`` keep the tensor cores busy; the price is a smaller tile per ring slot
     (``block_m * block_n <= 128 * 128``: the whole accumulator in one warpgroup's registers),
     so more bytes loaded per FLOP. One weight only (no fused gate/up, no per-step scales).
-    ``half_tiles`` (with ``ring``, ``block_m`` 128, ``epilogue_rows`` 64): a tile whose rows all
-    lie in one 64-row half (a group's last rows: with the MoE layer's groups padded to 64 rows,
-    the half that holds only padding is not multiplied) loads and multiplies that half only.
     Measured on an H100 (session 13, ``benchmarks/results/raw/h100-run14/call1``): exact on the
     six shapes, but 0.74-0.96x the cooperative ``128 x 256`` default on the four large ones
     (``128 x 128`` with 5 or 6 slots, ``64 x 256`` with 4) and within noise of it on Qwen3's
@@ -67,7 +64,6 @@ class MosaicTileConfig:
     swizzled_epilogue: bool = False
     ring: bool = False
     pingpong: bool = False
-    half_tiles: bool = False
 
 
 def warpgroup_cols(cfg: MosaicTileConfig) -> int:
@@ -214,6 +210,13 @@ def tile_shape_reasons(m: int, k: int, n: int, cfg, out_dtype, interpret: bool) 
     return reasons
 
 
+def hopper_gpu() -> bool:
+    """Whether JAX's first device is a Hopper GPU (compute capability 9.x), where ``auto`` runs
+    the Mosaic kernels."""
+    cc = _compute_capability()
+    return cc is not None and cc.startswith("9.")
+
+
 def _compute_capability() -> str | None:
     """The first device's CUDA compute capability (``"9.0"``), ``None`` when not a GPU."""
     device = jax.devices()[0]
@@ -251,13 +254,6 @@ def check_tiles(cfg: MosaicTileConfig, operand_bytes: int = 2, num_rhs: int = 1)
                 f"pingpong=True: a [{bm}, {bn}] tile does not fit one warpgroup's registers; "
                 "use block_m * block_n <= 128 * 128 (128 x 128 or 64 x 256)"
             )
-    if cfg.half_tiles:
-        if not cfg.ring or cfg.pingpong:
-            problems.append("half_tiles=True needs ring=True and pingpong=False")
-        if bm != 128 or cfg.epilogue_rows != 64:
-            problems.append("half_tiles=True needs block_m=128 and epilogue_rows=64")
-        if num_rhs != 1:
-            problems.append(f"half_tiles=True takes one weight, not {num_rhs} (fused gate/up)")
     if cfg.epilogue_rows not in (None, bm) and not (
         cfg.epilogue_rows == bm // 2 and cfg.epilogue_rows >= 64
     ):

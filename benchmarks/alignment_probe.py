@@ -1,20 +1,17 @@
-"""Probe (issue 15): the MoE layer with its expert groups padded to 64 rows instead of 128 and the
-Mosaic ``gmm``'s half tiles (a tile whose rows lie in one 64-row half multiplies only that half),
-against today's default (128-row padding), on one GPU.
+"""Probe (issue 15): the MoE layer with its expert groups padded to 64 rows against 128, on one GPU.
 
-Per preset and pass (fwd, fwd+bwd), three variants timed in interleaved rounds
-(``jaxmoe.bench.timing.time_interleaved``), every output and gradient compared with the
-default's first:
+Per preset and pass (fwd, fwd+bwd), the variants timed in interleaved rounds
+(``jaxmoe.bench.timing.time_interleaved``), every output and gradient compared with the first's:
+``a128`` (``MoEConfig(alignment=128)``) and ``a64`` (``alignment=64``). With 64-row padding the
+forward and dgrad tiles (128 rows) cut by a group boundary run once per group, while the
+wgrad, whose contraction blocks are 64 rows, multiplies half the padding. Also records, per
+preset, the rows of the bench's routing: useful, and padded to 64 and to 128.
 
-* ``a128``: the default (``MoEConfig.alignment`` None: 128 rows on a GPU);
-* ``a64``: ``alignment=64``, the default tiles (tiles cut by a group boundary run once per
-  group; the wgrad's 64-row contraction blocks skip the padding saved);
-* ``a64half``: ``alignment=64`` and ``MosaicTileConfig(half_tiles=True)`` for the ``gmm``.
+H100 run 14 call 5 ran this probe as ``half_tile_probe.py`` with a third variant, the ``gmm``
+multiplying only the 64-row half of a tile that holds a group's last rows (0.92-0.98x
+``a128``: removed).
 
-Also prints, per preset, the rows the nine grouped matmuls multiply for the bench's routing
-(useful rows, and with each padding and tile rule).
-
-    PYTHONPATH=src python benchmarks/half_tile_probe.py --out-dir $OUT
+    PYTHONPATH=src python benchmarks/alignment_probe.py --out-dir $OUT
 """
 
 from __future__ import annotations
@@ -49,23 +46,13 @@ def main() -> None:
     from jaxmoe.bench.layer import expert_flops, forward_backward, layer_inputs
     from jaxmoe.bench.presets import LAYER_PRESETS
     from jaxmoe.bench.timing import jax_sync, time_interleaved, warm_up
-    from jaxmoe.ops.grouped_matmul import pallas_mosaic_backend
 
     os.makedirs(args.out_dir, exist_ok=True)
     emit = row_emitter(
-        os.path.join(args.out_dir, "half-tile-probe.json"),
+        os.path.join(args.out_dir, "alignment-probe.json"),
         results_header(" ".join(sys.argv), device=str(jax.devices()[0])),
     )
-    default_tiles = pallas_mosaic_backend.default_mosaic_gmm_tiles
-
-    def half_tiles(m, k, n):
-        return dataclasses.replace(default_tiles(m, k, n), half_tiles=True)
-
-    variants = {
-        "a128": (None, default_tiles),
-        "a64": (64, default_tiles),
-        "a64half": (64, half_tiles),
-    }
+    variants = {"a128": 128, "a64": 64}
 
     for name in args.presets.split(","):
         preset = LAYER_PRESETS[name]
@@ -78,8 +65,6 @@ def main() -> None:
         for align in (64, 128):
             padded = (counts + align - 1) // align * align
             rows[f"padded{align}"] = int(padded.sum())
-        padded = (counts + 63) // 64 * 64
-        rows["a64half_gmm"] = int(sum(p // 128 * 128 + 64 * (p % 128 > 0) for p in padded))
         emit({"preset": name, "rows": rows})
         for pass_ in args.passes.split(","):
             if time.time() - start > args.time_budget_s:
@@ -88,8 +73,7 @@ def main() -> None:
             row = {"preset": name, "pass": pass_}
             try:
                 calls, outs = {}, {}
-                for variant, (alignment, tiles) in variants.items():
-                    pallas_mosaic_backend.default_mosaic_gmm_tiles = tiles
+                for variant, alignment in variants.items():
                     vcfg = dataclasses.replace(cfg, alignment=alignment)
                     layer = lambda p, x, vcfg=vcfg: jaxmoe.moe(p, x, vcfg)[0]  # noqa: E731
                     if pass_ == "fwd":
@@ -99,7 +83,6 @@ def main() -> None:
                     outs[variant] = jax.tree.leaves(fn(*fn_args))
                     call = lambda fn=fn, fn_args=fn_args: fn(*fn_args)  # noqa: E731
                     calls[variant] = (call, jax_sync, warm_up(call, jax_sync))
-                pallas_mosaic_backend.default_mosaic_gmm_tiles = default_tiles
                 for variant in variants:
                     pairs = zip(outs[variant], outs["a128"], strict=True)
                     row[f"{variant}_max_rel_diff"] = max(relative_error(a, b) for a, b in pairs)
@@ -112,8 +95,6 @@ def main() -> None:
             except Exception as error:  # noqa: BLE001 - the probe records failures and goes on
                 row["error"] = f"{type(error).__name__}: {error}"[:2000]
                 traceback.print_exc()
-            finally:
-                pallas_mosaic_backend.default_mosaic_gmm_tiles = default_tiles
             row["elapsed_s"] = round(time.time() - start, 1)
             emit(row)
             print(json.dumps(row), flush=True)
