@@ -46,3 +46,21 @@ def test_kernel_breakdown_runs_under_the_profiler_on_a_cpu():
     fn = jax.jit(lambda x: jnp.sin(x) @ x)
     got = kernel_profile.kernel_breakdown(fn, jnp.ones((64, 64)), calls=2)
     assert set(got) == {"total_ms", "span_ms", "kernels", "rows"}
+
+
+def test_idle_gaps_measures_the_device_idle_between_kernels_per_call():
+    # Two streams overlap (no gap between them); then 2 ms idle before fusion.2, and 0.5 ms
+    # before the second call's gemm. Times in ns.
+    events = [
+        ("gemm_kernel", "dot.1", 0.0, 3e6),
+        ("side_kernel", "", 1e6, 1e6),  # inside dot.1's time: no gap, and no op name
+        ("loop_fusion", "fusion.2", 5e6, 1e6),
+        ("gemm_kernel", "dot.1", 6.5e6, 3e6),
+    ]
+    got = kernel_profile.idle_gaps(events, calls=2, top=1)
+    assert got["idle_ms"] == pytest.approx(2.5 / 2)
+    assert got["gaps"] == 1.0
+    assert got["largest"] == [{"us": pytest.approx(2000.0), "after": "dot.1", "before": "fusion.2"}]
+    with pytest.raises(ValueError, match="calls"):
+        kernel_profile.idle_gaps(events, calls=0)
+    assert kernel_profile.idle_gaps([], calls=1) == {"idle_ms": 0.0, "gaps": 0.0, "largest": []}

@@ -68,6 +68,40 @@ def summarize(
     }
 
 
+def idle_gaps(
+    events: Iterable[tuple[str, str, float, float]], calls: int, top: int = 10
+) -> dict[str, Any]:
+    """Where the device sat idle between kernels, from the same events as :func:`summarize`.
+
+    Kernels are taken in start order; a gap is the time from the latest end so far to the next
+    kernel's start (overlapping kernels, on several streams, leave none). Returns ``{"idle_ms",
+    "gaps", "largest"}``: idle milliseconds per call, the number of gaps per call, and the
+    ``top`` largest gaps, each ``{"us", "after", "before"}`` (the ops, or kernel names where
+    there is no op, on either side). With calls launched back to back the idle time is what the
+    host's launches or a device-to-host wait cost the device, not the kernels' own speed.
+    """
+    if calls < 1:
+        raise ValueError(f"`calls` must be >= 1; got {calls}.")
+    ordered = sorted(events, key=lambda event: event[2])
+    gaps = []
+    latest_end, latest_name = None, ""
+    for kernel, op, start_ns, duration_ns in ordered:
+        name = op or kernel
+        if latest_end is not None and start_ns > latest_end:
+            gaps.append((start_ns - latest_end, latest_name, name))
+        if latest_end is None or start_ns + duration_ns >= latest_end:
+            latest_end, latest_name = start_ns + duration_ns, name
+    gaps.sort(key=lambda gap: gap[0], reverse=True)
+    return {
+        "idle_ms": sum(gap for gap, _, _ in gaps) / calls / 1e6,
+        "gaps": len(gaps) / calls,
+        "largest": [
+            {"us": gap / 1e3, "after": after[:60], "before": before[:60]}
+            for gap, after, before in gaps[:top]
+        ],
+    }
+
+
 def device_events(xplane_path: str) -> list[tuple[str, str, float, float]]:
     """``(kernel_name, hlo_op, start_ns, duration_ns)`` for every event on the trace's device
     planes."""
@@ -88,11 +122,11 @@ def device_events(xplane_path: str) -> list[tuple[str, str, float, float]]:
     return events
 
 
-def kernel_breakdown(
-    fn: Callable[..., Any], *args: Any, calls: int = 5, top: int = 25
-) -> dict[str, Any]:
-    """Profiles ``calls`` calls of ``fn(*args)`` (compiled and warmed up first); see
-    :func:`summarize`."""
+def traced_events(
+    fn: Callable[..., Any], *args: Any, calls: int = 5
+) -> list[tuple[str, str, float, float]]:
+    """The device events of ``calls`` calls of ``fn(*args)`` launched back to back under
+    :func:`jax.profiler.trace` (compiled and warmed up first); see :func:`device_events`."""
     if calls < 1:
         raise ValueError(f"`calls` must be >= 1; got {calls}.")
     jax.block_until_ready(fn(*args))
@@ -102,8 +136,15 @@ def kernel_breakdown(
                 out = fn(*args)
             jax.block_until_ready(out)
         paths = glob.glob(os.path.join(log_dir, "**", "*.xplane.pb"), recursive=True)
-        events = device_events(max(paths, key=os.path.getmtime)) if paths else []
-    return summarize(events, calls, top)
+        return device_events(max(paths, key=os.path.getmtime)) if paths else []
+
+
+def kernel_breakdown(
+    fn: Callable[..., Any], *args: Any, calls: int = 5, top: int = 25
+) -> dict[str, Any]:
+    """Profiles ``calls`` calls of ``fn(*args)`` (compiled and warmed up first); see
+    :func:`summarize`."""
+    return summarize(traced_events(fn, *args, calls=calls), calls, top)
 
 
 def format_breakdown(title: str, breakdown: dict[str, Any]) -> str:
