@@ -18,6 +18,7 @@ preset and pass, after ``--sustain-s`` of calls back to back (the clock settled)
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import subprocess
 import sys
@@ -105,9 +106,10 @@ def main() -> None:
 
     for name, pass_, _, _, _, _, fn, fn_args in cases:
         row = {"preset": name, "pass": pass_, "impl": "jaxmoe", "tag": args.tag}
+        call = functools.partial(fn, *fn_args)
         try:
-            jax.block_until_ready(fn(*fn_args))
-            row.update(sustained(lambda: fn(*fn_args), jax_sync, args.sustain_s, args.calls))
+            jax.block_until_ready(call())
+            row.update(sustained(call, jax_sync, args.sustain_s, args.calls))
             events = kernel_profile.traced_events(fn, *fn_args, calls=args.calls)
             summary = kernel_profile.summarize(events, args.calls, top=8)
             row.update(
@@ -118,7 +120,7 @@ def main() -> None:
                 top_ops=[(r["op"], round(r["ms"], 3)) for r in summary["rows"]],
             )
             # The clock right after the trace, and the wall time again (the trace's own cost).
-            row["after"] = sustained(lambda: fn(*fn_args), jax_sync, 0.5, args.calls)
+            row["after"] = sustained(call, jax_sync, 0.5, args.calls)
         except Exception as error:  # noqa: BLE001 - a probe row records the failure, goes on
             row["error"] = f"{type(error).__name__}: {error}"[:400]
             traceback.print_exc()

@@ -10,11 +10,13 @@ def test_layer_bench_samples_its_peers_in_interleaved_rounds(monkeypatch):
     real_time_interleaved, real_take_sample = timing.time_interleaved, timing.take_sample
     impl_of_call = {}
 
-    def recording_time_interleaved(contenders, rounds=10):
+    def recording_time_interleaved(contenders, rounds=10, settle_ms=0.0):
         impl_of_call.clear()
         impl_of_call.update({call: impl for impl, (call, _, _) in contenders.items()})
-        rounds_of_each_timing.append({"impls": set(contenders), "rounds": rounds, "samples": []})
-        return real_time_interleaved(contenders, rounds)
+        rounds_of_each_timing.append(
+            {"impls": set(contenders), "rounds": rounds, "samples": [], "settle_ms": settle_ms}
+        )
+        return real_time_interleaved(contenders, rounds, settle_ms)
 
     def recording_take_sample(call, sync, inner):
         if call in impl_of_call:  # not the dense peak's timing
@@ -36,6 +38,7 @@ def test_layer_bench_samples_its_peers_in_interleaved_rounds(monkeypatch):
     assert len(rounds_of_each_timing) == len(layer.PASSES)
     for timed in rounds_of_each_timing:
         assert timed["impls"] == {"jaxmoe", "jaxmoe-xla"} and timed["rounds"] == 2
+        assert timed["settle_ms"] == 0.0  # on a CPU; a GPU settles SETTLE_MS before each sample
         assert timed["samples"] == ["jaxmoe", "jaxmoe-xla", "jaxmoe-xla", "jaxmoe"]
     assert len(rows) == 3 * len(layer.PASSES)
     for row in rows:

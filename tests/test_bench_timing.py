@@ -4,6 +4,7 @@ import time
 
 import jax
 import jax.numpy as jnp
+import pytest
 
 from jaxmoe.bench import timing
 
@@ -63,3 +64,37 @@ def test_warm_up_sizes_samples_from_the_fastest_probe_call():
 
     inner = timing.warm_up(call, lambda _: None, warmup=1, target_sample_ms=20.0, max_inner=50)
     assert 4 <= inner <= 10  # ~2 ms calls (sleep overshoots): 20 ms / 2+ ms; the stall alone: 1
+
+
+def test_interleaved_timing_settles_each_contender_before_its_sample():
+    # Each sample follows at least settle_ms of the same contender's untimed calls (synced):
+    # the order shows a run of one contender's calls longer than its two timed ones.
+    order, waits = [], []
+
+    def contender(name):
+        def call():
+            order.append(name)
+            time.sleep(1e-3)
+            return name
+
+        return call, waits.append, 2
+
+    timing.time_interleaved({"a": contender("a"), "b": contender("b")}, rounds=2, settle_ms=5.0)
+    # Rounds a, b then b, a: three runs of one contender's calls (b's two samples adjoin).
+    runs = [order[0]] + [n for p, n in zip(order, order[1:], strict=False) if n != p]
+    assert runs == ["a", "b", "a"]
+    # Per sample: >= 5 ms of ~1 ms calls in synced pairs (>= 2 pairs), then the two timed calls.
+    assert order.count("a") >= 2 * (4 + 2) and order.count("b") >= 2 * (4 + 2)
+    assert len(waits) >= 4 * 3
+    # No settling by default.
+    order.clear()
+    timing.time_interleaved({"a": contender("a")}, rounds=1)
+    assert order == ["a", "a"]
+
+
+def test_settle_ms_defaults_to_the_gpu_only_and_refuses_negative():
+    assert timing.settle_ms_for("gpu", None) == timing.SETTLE_MS > 0
+    assert timing.settle_ms_for("cpu", None) == 0.0
+    assert timing.settle_ms_for("cpu", 20) == 20.0
+    with pytest.raises(ValueError, match="settle_ms"):
+        timing.settle_ms_for("gpu", -1)

@@ -44,7 +44,8 @@ HEADER_FACTS = {
     "flops": "useful only: fwd 2*M*K*N, fwd+bwd 3x that",
     "timing": "median ms per call over 10 samples after warm-up (ragged_dot: 3 when one call "
     "> 50 ms); each sample = several back-to-back calls then a device sync; the impls of one "
-    "(shape, routing, pass) sampled in interleaved rounds, one sample of each per round",
+    "(shape, routing, pass) sampled in interleaved rounds, one sample of each per round, each "
+    "after settle_ms (in the row's timing) of the impl's own calls untimed",
     "impls": IMPL_LABELS,
 }
 # The table ``jaxmoe bench gemm`` prints (see jaxmoe.bench.harness.format_table).
@@ -122,6 +123,7 @@ def run_gemm_benchmark(
     passes: Sequence[str] = PASSES,
     repeats: int = 10,
     *,
+    settle_ms: float | None = None,
     dtype: str = "bfloat16",
     seed: int = 0,
     slow_impl_repeats: int = 3,
@@ -134,7 +136,9 @@ def run_gemm_benchmark(
 
     Per (shape, routing, pass), every implementation is checked, then all are timed together in
     ``repeats`` interleaved rounds (:func:`jaxmoe.bench.timing.time_interleaved`): one sample of
-    each per round, so that peers share the GPU's clocks and temperature. torch's cache is freed
+    each per round, so that peers share the GPU's clocks and temperature, each sample after
+    ``settle_ms`` of the impl's own load (None: :data:`jaxmoe.bench.timing.SETTLE_MS` on a
+    GPU, 0 elsewhere; see ``time_interleaved``). torch's cache is freed
     after each (shape, routing, pass) so that the two frameworks' memory pools do not fight. An
     impl that cannot run on this platform gives rows with ``"skipped"`` (the reason); a failure
     (e.g. out of memory) a row with ``"error"``, and the run goes on. No new case starts after
@@ -153,6 +157,7 @@ def run_gemm_benchmark(
         if name not in IMPLS:
             raise ValueError(f"unknown `impls` entry {name!r}; choose from {IMPLS}")
     skip = {impl: unavailable_reason(impl) for impl in impls}
+    settle_ms = timing.settle_ms_for(jax.default_backend(), settle_ms)
     started = time.perf_counter()
     rows: list[dict[str, Any]] = []
     for shape in shapes:
@@ -173,7 +178,9 @@ def run_gemm_benchmark(
                         if prepared is not None:
                             *contender, is_slow = prepared
                             (slow if is_slow else contenders)[impl] = tuple(contender)
-                _time_rows(here, contenders, slow, repeats, slow_impl_repeats, shape.flops)
+                _time_rows(
+                    here, contenders, slow, repeats, slow_impl_repeats, shape.flops, settle_ms
+                )
                 contenders = slow = None  # free this case's buffers before the next one
                 release_torch_memory()
                 rows.extend(here)
@@ -229,12 +236,14 @@ def _prepare(row, case):
         return None
 
 
-def _time_rows(rows, contenders, slow, repeats: int, slow_repeats: int, fwd_flops: int) -> None:
+def _time_rows(
+    rows, contenders, slow, repeats: int, slow_repeats: int, fwd_flops: int, settle_ms: float
+) -> None:
     """Times the prepared cases into their rows: the fast ones interleaved, the slow ones alone."""
     by_impl = {row["impl"]: row for row in rows}
     timings: dict[str, Timing] = {}
     try:
-        timings.update(timing.time_interleaved(contenders, rounds=repeats))
+        timings.update(timing.time_interleaved(contenders, rounds=repeats, settle_ms=settle_ms))
     except Exception as e:  # noqa: BLE001 - e.g. out of memory while both frameworks hold buffers
         for impl in contenders:
             by_impl[impl]["error"] = f"{type(e).__name__}: {str(e)[:300]}"
@@ -245,7 +254,7 @@ def _time_rows(rows, contenders, slow, repeats: int, slow_repeats: int, fwd_flop
         flops = fwd_flops * (1 if row["pass"] == "fwd" else 3)
         row["ms"] = t.median_ms
         row["tflops"] = flops / (t.median_ms * 1e-3) / 1e12
-        row["timing"] = t.as_dict()
+        row["timing"] = {**t.as_dict(), "settle_ms": settle_ms}
 
 
 def _row_line(r) -> str:

@@ -28,8 +28,11 @@ warmed up, then all are timed together in ``repeats`` interleaved rounds
 (:func:`jaxmoe.bench.timing.time_interleaved`): one sample of each per round, starting one impl
 later each round, so that peers share the GPU's clock and temperature (an H100's drifts by up to
 15% within a minute of sustained load, enough to skew the ratios of peers timed one after the
-other). A sample is as many calls back to back as fill about :data:`SAMPLE_TARGET_MS`, then one
-device sync: ``ms``, the median over the rounds, is what a training loop sees. After the rounds
+other). Before each sample an impl runs untimed for ``settle_ms`` (on a GPU 500 ms by
+default), so that the sample runs at the clock its own load settles at: an H100 at its power
+limit clocks the Mixtral layer at 1200-1350 MHz on jaxmoe's kernels and 1515 MHz on torch's
+(H100 run 15), and a sample right after a peer's would start at the peer's clock. A sample is
+as many calls back to back as fill about :data:`SAMPLE_TARGET_MS`, then one device sync: ``ms``, the median over the rounds, is what a training loop sees. After the rounds
 each impl's calls are also timed one at a time, each waited for (``ms_per_call``). The torch
 peers stay alive through the rounds; torch's CUDA cache is freed after each preset.
 
@@ -87,7 +90,8 @@ CPU_MEMORY_BYTES = 4 << 30
 HEADER_FACTS = {
     "flops": "expert matmuls only: fwd 3*2*T*K*H*F, fwd+bwd 3x that",
     "timing": "median ms per call after warm-up, device-synchronised (jaxmoe.bench.timing); per "
-    "(preset, pass) the impls are sampled in interleaved rounds, one sample of each per round: "
+    "(preset, pass) the impls are sampled in interleaved rounds, one sample of each per round, "
+    "each after settle_ms (in the row's timing) of the impl's own calls untimed: "
     f"ms = calls back to back filling ~{SAMPLE_TARGET_MS:.0f} ms per sample (a training loop), "
     "ms_per_call = each call waited for on its own (timed after the rounds)",
 }
@@ -346,6 +350,7 @@ def run_layer_benchmark(
     dtype: str = "bf16",
     tokens: int | None = None,
     repeats: int = 10,
+    settle_ms: float | None = None,
     seed: int = 0,
     progress: Callable[[str], None] | None = None,
     log: Callable[[str], None] = print,
@@ -362,6 +367,8 @@ def run_layer_benchmark(
       dtype: ``"bf16"`` or ``"fp32"`` for inputs, weights and expert compute.
       tokens: overrides every preset's token count.
       repeats: interleaved rounds, one timed sample of each impl per round (median reported).
+      settle_ms: each impl runs untimed this long before each of its samples (None:
+        :data:`jaxmoe.bench.timing.SETTLE_MS` on a GPU, 0 elsewhere).
       progress: called once per finished row (e.g. a progress bar's update).
       log: where each row's one-line summary goes.
       on_row: called with the rows so far after every (preset, pass) (e.g. to rewrite a results
@@ -377,6 +384,7 @@ def run_layer_benchmark(
         raise ValueError(f"`dtype` must be one of {sorted(DTYPES)}; got {dtype!r}.")
     jdtype = jnp.dtype(DTYPES[dtype])
     check_impls(impls)
+    settle_ms = timing.settle_ms_for(jax.default_backend(), settle_ms)
     for pass_ in passes:
         if pass_ not in PASSES:
             raise ValueError(f"unknown pass {pass_!r}; choose from {PASSES}.")
@@ -405,7 +413,7 @@ def run_layer_benchmark(
                 contender = _prepare(row, preset, cfg, params, x, dy, want)
                 if contender is not None:
                     contenders[row["impl"]] = contender
-            _time_rows(here, contenders, repeats)
+            _time_rows(here, contenders, repeats, settle_ms)
             contenders = None  # free this pass's cases before the next one
             for row in here:
                 row["tflops"] = (
@@ -499,12 +507,13 @@ def _prepare(row, preset, cfg, params, x, dy, want):
     return None
 
 
-def _time_rows(rows, contenders, repeats: int) -> None:
+def _time_rows(rows, contenders, repeats: int, settle_ms: float) -> None:
     """Times the prepared cases into their rows: ``repeats`` interleaved rounds of samples
-    (``ms``), then each impl's calls one at a time (``ms_per_call``)."""
+    (``ms``), each after ``settle_ms`` of the impl's own load, then each impl's calls one at a
+    time (``ms_per_call``)."""
     by_impl = {row["impl"]: row for row in rows}
     try:
-        timings = timing.time_interleaved(contenders, rounds=repeats)
+        timings = timing.time_interleaved(contenders, rounds=repeats, settle_ms=settle_ms)
     except Exception as error:  # noqa: BLE001 - e.g. out of memory with both frameworks' buffers
         for impl in contenders:
             by_impl[impl]["error"] = _error_text(error)
@@ -519,7 +528,7 @@ def _time_rows(rows, contenders, repeats: int) -> None:
         row_timing = dataclasses.replace(timings[impl], per_call_median_ms=per_call_ms)
         row["ms"] = row_timing.median_ms
         row["ms_per_call"] = row_timing.per_call_median_ms
-        row["timing"] = row_timing.as_dict()
+        row["timing"] = {**row_timing.as_dict(), "settle_ms": settle_ms}
 
 
 def _error_text(error: Exception) -> str:

@@ -21,6 +21,22 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+# How long the benches run each contender untimed before each of its samples on a GPU (see
+# :func:`time_interleaved`'s ``settle_ms``).
+SETTLE_MS = 500.0
+
+
+def settle_ms_for(platform: str, settle_ms: float | None) -> float:
+    """``settle_ms``, or where it is ``None`` the default: :data:`SETTLE_MS` on a GPU, whose
+    clock follows the load, nothing elsewhere."""
+    if settle_ms is None:
+        return SETTLE_MS if platform == "gpu" else 0.0
+    if settle_ms < 0:
+        raise ValueError(
+            f"`settle_ms` must be >= 0 (None: the platform's default); got {settle_ms}."
+        )
+    return float(settle_ms)
+
 
 @dataclasses.dataclass(frozen=True)
 class Timing:
@@ -106,21 +122,43 @@ def per_call_median_ms(
     return statistics.median(single)
 
 
+def settle(call: Callable[[], Any], sync: Callable[[Any], None], inner: int, ms: float) -> None:
+    """Runs ``call`` untimed, ``inner`` calls back to back then a wait, until ``ms`` have
+    passed (at least once when ``ms > 0``)."""
+    if ms <= 0:
+        return
+    end = time.perf_counter() + ms / 1e3
+    while True:
+        for _ in range(inner):
+            out = call()
+        sync(out)
+        if time.perf_counter() >= end:
+            return
+
+
 def time_interleaved(
     contenders: Mapping[str, tuple[Callable[[], Any], Callable[[Any], None], int]],
     rounds: int = 10,
+    settle_ms: float = 0.0,
 ) -> dict[str, Timing]:
     """Times several callables against each other: each round takes one sample of every
     contender (``(call, sync, inner)``, ``inner`` from :func:`warm_up`), starting one contender
     later each round. Peers sampled seconds apart share the GPU's clock and temperature, which
     drift by up to 15% over a long run on an H100 (session 7's probe: torch's own forward
     1.28 ms, then 1.48 ms a minute later), so their ratio is far steadier than that of timings
-    taken one after the other."""
+    taken one after the other.
+
+    ``settle_ms``: before each sample, the contender runs untimed for this long, so that the
+    sample sees the clock its own load settles at. An H100 at its power limit clocks a kernel
+    by the power it draws (H100 run 15: the Mixtral layer's fwd+bwd at 1200-1350 MHz on
+    jaxmoe's kernels, 1515 MHz on torch's), and the clock takes a while to follow a change of
+    load, so a sample taken right after a lighter peer's runs at that peer's clock."""
     names = list(contenders)
     samples: dict[str, list[float]] = {name: [] for name in names}
     for index in range(rounds):
         for name in names[index % len(names) :] + names[: index % len(names)]:
             call, sync, inner = contenders[name]
+            settle(call, sync, inner, settle_ms)
             samples[name].append(take_sample(call, sync, inner))
     return {name: _timing(samples[name], contenders[name][2]) for name in names}
 

@@ -21,7 +21,7 @@ import sys
 import jax
 from tqdm.auto import tqdm
 
-from jaxmoe.bench import expert_parallel, gemm, gemm_tile_sweep, harness, layer
+from jaxmoe.bench import expert_parallel, gemm, gemm_tile_sweep, harness, layer, timing
 from jaxmoe.bench.layer_scaling import LAYER_CASES
 from jaxmoe.bench.presets import GEMM_SHAPES, LAYER_PRESETS
 from jaxmoe.choices import FP8_RECIPES
@@ -174,6 +174,13 @@ def _add_sizes(sub, impls_help: str, impls_type) -> None:
     )
     sub.add_argument(
         "--repeats", type=flags.integer(1), default=10, help="timed samples per measurement"
+    )
+    sub.add_argument(
+        "--settle-ms",
+        type=flags.number(0),
+        default=None,
+        help="ms each peer runs untimed before each of its samples, so that the sample sees the "
+        f"clock its own load settles at (None: {timing.SETTLE_MS:g} on a GPU, 0 elsewhere)",
     )
 
 
@@ -371,6 +378,7 @@ def run_bench_command(args) -> int:
                 dtype=args.dtype,
                 tokens=args.tokens,
                 repeats=args.repeats,
+                settle_ms=args.settle_ms,
                 progress=lambda what: (bar.set_postfix_str(what), bar.update()),
                 log=log,
                 on_row=results.save,
@@ -412,6 +420,7 @@ def run_bench_command(args) -> int:
             routings=args.routings,
             passes=args.passes,
             repeats=args.repeats,
+            settle_ms=args.settle_ms,
             dtype=dtype,
             budget_s=budget,
             log=log,
