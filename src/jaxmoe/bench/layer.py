@@ -34,7 +34,8 @@ limit clocks the Mixtral layer at 1200-1350 MHz on jaxmoe's kernels and 1515 MHz
 (H100 run 15), and a sample right after a peer's would start at the peer's clock. A sample is
 as many calls back to back as fill about :data:`SAMPLE_TARGET_MS`, then one device sync:
 ``ms``, the median over the rounds, is what a training loop sees. After the rounds each impl's
-calls are also timed one at a time, each waited for (``ms_per_call``). The torch peers stay alive through the rounds; torch's CUDA cache is freed after each preset.
+calls are also timed one at a time, each waited for (``ms_per_call``). The torch peers stay
+alive through the rounds; torch's CUDA cache is freed after each preset.
 
 Throughput counts the expert matmuls only: forward ``3 * 2*T*K*H*F`` FLOPs (gate, up, down),
 forward+backward three times that. MFU divides it by the dense peak measured in the same run
