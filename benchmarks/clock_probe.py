@@ -1,8 +1,8 @@
 """Probe (issue 15): how an H100's clock follows the load, and what that does to timings.
 
 H100 run 15 call 1 found the Mixtral layer's fwd+bwd kernels back to back with no idle time, the
-GPU at its 700 W limit, and the SM clock at 1200-1350 MHz on jaxmoe's kernels against 1515 MHz
-on torch's. A sample taken right after another load starts at that load's clock, so timings
+GPU at its 700 W limit, and SM clock snapshots of 1200-1350 MHz under jaxmoe's kernels against
+1515 MHz under torch's. A sample taken right after another load starts at that load's clock, so timings
 interleaved in ~100 ms samples (the benches' rounds) may not be what a loop of one function
 alone sees. Per contender:
 

@@ -30,8 +30,9 @@ later each round, so that peers share the GPU's clock and temperature (an H100's
 15% within a minute of sustained load, enough to skew the ratios of peers timed one after the
 other). Before each sample an impl runs untimed for ``settle_ms`` (on a GPU 500 ms by
 default), so that the sample runs at the clock its own load settles at: an H100 at its power
-limit clocks the Mixtral layer at 1200-1350 MHz on jaxmoe's kernels and 1515 MHz on torch's
-(H100 run 15), and a sample right after a peer's would start at the peer's clock. A sample is
+limit clocks kernels by the power they draw and takes 0.1-0.4 s to follow a change of load, so
+a sample right after a peer's would start at the peer's clock (H100 run 15: ~10% either way on
+the Mixtral layer's first calls). A sample is
 as many calls back to back as fill about :data:`SAMPLE_TARGET_MS`, then one device sync:
 ``ms``, the median over the rounds, is what a training loop sees. After the rounds each impl's
 calls are also timed one at a time, each waited for (``ms_per_call``). The torch peers stay

@@ -149,10 +149,11 @@ def time_interleaved(
     taken one after the other.
 
     ``settle_ms``: before each sample, the contender runs untimed for this long, so that the
-    sample sees the clock its own load settles at. An H100 at its power limit clocks a kernel
-    by the power it draws (H100 run 15: the Mixtral layer's fwd+bwd at 1200-1350 MHz on
-    jaxmoe's kernels, 1515 MHz on torch's), and the clock takes a while to follow a change of
-    load, so a sample taken right after a lighter peer's runs at that peer's clock."""
+    sample sees the clock its own load settles at. An H100 at its power limit clocks kernels by
+    the power they draw and takes 0.1-0.4 s to follow a change of load (H100 run 15: jaxmoe's
+    first Mixtral fwd+bwd calls right after torch's layer ran ~10% faster than settled, torch's
+    right after jaxmoe's ~10% slower), so a sample taken right after a peer's starts at the
+    peer's clock."""
     names = list(contenders)
     samples: dict[str, list[float]] = {name: [] for name in names}
     for index in range(rounds):
