@@ -2,9 +2,9 @@
 
 H100 run 15 call 1 found the Mixtral layer's fwd+bwd kernels back to back with no idle time, the
 GPU at its 700 W limit, and SM clock snapshots of 1200-1350 MHz under jaxmoe's kernels against
-1515 MHz under torch's. A sample taken right after another load starts at that load's clock, so timings
-interleaved in ~100 ms samples (the benches' rounds) may not be what a loop of one function
-alone sees. Per contender:
+1515 MHz under torch's. A sample taken right after another load starts at that load's clock,
+so timings interleaved in ~100 ms samples (the benches' rounds) may not be what a loop of one
+function alone sees. Per contender:
 
 - ``from_idle``: after ``--idle-s`` of sleep, ``--samples`` consecutive samples (each ~20 ms of
   calls back to back, then a wait): ms per call against the time since the load began;

@@ -21,6 +21,8 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import jax
+
 # How long the benches run each contender untimed before each of its samples on a GPU (see
 # :func:`time_interleaved`'s ``settle_ms``).
 SETTLE_MS = 500.0
@@ -139,7 +141,7 @@ def settle(call: Callable[[], Any], sync: Callable[[Any], None], inner: int, ms:
 def time_interleaved(
     contenders: Mapping[str, tuple[Callable[[], Any], Callable[[Any], None], int]],
     rounds: int = 10,
-    settle_ms: float = 0.0,
+    settle_ms: float | None = None,
 ) -> dict[str, Timing]:
     """Times several callables against each other: each round takes one sample of every
     contender (``(call, sync, inner)``, ``inner`` from :func:`warm_up`), starting one contender
@@ -149,11 +151,13 @@ def time_interleaved(
     taken one after the other.
 
     ``settle_ms``: before each sample, the contender runs untimed for this long, so that the
-    sample sees the clock its own load settles at. An H100 at its power limit clocks kernels by
-    the power they draw and takes 0.1-0.4 s to follow a change of load (H100 run 15: jaxmoe's
-    first Mixtral fwd+bwd calls right after torch's layer ran ~10% faster than settled, torch's
-    right after jaxmoe's ~10% slower), so a sample taken right after a peer's starts at the
-    peer's clock."""
+    sample sees the clock its own load settles at (None: :func:`settle_ms_for` the default
+    backend, :data:`SETTLE_MS` on a GPU, nothing elsewhere). An H100 at its power limit clocks
+    kernels by the power they draw and takes 0.1-0.4 s to follow a change of load (H100 run 15:
+    jaxmoe's first Mixtral fwd+bwd calls right after torch's layer ran ~10% faster than settled,
+    torch's right after jaxmoe's ~10% slower), so a sample taken right after a peer's starts at
+    the peer's clock."""
+    settle_ms = settle_ms_for(jax.default_backend(), settle_ms)
     names = list(contenders)
     samples: dict[str, list[float]] = {name: [] for name in names}
     for index in range(rounds):
@@ -166,8 +170,6 @@ def time_interleaved(
 
 def jax_sync(out: Any) -> None:
     """Waits for a JAX result."""
-    import jax
-
     jax.block_until_ready(out)
 
 
@@ -224,8 +226,6 @@ def time_torch(
 def host_launch_ms(fn: Callable[..., Any], *args, repeats: int = 20) -> float:
     """Median host milliseconds for ``fn(*args)`` (jitted) to return, the device idle before each
     call: the launch cost a one-call-at-a-time loop pays on top of the device's time."""
-    import jax
-
     samples = []
     for _ in range(repeats):
         jax.block_until_ready(fn(*args))
