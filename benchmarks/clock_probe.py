@@ -44,14 +44,6 @@ def samples_after(call, sync, inner: int, count: int) -> list[tuple[float, float
     return curve
 
 
-def load(call, sync, inner: int, seconds: float) -> None:
-    end = time.perf_counter() + seconds
-    while time.perf_counter() < end:
-        for _ in range(inner):
-            out = call()
-        sync(out)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--idle-s", type=float, default=1.5)
@@ -71,7 +63,7 @@ def main() -> None:
     from jaxmoe.bench.harness import results_header, row_emitter
     from jaxmoe.bench.layer import _torch_case, forward_backward, layer_inputs
     from jaxmoe.bench.presets import GEMM_SHAPES, LAYER_PRESETS
-    from jaxmoe.bench.timing import jax_sync, warm_up
+    from jaxmoe.bench.timing import jax_sync, settle, warm_up
 
     os.makedirs(args.out_dir, exist_ok=True)
     emit = row_emitter(
@@ -112,7 +104,7 @@ def main() -> None:
     for name, (call, sync, inner) in ready.items():
         row = {"contender": name, "inner": inner}
         try:
-            load(call, sync, inner, args.load_s)
+            settle(call, sync, inner, args.load_s * 1e3)
             steady = samples_after(call, sync, inner, 10)
             row["steady_ms"] = statistics.median(ms for _, ms in steady)
             row["steady_clock"] = gpu_clock()
@@ -122,7 +114,7 @@ def main() -> None:
                 emit(row)
                 continue
             peer_call, peer_sync, peer_inner = ready[peers[name]]
-            load(peer_call, peer_sync, peer_inner, args.load_s)
+            settle(peer_call, peer_sync, peer_inner, args.load_s * 1e3)
             row["peer_clock"] = gpu_clock()
             row[f"after_{peers[name]}"] = samples_after(call, sync, inner, args.samples)
             for key in ("from_idle", f"after_{peers[name]}"):

@@ -25,6 +25,8 @@ import sys
 import time
 import traceback
 
+from jaxmoe.bench.timing import settle
+
 
 def gpu_clock() -> str:
     """``nvidia-smi``'s SM clock, power draw and temperature now (empty where there is none)."""
@@ -46,11 +48,7 @@ def gpu_clock() -> str:
 def sustained(call, sync, seconds: float, calls: int) -> dict:
     """Runs ``call`` back to back for ``seconds``, then times ``calls`` more launched back to
     back with one wait, reading the clock while they are queued."""
-    end = time.perf_counter() + seconds
-    while time.perf_counter() < end:
-        for _ in range(calls):
-            out = call()
-        sync(out)
+    settle(call, sync, calls, seconds * 1e3)
     t0 = time.perf_counter()
     for _ in range(calls):
         out = call()
