@@ -94,8 +94,8 @@ def _bench_rows(path):
 
 def test_bench_layer_tiny(tmp_path):
     out = tmp_path / "layer.json"
-    code = main(["bench", "layer", "--preset", "tiny", "--repeats", "3", "--out", str(out)])
-    assert code == 0
+    argv = ["bench", "layer", "--preset", "tiny", "--repeats", "3", "--settle-ms", "2"]
+    assert main([*argv, "--out", str(out)]) == 0
     rows = _bench_rows(out)
     assert {(r["impl"], r["pass"]) for r in rows} >= {
         ("jaxmoe", "fwd"),
@@ -110,6 +110,7 @@ def test_bench_layer_tiny(tmp_path):
             continue
         assert row["ms"] > 0 and row["tflops"] > 0, row
         assert row["ms_per_call"] > 0, row  # each call also timed on its own
+        assert row["timing"]["settle_ms"] == 2.0, row  # each sample after 2 ms untimed
         assert row["rel_err"] < 3e-2
 
 
@@ -225,6 +226,7 @@ def _one_error_line(capsys) -> str:
         (["bench", "gemm", "--routings", "uniform"], "'uniform'"),
         (["bench", "gemm", "--shapes", "huge"], "'huge'"),
         (["bench", "layer", "--repeats", "0"], "--repeats"),
+        (["bench", "layer", "--settle-ms", "-1"], "--settle-ms"),
         (["bench", "layer", "--compare", "jaxmoe-foo"], "jaxmoe-foo"),
         (["bench", "layer", "--dtype", "fp8"], "--dtype"),
         (["bench", "gemm", "--budget-s", "-5"], "--budget-s"),

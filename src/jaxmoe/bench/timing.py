@@ -10,6 +10,10 @@ With ``per_call=True`` each call is also timed on its own, waited for before the
 (``per_call_median_ms``): what a script that calls ``block_until_ready()`` after every call sees.
 It adds the host's launch time of the program wherever the device would otherwise outrun it (on an
 H100 about 0.3-0.6 ms for the whole MoE layer at XLA's default CUDA-graph settings).
+
+Peers timed against each other (:func:`time_interleaved`) each run untimed for ``settle_ms``
+before each sample: a GPU at its power limit takes a fraction of a second to bring its clock to a
+new load.
 """
 
 from __future__ import annotations
