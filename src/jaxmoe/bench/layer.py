@@ -512,7 +512,7 @@ def _prepare(row, preset, cfg, params, x, dy, want):
 def _time_rows(rows, contenders, repeats: int, settle_ms: float) -> None:
     """Times the prepared cases into their rows: ``repeats`` interleaved rounds of samples
     (``ms``), each after ``settle_ms`` of the impl's own load, then each impl's calls one at a
-    time (``ms_per_call``)."""
+    time (``ms_per_call``), again after ``settle_ms`` of its own load."""
     by_impl = {row["impl"]: row for row in rows}
     try:
         timings = timing.time_interleaved(contenders, rounds=repeats, settle_ms=settle_ms)
@@ -520,9 +520,10 @@ def _time_rows(rows, contenders, repeats: int, settle_ms: float) -> None:
         for impl in contenders:
             by_impl[impl]["error"] = _error_text(error)
         return
-    for impl, (call, sync, _) in contenders.items():
+    for impl, (call, sync, inner) in contenders.items():
         row = by_impl[impl]
         try:
+            timing.settle(call, sync, inner, settle_ms)  # the previous impl's clock, gone
             per_call_ms = timing.per_call_median_ms(call, sync, calls=max(repeats, 20))
         except Exception as error:  # noqa: BLE001 - record it and go on
             row["error"] = _error_text(error)
