@@ -21,12 +21,21 @@ from jaxmoe.ops.gated_grouped_matmul import (
     gated_grouped_matmul,
 )
 from jaxmoe.ops.gated_grouped_matmul import pallas_mosaic as fused_mosaic
+from jaxmoe.ops.gated_grouped_matmul import primitives as gated_primitives
 from jaxmoe.ops.gated_grouped_matmul.pallas_mosaic import PallasMosaicGatedGroupedMatmul
 from jaxmoe.ops.grouped_matmul import ReferenceGroupedMatmul, grouped_matmul
 
 ROWS, K, F, H_OUT = 12, 5, 4, 6
 GROUP_SIZES = jnp.array([3, 0, 6], jnp.int32)  # an empty group; 3 rows past the groups
 REFERENCE = ReferenceGatedGroupedMatmul(grouped=ReferenceGroupedMatmul())
+# The projections' input gradient as one linear primitive (evaluated by the reference backend's
+# input_dgrad: the two transposed products and their sum).
+REFERENCE_INPUT_DGRAD = ReferenceGatedGroupedMatmul(
+    grouped=ReferenceGroupedMatmul(), fused_input_dgrad=True
+)
+KERNELS = pytest.mark.parametrize(
+    "kernel", [REFERENCE, REFERENCE_INPUT_DGRAD], ids=["reference", "input_dgrad"]
+)
 
 
 def _ffn_operands(dtype=jnp.float32, rows=ROWS, k=K, f=F, h_out=H_OUT, seed=0):
@@ -60,10 +69,11 @@ def _all_close(got, want, rtol=1e-6):
         _close(a, b, rtol)
 
 
+@KERNELS
 @pytest.mark.parametrize("activation", ["swiglu", "geglu"])
-def test_value_and_gradients_equal_the_composition(activation):
+def test_value_and_gradients_equal_the_composition(activation, kernel):
     operands = _ffn_operands()
-    ops = fused(activation=activation), composition(activation=activation)
+    ops = fused(activation=activation, kernel=kernel), composition(activation=activation)
     _all_close(*(jax.jit(op)(*operands) for op in ops))
     grads = [jax.jit(jax.grad(_loss(op), argnums=(0, 1, 2, 3)))(*operands) for op in ops]
     _all_close(*grads)
@@ -77,12 +87,46 @@ def test_the_backward_transposes_into_one_glu_dgrad():
     assert text.count("jaxmoe_glu_dgrad") == 1
     # Only the weight gradient of the down projection needs h: no dgrad of it is left.
     assert "jaxmoe_glu_down" not in text
+    assert "jaxmoe_gated_input" not in text  # off by default
 
 
-def test_every_order_equals_the_composition():
+def test_the_input_gradient_transposes_into_one_input_dgrad():
+    operands = _ffn_operands()
+    grad = jax.grad(_loss(fused(kernel=REFERENCE_INPUT_DGRAD)), argnums=(0, 1, 2, 3))
+    text = str(jax.make_jaxpr(grad)(*operands))
+    assert text.count("jaxmoe_gated_input_dgrad") == 1
+    assert "jaxmoe_gated_input_tangent" not in text  # transposed away
+    # No grouped matmul of a cotangent with transposed gate or up weights is left: the two
+    # products the default backward runs are the one input_dgrad.
+    default = str(jax.make_jaxpr(jax.grad(_loss(fused()), argnums=(0, 1, 2, 3)))(*operands))
+    assert default.count("transpose_rhs=True") == 2 and text.count("transpose_rhs=True") == 0
+    # Without the lhs in the gradient, nothing of it is computed.
+    text = str(jax.make_jaxpr(jax.grad(_loss(fused(kernel=REFERENCE_INPUT_DGRAD)), 1))(*operands))
+    assert "jaxmoe_gated_input" not in text
+
+
+def test_input_dgrad_runs_the_backend_kernel_where_it_applies(monkeypatch):
+    operands = _ffn_operands()
+    calls = []
+    real = ReferenceGatedGroupedMatmul.input_dgrad
+
+    def recording(self, *args):
+        calls.append(args[0].shape)
+        return real(self, *args)
+
+    monkeypatch.setattr(ReferenceGatedGroupedMatmul, "input_dgrad", recording)
+    jax.grad(_loss(fused(kernel=REFERENCE_INPUT_DGRAD)))(*operands)
+    assert calls == [(ROWS, F)]
+    calls.clear()
+    jax.grad(_loss(fused(kernel=REFERENCE)))(*operands)  # off: the two products
+    assert calls == []
+
+
+@KERNELS
+def test_every_order_equals_the_composition(kernel):
     operands = _ffn_operands()
     tangents = tuple(jax.random.normal(jax.random.key(9), a.shape) for a in operands)
-    ops = (fused(), composition())
+    ops = (fused(kernel=kernel), composition())
     _all_close(*(jax.jvp(op, operands, tangents)[1] for op in ops), rtol=1e-5)
     grads = [jax.grad(_loss(op), argnums=(0, 1, 2, 3)) for op in ops]
     # Forward over reverse (Hessian-vector products in every operand).
@@ -95,8 +139,10 @@ def test_every_order_equals_the_composition():
     _all_close(*(penalty(op) for op in ops), rtol=1e-5)
 
 
-def test_vmap_and_shard_map():
+@KERNELS
+def test_vmap_and_shard_map(kernel):
     lhs, gate_w, up_w, down_w = _ffn_operands(rows=2 * ROWS)
+    fused_ = functools.partial(fused, kernel=kernel)
     sizes = jnp.array([[3, 0, 6], [1, 10, 1]], jnp.int32)
     batch = lhs.reshape(2, ROWS, K)
 
@@ -106,7 +152,7 @@ def test_vmap_and_shard_map():
         )
         return jax.value_and_grad(loss)(batch)
 
-    _all_close(batched(fused), batched(composition))
+    _all_close(batched(fused_), batched(composition))
 
     mesh = jax.make_mesh((2,), ("data",), axis_types=(jax.sharding.AxisType.Auto,))
     spec = jax.sharding.PartitionSpec
@@ -121,7 +167,7 @@ def test_vmap_and_shard_map():
             lhs, gate_w, up_w, down_w, sizes
         )
 
-    _all_close(sharded(fused), sharded(composition))
+    _all_close(sharded(fused_), sharded(composition))
 
 
 def test_auto_and_named_backends(monkeypatch):
@@ -236,4 +282,73 @@ def test_fused_down_dgrad_lowers_for_cuda():
     shapes = [(M, H), (M, FF), (M, FF), (4, FF, H), (4,)]
     dtypes = [jnp.bfloat16] * 4 + [jnp.int32]
     args = [jax.ShapeDtypeStruct(s, d) for s, d in zip(shapes, dtypes, strict=True)]
+    assert "mosaic_gpu" in fn.trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+
+
+# --- the fused input dgrad (Mosaic GPU's interpreter) -------------------------------------------
+
+# The Mosaic gmm's default tiles (128 x 256 x 64): the input gradient's N (the hidden size) is a
+# multiple of 256, its contraction (F) of 64.
+INPUT_K, INPUT_F = 256, 128
+
+
+def test_fused_input_dgrad_against_numpy():
+    keys = jax.random.split(jax.random.key(5), 4)
+    gate_bar, up_bar = (jax.random.normal(key, (M, INPUT_F)) for key in keys[:2])
+    gate_w, up_w = (
+        jax.random.normal(key, (len(MOSAIC_SIZES), INPUT_K, INPUT_F)) / np.sqrt(INPUT_F)
+        for key in keys[2:]
+    )
+    gate_bar, up_bar, gate_w, up_w = (
+        a.astype(jnp.bfloat16) for a in (gate_bar, up_bar, gate_w, up_w)
+    )
+    sizes = jnp.asarray(MOSAIC_SIZES)
+    kernel = PallasMosaicGatedGroupedMatmul(
+        grouped=ReferenceGroupedMatmul(), fused_input_dgrad=True, interpret=True
+    )
+    assert kernel.input_dgrad_unsupported_reason(gate_bar, gate_w, sizes) is None
+    got = kernel.input_dgrad(gate_bar, up_bar, gate_w, up_w, sizes)
+    as64 = lambda a: np.asarray(jnp.asarray(a, jnp.float32), np.float64)  # noqa: E731
+    want = np.zeros((M, INPUT_K))
+    start = 0
+    for group, size in enumerate(MOSAIC_SIZES):
+        rows = slice(start, start + size)
+        want[rows] = as64(gate_bar)[rows] @ as64(gate_w)[group].T
+        want[rows] += as64(up_bar)[rows] @ as64(up_w)[group].T
+        start += size
+    unfused = gated_primitives.unfused_input_dgrad(
+        gate_bar, up_bar, gate_w, up_w, sizes, kernel=REFERENCE
+    )
+    # One rounding of the float32 sum against the unfused path's three (each product, the sum).
+    assert _rel_err(got, want) < 4e-3
+    assert _rel_err(got, want) <= _rel_err(unfused, want)
+    assert np.all(np.asarray(got[MOSAIC_SIZES.sum() :]) == 0)  # rows past the groups
+    off = PallasMosaicGatedGroupedMatmul(interpret=True)  # the default until measured
+    assert off.input_dgrad_unsupported_reason(gate_bar, gate_w, sizes) == "fused_input_dgrad=False"
+
+
+def test_gradients_through_the_fused_input_dgrad():
+    lhs, gate_w, up_w, down_w = _ffn_operands(jnp.bfloat16, rows=M, k=INPUT_K, f=INPUT_F, h_out=H)
+    sizes = jnp.array([100, 0, 150], jnp.int32)
+    kernel = PallasMosaicGatedGroupedMatmul(
+        grouped=ReferenceGroupedMatmul(), fused_input_dgrad=True, interpret=True
+    )
+    operands = (lhs, gate_w, up_w, down_w)
+    f32 = tuple(a.astype(jnp.float32) for a in operands)
+    got = jax.jit(jax.grad(_loss(fused(sizes, kernel=kernel)), argnums=(0, 1, 2, 3)))(*operands)
+    want = jax.jit(jax.grad(_loss(composition(sizes)), argnums=(0, 1, 2, 3)))(*f32)
+    for a, b in zip(got, want, strict=True):  # bf16 against the float32 composition
+        _close(a, b, rtol=2e-2)
+    assert np.all(np.asarray(got[0][250:]) == 0)
+    # The kernel ran (no silent fallback to the two products): the operands suit it.
+    gate_bar = jnp.zeros((M, INPUT_F), jnp.bfloat16)
+    assert kernel.input_dgrad_unsupported_reason(gate_bar, gate_w, sizes) is None
+
+
+def test_fused_input_dgrad_lowers_for_cuda():
+    kernel = PallasMosaicGatedGroupedMatmul(fused_input_dgrad=True, interpret=False)
+    shapes = [(M, INPUT_F), (M, INPUT_F), (4, INPUT_K, INPUT_F), (4, INPUT_K, INPUT_F), (4,)]
+    dtypes = [jnp.bfloat16] * 4 + [jnp.int32]
+    args = [jax.ShapeDtypeStruct(s, d) for s, d in zip(shapes, dtypes, strict=True)]
+    fn = jax.jit(kernel.input_dgrad)
     assert "mosaic_gpu" in fn.trace(*args).lower(lowering_platforms=("cuda",)).as_text()

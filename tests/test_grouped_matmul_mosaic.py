@@ -356,3 +356,49 @@ def test_a_gpu_other_than_hopper_is_refused(monkeypatch):
     assert pallas_mosaic_tiles.supports(
         (128, 64), (2, 64, 128), jnp.bfloat16, jnp.bfloat16, False, SMALL, interpret=False
     )
+
+
+@pytest.mark.parametrize("name", ["ring", "ring_three_slots", "pingpong"])
+def test_pair_sums_two_products_in_one_k_loop(name):
+    # lhs @ rhs[g] + lhs2 @ rhs2[g]: the ring's steps run over the first pair, then the second
+    # (2 + 2 K steps per tile; the slot wraps inside and across tiles). Groups cut tiles, one is
+    # empty, 43 tail rows must be zeros. Each product alone would miss the other's half.
+    sizes = [70, 0, 3, 100, 40]
+    lhs, rhs, _ = random_inputs(M, K, N, len(sizes), "bfloat16", seed=6)
+    lhs2, rhs2, _ = random_inputs(M, K, N, len(sizes), "bfloat16", seed=7)
+    got = pallas_mosaic.gmm_pair(
+        lhs, rhs, lhs2, rhs2, jnp.asarray(sizes, jnp.int32), tiles=CONFIGS[name]
+    )
+    got = np.asarray(got.astype(jnp.float32), np.float64)
+    want = np_gmm(lhs, rhs, sizes) + np_gmm(lhs2, rhs2, sizes)
+    assert np.max(np.abs(got - want)) / np.max(np.abs(want)) <= 1.6e-2
+    assert np.all(got[213:] == 0)
+
+
+def test_pair_refuses_mismatched_operands_and_tiles_off_the_ring():
+    lhs, rhs, _ = random_inputs(M, K, N, 2, "bfloat16")
+    sizes = jnp.asarray([100, 100], jnp.int32)
+    with pytest.raises(ValueError, match="lhs2"):
+        pallas_mosaic.gmm_pair(lhs, rhs, lhs[:, :64], rhs, sizes, tiles=CONFIGS["ring"])
+    with pytest.raises(ValueError, match="rhs2"):
+        pallas_mosaic.gmm_pair(lhs, rhs, lhs, rhs.astype(jnp.float16), sizes)
+    with pytest.raises(NotImplementedError, match="ring"):
+        pallas_mosaic.gmm_pair(lhs, rhs, lhs, rhs, sizes, tiles=CONFIGS["plain"])
+
+
+@pytest.mark.parametrize("transpose_rhs", [False, True], ids=["fwd", "dgrad"])
+def test_pair_lowers_for_cuda(transpose_rhs):
+    # The gated FFN's input gradient is the transposed pair, which the interpreter cannot run.
+    k = 2048
+    rhs_shape = (5, N, k) if transpose_rhs else (5, k, N)
+    fn = jax.jit(
+        functools.partial(pallas_mosaic.gmm_pair, transpose_rhs=transpose_rhs, interpret=False)
+    )
+    lhs = jax.ShapeDtypeStruct((M, k), jnp.bfloat16)
+    rhs = jax.ShapeDtypeStruct(rhs_shape, jnp.bfloat16)
+    text = (
+        fn.trace(lhs, rhs, lhs, rhs, jax.ShapeDtypeStruct((5,), jnp.int32))
+        .lower(lowering_platforms=("cuda",))
+        .as_text()
+    )
+    assert "mosaic_gpu" in text and "stablehlo.while" not in text

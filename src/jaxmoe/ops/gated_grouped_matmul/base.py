@@ -21,7 +21,15 @@ A backend may also fuse the gated FFN's backward through its down projection
     h_bar = gmm(out_bar, rhs_down^T), gate_bar = h_bar * up * act'(gate), up_bar = h_bar * act(gate)
 
 where it applies (``down_dgrad_unsupported_reason`` is ``None``); elsewhere the derivative takes
-the unfused form on ``grouped``.
+the unfused form on ``grouped``. And, with ``fused_input_dgrad``, the input gradient of the two
+projections (:mod:`.primitives`)::
+
+    input_dgrad(gate_bar [M, F], up_bar [M, F], rhs_gate, rhs_up, group_sizes) -> [M, K]
+
+    gmm(gate_bar, rhs_gate^T) + gmm(up_bar, rhs_up^T)
+
+where ``input_dgrad_unsupported_reason`` is ``None``; elsewhere the two products and their sum
+on ``grouped``.
 """
 
 from __future__ import annotations
@@ -90,10 +98,14 @@ class GatedGroupedMatmulBackend(abc.ABC):
         ``up`` in one call (``True``), or the unfused composition on ``grouped`` computes them
         (``False``: the kernel then runs only where nothing is differentiated). Either way the
         derivatives are the unfused path's; it is a speed choice (see :mod:`.primitives`).
+      fused_input_dgrad: under differentiation, the input gradient of the two projections as
+        one linear primitive whose evaluation is ``input_dgrad`` where it applies (``False``: the
+        two transposed products, which reverse mode sums; the same value up to rounding).
     """
 
     grouped: GroupedMatmulBackend | None = None
     residuals_from_kernel: bool = True
+    fused_input_dgrad: bool = False
     name: str = dataclasses.field(default="", init=False)
 
     def __post_init__(self):
@@ -122,4 +134,17 @@ class GatedGroupedMatmulBackend(abc.ABC):
         """``(gate_bar, up_bar)`` in one kernel (see the module docstring)."""
         raise NotImplementedError(
             self.down_dgrad_unsupported_reason(out_bar, rhs_down, group_sizes)
+        )
+
+    def input_dgrad_unsupported_reason(self, gate_bar, rhs_gate, group_sizes) -> str | None:
+        """Why ``input_dgrad`` cannot take these operands (``None`` if it can); decided from
+        shapes and dtypes. By default a backend has no fused input dgrad."""
+        del gate_bar, rhs_gate, group_sizes
+        return f"backend {self.name!r} has no fused input dgrad"
+
+    def input_dgrad(self, gate_bar, up_bar, rhs_gate, rhs_up, group_sizes) -> Array:
+        """``gmm(gate_bar, rhs_gate^T) + gmm(up_bar, rhs_up^T)`` as one op (see the module
+        docstring)."""
+        raise NotImplementedError(
+            self.input_dgrad_unsupported_reason(gate_bar, rhs_gate, group_sizes)
         )

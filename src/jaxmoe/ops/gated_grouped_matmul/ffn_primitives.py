@@ -215,16 +215,6 @@ def _ffn_jvp(primals, tangents, *, kernel, activation):
     return out, functools.reduce(jnp.add, terms)
 
 
-def _unfused_jvp(unfused, primals, tangents, **params):
-    """The JVP of a linear primitive in all its operands: that of its unfused form (the integer
-    ``group_sizes``, last, has none)."""
-    *floats, group_sizes = primals
-    float_tangents = [ad.instantiate_zeros(t) for t in tangents[:-1]]
-    return jax.jvp(
-        lambda *args: unfused(*args, group_sizes, **params), tuple(floats), tuple(float_tangents)
-    )
-
-
 def _glu_down_transpose(out_bar, gate_dot, up_dot, gate, up, rhs_down, group_sizes, **params):
     assert not any(ad.is_undefined_primal(v) for v in (gate, up, rhs_down)), "nonlinear operands"
     if type(out_bar) is ad.Zero:
@@ -250,8 +240,8 @@ def _glu_dgrad_transpose(cotangents, out_bar, gate, up, rhs_down, group_sizes, *
 
 
 ad.primitive_jvps[gated_ffn_p] = _ffn_jvp
-ad.primitive_jvps[glu_down_p] = functools.partial(_unfused_jvp, unfused_glu_down)
-ad.primitive_jvps[glu_dgrad_p] = functools.partial(_unfused_jvp, unfused_glu_dgrad)
+ad.primitive_jvps[glu_down_p] = functools.partial(gated_primitives.unfused_jvp, unfused_glu_down)
+ad.primitive_jvps[glu_dgrad_p] = functools.partial(gated_primitives.unfused_jvp, unfused_glu_dgrad)
 ad.primitive_transposes[glu_down_p] = _glu_down_transpose
 ad.primitive_transposes[glu_dgrad_p] = _glu_dgrad_transpose
 

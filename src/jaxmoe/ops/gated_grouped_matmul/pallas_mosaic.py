@@ -286,6 +286,11 @@ class PallasMosaicGatedGroupedMatmul(GatedGroupedMatmulBackend):
         ``gate`` and ``up`` cost 0.31 ms, the second output 0.07-0.09, the derivative 0.08,
         against a pass of ~0.35 ms (run 13 call 5; ``block_n`` 128: 0.84-0.87x).
       down_dgrad_tiles: that kernel's block sizes; ``None``: the Mosaic ``gmm``'s default.
+      fused_input_dgrad: the projections' input gradient ``gate_bar Wg^T + up_bar Wu^T`` as one
+        kernel (:func:`jaxmoe.ops.grouped_matmul.pallas_mosaic.gmm_pair`: one K loop over both
+        products, one ``[M, K]`` result) where the Mosaic ``gmm`` takes the operands. ``False``
+        until measured on a GPU (it saves one launch and its last wave, one ``[M, K]`` store and
+        a read of it by the sum; issue 15, ``benchmarks/NOTES-grouped-matmul.md``).
       interpret: ``None`` runs the interpreter when JAX's default backend is not a GPU.
       residuals_from_kernel: ``False`` by measurement (H100, ``benchmarks/results/raw/
         h100-fused-glu/run1``, ``run2``): the kernel writing ``h``, ``gate`` and ``up`` made
@@ -335,6 +340,46 @@ class PallasMosaicGatedGroupedMatmul(GatedGroupedMatmulBackend):
             group_sizes,
             activation=activation,
             tiles=self._down_dgrad_tiles(out_bar.shape, rhs_down.shape),
+            interpret=self.interpret,
+        )
+
+    def _input_dgrad_operands(self, gate_bar, rhs_gate):
+        """``(tiles, interpreted, rhs shape the kernel reads)``: on a GPU the weights ``[G, K,
+        F]`` are read transposed; Mosaic GPU's interpreter, which cannot, gets ``[G, F, K]``
+        copies."""
+        m, f = gate_bar.shape
+        num_groups, k, _ = rhs_gate.shape
+        cfg = pallas_mosaic_tiles.default_mosaic_gmm_tiles(m, f, k)
+        interpreted = pallas_triton._use_interpret(self.interpret)
+        return cfg, interpreted, ((num_groups, f, k) if interpreted else rhs_gate.shape)
+
+    def input_dgrad_unsupported_reason(self, gate_bar, rhs_gate, group_sizes):
+        if not self.fused_input_dgrad:
+            return "fused_input_dgrad=False"
+        cfg, interpreted, rhs_shape = self._input_dgrad_operands(gate_bar, rhs_gate)
+        return pallas_mosaic_tiles.unsupported_reason(
+            gate_bar.shape,
+            rhs_shape,
+            rhs_gate.dtype,
+            rhs_gate.dtype,
+            not interpreted,
+            cfg,
+            interpreted,
+        )
+
+    def input_dgrad(self, gate_bar, up_bar, rhs_gate, rhs_up, group_sizes):
+        cfg, interpreted, _ = self._input_dgrad_operands(gate_bar, rhs_gate)
+        if interpreted:
+            rhs_gate, rhs_up = (jnp.swapaxes(rhs, 1, 2) for rhs in (rhs_gate, rhs_up))
+        dtype = rhs_gate.dtype
+        return pallas_mosaic.gmm_pair(
+            gate_bar.astype(dtype),
+            rhs_gate,
+            up_bar.astype(dtype),
+            rhs_up,
+            group_sizes,
+            transpose_rhs=not interpreted,
+            tiles=cfg,
             interpret=self.interpret,
         )
 

@@ -34,3 +34,13 @@ class ReferenceGatedGroupedMatmul(GatedGroupedMatmulBackend):
         )
         hidden = unfused(gate, up, activation).astype(jnp.dtype(lhs.dtype))
         return (hidden, gate, up) if residuals else (hidden,)
+
+    def input_dgrad_unsupported_reason(self, gate_bar, rhs_gate, group_sizes):
+        return None
+
+    def input_dgrad(self, gate_bar, up_bar, rhs_gate, rhs_up, group_sizes):
+        gate_part, up_part = (
+            self.grouped.gmm(bar, rhs, group_sizes, transpose_rhs=True, out_dtype=rhs.dtype)
+            for bar, rhs in ((gate_bar, rhs_gate), (up_bar, rhs_up))
+        )
+        return gate_part + up_part

@@ -87,8 +87,13 @@ def _jaxmoe_mosaic_gmm(
     combine=None,
     num_outputs: int = 1,
     k_step_scale=None,
+    paired: bool = False,
     interpreted: bool = False,
 ):
+    # ``paired``: a second ``(lhs, rhs)`` pair follows the rhs operands, of the same shapes, and
+    # the result is ``lhs @ rhs[g] + lhs2 @ rhs2[g]``: the ring's K steps run over the first
+    # pair, then the second, into one accumulator (the gated FFN's input gradient, ``gate_bar
+    # Wg^T + up_bar Wu^T``, in one kernel). On the ring only; one rhs, no epilogue.
     # ``epilogue(acc, *epilogue_gmem, group=, row0=, col0=)`` maps one epilogue slab of a
     # compute warpgroup's float32 accumulator (``[epilogue_rows, wg_n]``, rows from ``row0``,
     # columns from ``col0``) before the cast, to one result or a tuple of ``num_outputs``: the FP8
@@ -101,8 +106,15 @@ def _jaxmoe_mosaic_gmm(
     # goes into a fresh float32 ``wgmma`` accumulator; the main accumulator (a register value
     # carried by the pipeline) adds ``k_step_scale(partial)``. One rhs, no ``combine``.
     assert k_step_scale is None or (num_rhs == 1 and combine is None)
+    assert not paired or (cfg.ring and num_rhs == 1 and epilogue is None and combine is None)
     rhs_gmems = rhs_epilogue_and_out_gmem[:num_rhs]
-    epilogue_gmem = rhs_epilogue_and_out_gmem[num_rhs:-num_outputs]
+    pairs = [(lhs_gmem, rhs_gmems[0])]
+    if paired:
+        pairs.append(tuple(rhs_epilogue_and_out_gmem[num_rhs : num_rhs + 2]))
+        num_rhs_and_pair = num_rhs + 2
+    else:
+        num_rhs_and_pair = num_rhs
+    epilogue_gmem = rhs_epilogue_and_out_gmem[num_rhs_and_pair:-num_outputs]
     out_gmems = rhs_epilogue_and_out_gmem[-num_outputs:]
     out_gmem = out_gmems[0]
     bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
@@ -268,25 +280,36 @@ def _jaxmoe_mosaic_gmm(
             return group, row0, lo, hi, n_tile * bn
 
         def ring_tiles(ring):
-            """The CTA's tiles on :mod:`.pallas_mosaic_common`'s ring: ``k / bk`` steps each."""
+            """The CTA's tiles on :mod:`.pallas_mosaic_common`'s ring: ``k / bk`` steps each
+            (per pair: ``paired`` runs the second pair's steps after the first's)."""
             steps = k // bk
             my_tiles = common.cta_tile_count(num_tiles)
 
             def parts(local_tile):
-                return tile_parts(common.cta_tile_index(local_tile)), steps
+                return tile_parts(common.cta_tile_index(local_tile)), steps * len(pairs)
 
             @pl.when(wg == common.NUM_COMPUTE_WARPGROUPS)
             def _memory_warpgroup():
-                def load(info, i, slot):
+                def load_blocks(pair_lhs, pair_rhs, info, i, slot):
                     group, row0, _, _, col0 = info
                     barrier = ring["loaded"].at[slot]
                     k_cols = pl.ds(i * bk, bk)
-                    lhs_block = lhs_gmem.at[pl.ds(row0, bm), k_cols]
+                    lhs_block = pair_lhs.at[pl.ds(row0, bm), k_cols]
                     plgpu.copy_gmem_to_smem(lhs_block, ring["lhs"].at[slot], barrier)
-                    for rhs, rhs_ring in zip(rhs_gmems, ring["rhs"], strict=True):
+                    for rhs, rhs_ring in zip(pair_rhs, ring["rhs"], strict=True):
                         source = rhs_block_source(rhs, group, col0)
                         block = source.at[:, k_cols] if transpose_rhs else source.at[k_cols, :]
                         plgpu.copy_gmem_to_smem(block, rhs_ring.at[slot], barrier)
+
+                def load(info, i, slot):
+                    if not paired:
+                        load_blocks(lhs_gmem, rhs_gmems, info, i, slot)
+                        return
+                    for index, (pair_lhs, pair_rhs) in enumerate(pairs):
+                        # Each branch issues the same copies into the same slot and barrier.
+                        @pl.when((i >= index * steps) & (i < (index + 1) * steps))
+                        def _load_pair(pair_lhs=pair_lhs, pair_rhs=pair_rhs, index=index):
+                            load_blocks(pair_lhs, [pair_rhs], info, i - index * steps, slot)
 
                 common.ring_produce(
                     my_tiles, parts, load, stages=cfg.stages, released=ring["released"]
@@ -387,7 +410,75 @@ def gmm(
     Same contract as :func:`jaxmoe.ops.grouped_matmul.pallas_triton.gmm`; the operands must pass
     :func:`supports` (bf16/fp16, dims divisible by the blocks).
     """
-    pallas_triton._check(lhs, rhs, group_sizes, transpose_rhs, "gmm")
+    out_dtype, cfg, interpret_params = _checked(
+        lhs, rhs, group_sizes, transpose_rhs, out_dtype, tiles, interpret, "gmm"
+    )
+    return launch_gmm(
+        lhs,
+        rhs,
+        group_sizes,
+        transpose_rhs=transpose_rhs,
+        out_dtype=out_dtype,
+        cfg=cfg,
+        interpret_params=interpret_params,
+    )
+
+
+def gmm_pair(
+    lhs: Array,
+    rhs: Array,
+    lhs2: Array,
+    rhs2: Array,
+    group_sizes: Array,
+    *,
+    transpose_rhs: bool = False,
+    out_dtype=None,
+    tiles: MosaicTileConfig | None = None,
+    interpret: bool | None = None,
+) -> Array:
+    """``out[rows of g] = lhs[rows of g] @ rhs[g] + lhs2[rows of g] @ rhs2[g]`` (each ``rhs[g]``
+    transposed if ``transpose_rhs``), zeros after the groups, in one kernel: each tile's K loop
+    runs over the first pair, then the second, into one float32 accumulator, rounded once.
+
+    The gated FFN's input gradient ``gate_bar Wg^T + up_bar Wu^T`` is this with
+    ``transpose_rhs``: one launch instead of two plus an add, and one ``[M, N]`` result written
+    instead of two. ``(lhs2, rhs2)`` must have the shapes and dtypes of ``(lhs, rhs)``; the tiles
+    must run on the ring (the default tiles do). Otherwise as :func:`gmm`.
+    """
+    if (jnp.shape(lhs2), jnp.shape(rhs2)) != (jnp.shape(lhs), jnp.shape(rhs)) or (
+        jnp.result_type(lhs2),
+        jnp.result_type(rhs2),
+    ) != (jnp.result_type(lhs), jnp.result_type(rhs)):
+        raise ValueError(
+            f"mosaic gmm_pair: `lhs2` {jnp.shape(lhs2)} {jnp.result_type(lhs2)} and `rhs2` "
+            f"{jnp.shape(rhs2)} {jnp.result_type(rhs2)} must have the shapes and dtypes of "
+            f"`lhs` {jnp.shape(lhs)} {jnp.result_type(lhs)} and `rhs` {jnp.shape(rhs)} "
+            f"{jnp.result_type(rhs)}."
+        )
+    out_dtype, cfg, interpret_params = _checked(
+        lhs, rhs, group_sizes, transpose_rhs, out_dtype, tiles, interpret, "gmm_pair"
+    )
+    if not cfg.ring:
+        raise NotImplementedError(
+            "mosaic gmm_pair runs on the hand-written ring only: pass tiles with ring=True "
+            "(the default tiles)."
+        )
+    return launch_gmm(
+        lhs,
+        rhs,
+        group_sizes,
+        transpose_rhs=transpose_rhs,
+        out_dtype=out_dtype,
+        cfg=cfg,
+        interpret_params=interpret_params,
+        second_pair=(lhs2, rhs2),
+    )
+
+
+def _checked(lhs, rhs, group_sizes, transpose_rhs, out_dtype, tiles, interpret, name):
+    """``(out_dtype, tiles, interpret_params)`` for checked operands: ``ValueError`` for bad
+    arguments, ``NotImplementedError`` (why) for operands the kernel cannot take."""
+    pallas_triton._check(lhs, rhs, group_sizes, transpose_rhs, name)
     m, k = lhs.shape
     n = rhs.shape[1] if transpose_rhs else rhs.shape[2]
     out_dtype = jnp.dtype(out_dtype or lhs.dtype)
@@ -399,18 +490,11 @@ def gmm(
     )
     if reason is not None:
         raise NotImplementedError(
-            f"mosaic gmm: lhs {lhs.shape} {lhs.dtype}, rhs {rhs.shape}, out {out_dtype}: {reason}. "
-            "Use backend='pallas_triton', or 'auto', which picks the Triton kernel for these."
+            f"mosaic {name}: lhs {lhs.shape} {lhs.dtype}, rhs {rhs.shape}, out {out_dtype}: "
+            f"{reason}. Use backend='pallas_triton', or 'auto', which picks the Triton kernel "
+            "for these."
         )
-    return launch_gmm(
-        lhs,
-        rhs,
-        group_sizes,
-        transpose_rhs=transpose_rhs,
-        out_dtype=out_dtype,
-        cfg=cfg,
-        interpret_params=interpret_params,
-    )
+    return out_dtype, cfg, interpret_params
 
 
 def launch_gmm(
@@ -428,13 +512,16 @@ def launch_gmm(
     combine=None,
     num_outputs: int = 1,
     k_step_scale=None,
+    second_pair=(),
 ):
     """The kernel on checked operands: builds the work list and launches one CTA per SM.
 
     ``epilogue`` and ``epilogue_operands`` (GPU memory refs it reads): see the kernel body.
     ``more_rhs`` (weights shaped like ``rhs``, multiplied by the same lhs blocks), ``combine``
     and ``num_outputs`` (then a tuple of ``[M, N]`` results is returned), ``k_step_scale`` (per
-    K step scales, reading ``epilogue_operands`` too): see the kernel body.
+    K step scales, reading ``epilogue_operands`` too), ``second_pair`` (``(lhs2, rhs2)`` shaped
+    like ``(lhs, rhs)``: the result is ``lhs @ rhs + lhs2 @ rhs2`` per group, on the ring):
+    see the kernel body.
     """
     m = lhs.shape[0]
     num_groups = rhs.shape[0]
@@ -453,6 +540,7 @@ def launch_gmm(
         combine=combine,
         num_outputs=num_outputs,
         k_step_scale=k_step_scale,
+        paired=bool(second_pair),
         interpreted=interpret_params is not None,
     )
     out_type = jax.ShapeDtypeStruct((m, n), out_dtype)
@@ -460,5 +548,13 @@ def launch_gmm(
         body, out_type if num_outputs == 1 else (out_type,) * num_outputs, interpret_params
     )
     return kernel(
-        work_counts, work_group, work_tile, offsets, lhs, rhs, *more_rhs, *epilogue_operands
+        work_counts,
+        work_group,
+        work_tile,
+        offsets,
+        lhs,
+        rhs,
+        *more_rhs,
+        *second_pair,
+        *epilogue_operands,
     )
