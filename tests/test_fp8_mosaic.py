@@ -28,7 +28,7 @@ from jaxmoe.ops.fp8 import pallas_mosaic as fp8_mosaic
 from jaxmoe.ops.fp8.api import fp8_grouped_matmul, scaled_grouped_matmul
 from jaxmoe.ops.fp8.pallas_mosaic_backend import PallasMosaicScaledGroupedMatmul
 from jaxmoe.ops.fp8.xla import XlaScaledGroupedMatmul
-from jaxmoe.ops.grouped_matmul import pallas_mosaic, pallas_mosaic_tiles
+from jaxmoe.ops.grouped_matmul import pallas_mosaic_kernel, pallas_mosaic_tiles
 from jaxmoe.ops.grouped_matmul.pallas_mosaic import MosaicTileConfig
 
 ROWWISE = Fp8Recipe("rowwise")
@@ -181,7 +181,7 @@ def test_default_tiles_are_the_bf16_kernels_with_128_wide_k_blocks():
     # whole turns of a 3-deep ring, not of a 4-deep one.
     qwen3_down = fp8_mosaic.pipeline_fp8_tiles(65536, 768, 2048)
     assert qwen3_down.pipelined_tiles and qwen3_down.stages == 3
-    assert pallas_mosaic._chains_tiles(qwen3_down, 768)
+    assert pallas_mosaic_kernel.chains_tiles(qwen3_down, 768)
     pallas_mosaic_tiles.check_tiles(qwen3_down, operand_bytes=1)
     with pytest.raises(ValueError, match="block_k=64 must be 128"):
         pallas_mosaic_tiles.check_tiles(MosaicTileConfig(), operand_bytes=1)

@@ -1,0 +1,369 @@
+"""The Mosaic GPU ``gmm`` kernel body: a persistent, warp-specialized grouped matmul on Hopper.
+
+Launched by :func:`.pallas_mosaic.launch_gmm`, which builds the work list. Layout of the work
+(``bm, bn, bk`` are the block sizes)::
+
+    work items   as in ``pallas_triton``: one per (m tile t, group g intersecting t), plus the
+                 "tail" group G for rows at or past sum(group_sizes) (written as zeros). Their
+                 list is computed on the device (``gmm_work_items``).
+    schedule     one CTA per SM loops over (work item, N tile) pairs (``plgpu.nd_loop``), walking
+                 ``group_swizzle`` neighbouring work items along N for L2 reuse.
+    one pair     three warpgroups. The memory warpgroup streams ``[bm, bk]`` blocks of ``lhs``
+                 and ``[bk, bn]`` blocks of ``rhs[g]`` (``[bn, bk]`` when transposed) into a ring
+                 of ``stages`` shared-memory slots by TMA; the two compute warpgroups each
+                 multiply into a ``[bm, bn / 2]`` float32 accumulator with ``wgmma``. Because the
+                 memory warpgroup runs ahead, the next pair's loads overlap this pair's epilogue.
+                 With ``ring`` (the default tiles) the ring is hand-written and spans all of the
+                 CTA's pairs (:func:`.pallas_mosaic_common.ring_produce`): it never drains
+                 between pairs, and each compute warpgroup keeps one ``wgmma`` in flight.
+                 Otherwise jax's ``emit_pipeline_warp_specialized`` runs per pair (chained
+                 across pairs with ``pipelined_tiles``); the FP8 and fused gated kernels' default
+                 tiles still take it (the ring is not measured with them yet).
+                 With ``pingpong`` (on the ring) each compute warpgroup instead multiplies whole
+                 pairs into a ``[bm, bn]`` accumulator, the CTA's pairs alternating between the
+                 two: one's epilogue runs under the other's ``wgmma``; each waits for (and
+                 releases) the other's slots too (:func:`.pallas_mosaic_common.ring_skip`).
+    epilogue     the accumulator is cast and staged in shared memory, then stored by TMA without
+                 waiting for completion (the next pair waits only until the stage has been read;
+                 :mod:`.pallas_mosaic_epilogue`). A tile whose rows all belong to its group is
+                 one store; a tile cut by a group boundary stores its rows ``[lo, hi)`` as
+                 power-of-two runs (a TMA box has a static shape). With ``swizzled_epilogue`` a
+                 whole slab is instead written in 64-column chunks to a 128-byte-swizzled
+                 buffer, one store left in flight.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+from jaxmoe.ops.grouped_matmul import pallas_mosaic_common as common
+from jaxmoe.ops.grouped_matmul.pallas_mosaic_epilogue import EpilogueStores, epilogue_allocation
+from jaxmoe.ops.grouped_matmul.pallas_mosaic_tiles import MosaicTileConfig, warpgroup_cols
+
+
+def mosaic_gmm_body(
+    work_counts_gmem,
+    work_group_gmem,
+    work_tile_gmem,
+    offsets_gmem,
+    lhs_gmem,
+    *rhs_epilogue_and_out_gmem,
+    cfg: MosaicTileConfig,
+    num_groups: int,
+    transpose_rhs: bool,
+    epilogue=None,
+    num_rhs: int = 1,
+    combine=None,
+    num_outputs: int = 1,
+    k_step_scale=None,
+    paired: bool = False,
+    interpreted: bool = False,
+):
+    # ``paired``: a second ``(lhs, rhs)`` pair follows the rhs operands, of the same shapes, and
+    # the result is ``lhs @ rhs[g] + lhs2 @ rhs2[g]``: the ring's K steps run over the first
+    # pair, then the second, into one accumulator (the gated FFN's input gradient, ``gate_bar
+    # Wg^T + up_bar Wu^T``, in one kernel). On the ring only; one rhs, no epilogue.
+    # ``epilogue(acc, *epilogue_gmem, group=, row0=, col0=)`` maps one epilogue slab of a
+    # compute warpgroup's float32 accumulator (``[epilogue_rows, wg_n]``, rows from ``row0``,
+    # columns from ``col0``) before the cast, to one result or a tuple of ``num_outputs``: the FP8
+    # kernel's scales, the gated FFN's activation derivative (two results).
+    # ``num_rhs`` weights share each lhs block (one accumulator each, same columns); ``combine``
+    # maps the accumulators to the ``num_outputs`` float32 results (the fused gated kernel's
+    # ``act(gate) * up``); without it the one accumulator is the one result.
+    # ``k_step_scale(partial, *epilogue_gmem, k_step=, group=, row0=, col0=)``: scales applied
+    # per K step (the FP8 blockwise recipe: one K step is one scale block). Each step's product
+    # goes into a fresh float32 ``wgmma`` accumulator; the main accumulator (a register value
+    # carried by the pipeline) adds ``k_step_scale(partial)``. One rhs, no ``combine``.
+    assert k_step_scale is None or (num_rhs == 1 and combine is None)
+    assert not paired or (cfg.ring and num_rhs == 1 and epilogue is None and combine is None)
+    rhs_gmems = rhs_epilogue_and_out_gmem[:num_rhs]
+    pairs = [(lhs_gmem, rhs_gmems[0])]
+    if paired:
+        pairs.append(tuple(rhs_epilogue_and_out_gmem[num_rhs : num_rhs + 2]))
+        num_rhs_and_pair = num_rhs + 2
+    else:
+        num_rhs_and_pair = num_rhs
+    epilogue_gmem = rhs_epilogue_and_out_gmem[num_rhs_and_pair:-num_outputs]
+    out_gmems = rhs_epilogue_and_out_gmem[-num_outputs:]
+    out_gmem = out_gmems[0]
+    bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
+    wg_n = warpgroup_cols(cfg)
+    k = lhs_gmem.shape[1]
+    n = out_gmem.shape[1]
+    num_n_tiles = n // bn
+    out_dtype = out_gmem.dtype
+    itemsize = jnp.dtype(lhs_gmem.dtype).itemsize
+    swizzle = plgpu.find_swizzle(bk * itemsize * 8)
+    transforms = (
+        plgpu.TilingTransform((8, swizzle // itemsize)),
+        plgpu.SwizzleTransform(swizzle),
+    )
+    lhs_spec = plgpu.BlockSpec((bm, bk), lambda kk: (0, kk), transforms=transforms)
+    if transpose_rhs:
+        rhs_spec = plgpu.BlockSpec((bn, bk), lambda kk: (0, kk), transforms=transforms)
+    else:
+        rhs_spec = plgpu.BlockSpec((bk, bn), lambda kk: (kk, 0), transforms=transforms)
+    chained = chains_tiles(cfg, k)
+
+    def make_pipeline(body, context, state=None):
+        return plgpu.emit_pipeline_warp_specialized(
+            body,
+            grid=(k // bk,),
+            memory_registers=common.MEMORY_REGISTERS,
+            in_specs=[lhs_spec] + [rhs_spec] * num_rhs,
+            wg_axis="wg",
+            num_compute_wgs=common.NUM_COMPUTE_WARPGROUPS,
+            max_concurrent_steps=cfg.stages,
+            compute_context=context,
+            pipeline_state=state,
+        )
+
+    def rhs_block_source(rhs_gmem, group, col0):
+        rhs_g = rhs_gmem.at[group]
+        return rhs_g.at[pl.ds(col0, bn), :] if transpose_rhs else rhs_g.at[:, pl.ds(col0, bn)]
+
+    def unused(*args, **kwargs):
+        del args, kwargs
+
+    if cfg.ring:
+        rhs_block = (bn, bk) if transpose_rhs else (bk, bn)
+        allocations = {
+            "lhs": plgpu.SMEM((cfg.stages, bm, bk), lhs_gmem.dtype, transforms=transforms),
+            "rhs": [
+                plgpu.SMEM((cfg.stages, *rhs_block), rhs.dtype, transforms=transforms)
+                for rhs in rhs_gmems
+            ],
+            **common.ring_barriers(cfg.stages, copies_per_step=1 + num_rhs),
+        }
+    else:
+        allocations = make_pipeline(unused, unused).get_allocations(
+            lhs_gmem.at[pl.ds(0, bm), :], *(rhs_block_source(rhs, 0, 0) for rhs in rhs_gmems)
+        )
+
+    out_alloc = epilogue_allocation(cfg, out_dtype, interpreted)
+
+    @functools.partial(
+        pl.run_scoped,
+        pipeline_allocs=allocations,
+        out_smem=out_alloc,
+        collective_axes="wg",
+    )
+    def _scope(pipeline_allocs, out_smem):
+        wg = lax.axis_index("wg")
+        # A compute warpgroup's first column in its tile: ping-pong tiles are a warpgroup's own.
+        wg_col = 0 if cfg.pingpong else wg * wg_n
+        wg_cols = pl.ds(wg_col, wg_n)
+        stores = EpilogueStores(cfg, out_smem, out_gmems, wg=wg, wg_col=wg_col)
+        num_compute_work = work_counts_gmem[0]
+        num_tail_work = work_counts_gmem[1]
+
+        def tile_rows(work):
+            group = work_group_gmem[work]
+            row0 = work_tile_gmem[work] * bm
+            start = offsets_gmem[jnp.minimum(group, num_groups + 1)]
+            end = offsets_gmem[jnp.minimum(group + 1, num_groups + 1)]
+            return group, row0, jnp.clip(start - row0, 0, bm), jnp.clip(end - row0, 0, bm)
+
+        @pl.when(wg < common.NUM_COMPUTE_WARPGROUPS)
+        def _zero_tail():  # rows at or past sum(group_sizes): GPU memory is uninitialised.
+            @plgpu.nd_loop((num_tail_work * num_n_tiles,), collective_axes="sm")
+            def _tail_loop(loop_info):
+                (index,) = loop_info.index
+                _, row0, lo, hi = tile_rows(num_compute_work + index // num_n_tiles)
+                col0 = (index % num_n_tiles) * bn
+                zeros = (jnp.zeros((stores.stage_rows, wg_n), out_dtype),) * num_outputs
+
+                # Ping-pong: a tile is one warpgroup's (they alternate); else each stores half.
+                @pl.when(index % 2 == wg if cfg.pingpong else True)
+                def _store_zeros():
+                    stores.store(lambda first_row: zeros, row0, col0, lo, hi)
+
+        def make_context(group, row0, lo, hi, col0):
+            def context(eval_pipeline):
+                if k_step_scale is not None:  # the main accumulator is the pipeline's carry
+                    acc = eval_pipeline(jnp.zeros((bm, wg_n), jnp.float32))
+                    slab_results = stores.epilogue_slabs(
+                        epilogue, epilogue_gmem, acc, group, row0, col0
+                    )
+                    stores.store(slab_results, row0, col0, lo, hi)
+                    return
+
+                def acc_scope(*acc_refs):
+                    eval_pipeline(acc_refs)
+                    accs = [acc_ref[...] for acc_ref in acc_refs]
+                    if combine is not None:
+                        slab_results = stores.slabs_of(combine(*accs))
+                    else:
+                        (acc,) = accs
+                        slab_results = stores.epilogue_slabs(
+                            epilogue, epilogue_gmem, acc, group, row0, col0
+                        )
+                    stores.store(slab_results, row0, col0, lo, hi)
+
+                pl.run_scoped(acc_scope, *[plgpu.ACC((bm, wg_n), jnp.float32)] * num_rhs)
+
+            return context
+
+        def make_mma(group, row0, col0):
+            """One K step's ``wgmma`` (per rhs). On the ring they stay in flight (the ring
+            waits); in jax's pipeline the step waits for them."""
+
+            def mma(indices, lhs_smem, *rhs_smems_and_accs):
+                *rhs_smems, acc_refs = rhs_smems_and_accs
+                rhs_blocks = [
+                    plgpu.transpose_ref(rhs_smem.at[wg_cols, :], (1, 0))
+                    if transpose_rhs
+                    else rhs_smem.at[:, wg_cols]
+                    for rhs_smem in rhs_smems
+                ]
+                if k_step_scale is not None:  # acc_refs is the carried float32 accumulator
+
+                    def step_product(partial_ref):
+                        plgpu.wgmma(partial_ref, lhs_smem, rhs_blocks[0])
+                        plgpu.wgmma_wait(0)
+                        return partial_ref[...]
+
+                    partial = pl.run_scoped(step_product, plgpu.ACC((bm, wg_n), jnp.float32))
+                    (k_step,) = indices
+                    return acc_refs + k_step_scale(
+                        partial,
+                        *epilogue_gmem,
+                        k_step=k_step,
+                        group=group,
+                        row0=row0,
+                        col0=col0 + wg_col,
+                    )
+                for rhs_block, acc_ref in zip(rhs_blocks, acc_refs, strict=True):
+                    plgpu.wgmma(acc_ref, lhs_smem, rhs_block)
+                if not cfg.ring:
+                    plgpu.wgmma_wait(0)
+                return acc_refs
+
+            return mma
+
+        num_tiles = num_compute_work * num_n_tiles
+
+        def tile_parts(index):
+            work, n_tile = common.swizzle(index, num_compute_work, num_n_tiles, cfg.group_swizzle)
+            group, row0, lo, hi = tile_rows(work)
+            return group, row0, lo, hi, n_tile * bn
+
+        def ring_tiles(ring):
+            """The CTA's tiles on :mod:`.pallas_mosaic_common`'s ring: ``k / bk`` steps each
+            (per pair: ``paired`` runs the second pair's steps after the first's)."""
+            steps = k // bk
+            my_tiles = common.cta_tile_count(num_tiles)
+
+            def parts(local_tile):
+                return tile_parts(common.cta_tile_index(local_tile)), steps * len(pairs)
+
+            @pl.when(wg == common.NUM_COMPUTE_WARPGROUPS)
+            def _memory_warpgroup():
+                def load_blocks(pair_lhs, pair_rhs, info, i, slot):
+                    group, row0, _, _, col0 = info
+                    barrier = ring["loaded"].at[slot]
+                    k_cols = pl.ds(i * bk, bk)
+                    lhs_block = pair_lhs.at[pl.ds(row0, bm), k_cols]
+                    plgpu.copy_gmem_to_smem(lhs_block, ring["lhs"].at[slot], barrier)
+                    for rhs, rhs_ring in zip(pair_rhs, ring["rhs"], strict=True):
+                        source = rhs_block_source(rhs, group, col0)
+                        block = source.at[:, k_cols] if transpose_rhs else source.at[k_cols, :]
+                        plgpu.copy_gmem_to_smem(block, rhs_ring.at[slot], barrier)
+
+                def load(info, i, slot):
+                    if not paired:
+                        load_blocks(lhs_gmem, rhs_gmems, info, i, slot)
+                        return
+                    for index, (pair_lhs, pair_rhs) in enumerate(pairs):
+                        # Each branch issues the same copies into the same slot and barrier.
+                        @pl.when((i >= index * steps) & (i < (index + 1) * steps))
+                        def _load_pair(pair_lhs=pair_lhs, pair_rhs=pair_rhs, index=index):
+                            load_blocks(pair_lhs, [pair_rhs], info, i - index * steps, slot)
+
+                common.ring_produce(
+                    my_tiles, parts, load, stages=cfg.stages, released=ring["released"]
+                )
+
+            @pl.when(wg < common.NUM_COMPUTE_WARPGROUPS)
+            def _compute_warpgroups():
+                plgpu.set_max_registers(common.COMPUTE_REGISTERS, action="increase")
+
+                def tile(local_tile, carry):
+                    (group, row0, lo, hi, col0), count = parts(local_tile)
+                    mma = make_mma(group, row0, col0)
+                    barriers = dict(
+                        stages=cfg.stages, loaded=ring["loaded"], released=ring["released"]
+                    )
+
+                    def eval_steps(acc):
+                        def step(i, slot, acc):
+                            rhs_smems = [rhs_ring.at[slot] for rhs_ring in ring["rhs"]]
+                            return mma((i,), ring["lhs"].at[slot], *rhs_smems, acc)
+
+                        return common.ring_consume(local_tile * count, count, step, acc, **barriers)
+
+                    if not cfg.pingpong:
+                        make_context(group, row0, lo, hi, col0)(eval_steps)
+                        return carry
+
+                    # Ping-pong: the CTA's tiles alternate between the two warpgroups.
+                    mine = local_tile % common.NUM_COMPUTE_WARPGROUPS == wg
+
+                    @pl.when(mine)
+                    def _multiply():
+                        make_context(group, row0, lo, hi, col0)(eval_steps)
+
+                    @pl.when(jnp.logical_not(mine))
+                    def _skip():
+                        common.ring_skip(local_tile * count, count, **barriers)
+
+                    return carry
+
+                lax.fori_loop(0, my_tiles, tile, jnp.int32(0))
+
+        if cfg.ring:
+            ring_tiles(pipeline_allocs)
+        else:
+            # The compute work items come first in gmm_work_items' list: [0, num_compute_work).
+            @plgpu.nd_loop((num_tiles,), collective_axes="sm")
+            def _tile_loop(loop_info):
+                (index,) = loop_info.index
+                group, row0, lo, hi, col0 = tile_parts(index)
+                context = make_context(group, row0, lo, hi, col0)
+                mma = make_mma(group, row0, col0)
+                operands = (
+                    lhs_gmem.at[pl.ds(row0, bm), :],
+                    *(rhs_block_source(rhs, group, col0) for rhs in rhs_gmems),
+                )
+                if not chained:
+                    make_pipeline(mma, context)(*operands, allocations=pipeline_allocs)
+                    return
+                # One pipeline across this CTA's tiles: the memory warpgroup loads the next tile
+                # while the compute warpgroups finish this one (no drain between tiles).
+                local, count = loop_info.local_index, loop_info.num_local_steps
+                state = jnp.where(
+                    local == 0, plgpu.PipelinePipeline.START, plgpu.PipelinePipeline.STEADY
+                )
+                state = jnp.where(local == count - 1, plgpu.PipelinePipeline.STOP, state)
+
+                @pl.when(count == 1)  # START and STOP at once: a plain pipeline.
+                def _single():
+                    make_pipeline(mma, context)(*operands, allocations=pipeline_allocs)
+
+                @pl.when(count > 1)
+                def _chain():
+                    make_pipeline(mma, context, state)(*operands, allocations=pipeline_allocs)
+
+        @pl.when(wg < common.NUM_COMPUTE_WARPGROUPS)
+        def _drain():
+            plgpu.wait_smem_to_gmem(0)
+
+
+def chains_tiles(cfg: MosaicTileConfig, k: int) -> bool:
+    # jax's pipeline of pipelines needs the K loop to be a whole number of ring turns.
+    return cfg.pipelined_tiles and (k // cfg.block_k) % cfg.stages == 0
