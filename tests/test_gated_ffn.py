@@ -105,6 +105,25 @@ def test_the_input_gradient_transposes_into_one_input_dgrad():
     assert "jaxmoe_gated_input" not in text
 
 
+def test_input_dgrad_batches_under_vmap_of_grad():
+    # grad inside vmap: the JVP rule binds the input primitives under the batch trace, so their
+    # own batching rules (the unfused forms, vmapped) run.
+    lhs, gate_w, up_w, down_w = _ffn_operands(rows=2 * ROWS)
+    sizes = jnp.array([[3, 0, 6], [1, 10, 1]], jnp.int32)
+    batch = lhs.reshape(2, ROWS, K)
+
+    def per_example(op):
+        def grad_x(x, gs):
+            return jax.grad(lambda x: jnp.sum(jnp.sin(op(gs)(x, gate_w, up_w, down_w))))(x)
+
+        return jax.vmap(grad_x)(batch, sizes)
+
+    fused_input = functools.partial(fused, kernel=REFERENCE_INPUT_DGRAD)
+    text = str(jax.make_jaxpr(lambda b: per_example(fused_input))(batch))
+    assert "jaxmoe_gated_input" not in text  # batched: the unfused forms
+    _all_close(per_example(fused_input), per_example(composition))
+
+
 def test_input_dgrad_runs_the_backend_kernel_where_it_applies(monkeypatch):
     operands = _ffn_operands()
     calls = []
