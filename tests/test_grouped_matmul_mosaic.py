@@ -335,7 +335,8 @@ def test_each_warpgroup_slab_lies_on_its_own_swizzled_slots(block_n, epilogue_ro
     assert pallas_mosaic_tiles.epilogue_smem_bytes(cfg, out_bytes) == 2 * max(slab, slots) * 2
 
 
-@pytest.mark.parametrize("name", ["plain", "swizzled", "ring_three_slots", "pingpong_swizzled"])
+# The default path's variants (the plain pipeline per tile has its fixed cases above).
+@pytest.mark.parametrize("name", ["swizzled", "ring_three_slots", "pingpong_swizzled"])
 @settings(max_examples=3, deadline=None, derandomize=True)
 @given(sizes=st.lists(st.integers(0, 90), min_size=3, max_size=3))
 def test_forward_random_group_sizes(name, sizes):
@@ -358,10 +359,10 @@ def test_a_gpu_other_than_hopper_is_refused(monkeypatch):
     )
 
 
-@pytest.mark.parametrize("name", ["ring", "ring_three_slots", "pingpong"])
+@pytest.mark.parametrize("name", ["ring", "pingpong"])
 def test_pair_sums_two_products_in_one_k_loop(name):
     # lhs @ rhs[g] + lhs2 @ rhs2[g]: the ring's steps run over the first pair, then the second
-    # (2 + 2 K steps per tile; the slot wraps inside and across tiles). Groups cut tiles, one is
+    # (2 + 2 K steps per tile on two slots; the slot wraps inside and across tiles). Groups cut tiles, one is
     # empty, 43 tail rows must be zeros. Each product alone would miss the other's half.
     sizes = [70, 0, 3, 100, 40]
     lhs, rhs, _ = random_inputs(M, K, N, len(sizes), "bfloat16", seed=6)
