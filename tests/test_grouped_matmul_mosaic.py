@@ -362,8 +362,9 @@ def test_a_gpu_other_than_hopper_is_refused(monkeypatch):
 @pytest.mark.parametrize("name", ["ring", "pingpong"])
 def test_pair_sums_two_products_in_one_k_loop(name):
     # lhs @ rhs[g] + lhs2 @ rhs2[g]: the ring's steps run over the first pair, then the second
-    # (2 + 2 K steps per tile on two slots; the slot wraps inside and across tiles). Groups cut tiles, one is
-    # empty, 43 tail rows must be zeros. Each product alone would miss the other's half.
+    # (2 + 2 K steps per tile on two slots; the slot wraps inside and across tiles). Groups cut
+    # tiles, one is empty, 43 tail rows must be zeros. Each product alone would miss the other's
+    # half.
     sizes = [70, 0, 3, 100, 40]
     lhs, rhs, _ = random_inputs(M, K, N, len(sizes), "bfloat16", seed=6)
     lhs2, rhs2, _ = random_inputs(M, K, N, len(sizes), "bfloat16", seed=7)
