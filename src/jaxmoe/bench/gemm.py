@@ -248,7 +248,9 @@ def _time_rows(
         for impl in contenders:
             by_impl[impl]["error"] = f"{type(e).__name__}: {str(e)[:300]}"
     for impl, prepared in slow.items():
-        timings.update(timing.time_interleaved({impl: prepared}, rounds=slow_repeats))
+        timings.update(
+            timing.time_interleaved({impl: prepared}, rounds=slow_repeats, settle_ms=settle_ms)
+        )
     for impl, t in timings.items():
         row = by_impl[impl]
         flops = fwd_flops * (1 if row["pass"] == "fwd" else 3)

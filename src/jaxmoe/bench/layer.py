@@ -32,11 +32,11 @@ other). Before each sample an impl runs untimed for ``settle_ms`` (on a GPU 500 
 default), so that the sample runs at the clock its own load settles at: an H100 at its power
 limit clocks kernels by the power they draw and takes 0.1-0.4 s to follow a change of load, so
 a sample right after a peer's would start at the peer's clock (H100 run 15: ~10% either way on
-the Mixtral layer's first calls). A sample is
-as many calls back to back as fill about :data:`SAMPLE_TARGET_MS`, then one device sync:
-``ms``, the median over the rounds, is what a training loop sees. After the rounds each impl's
-calls are also timed one at a time, each waited for (``ms_per_call``). The torch peers stay
-alive through the rounds; torch's CUDA cache is freed after each preset.
+the Mixtral layer's first calls). A sample is as many calls back to back as fill about
+:data:`SAMPLE_TARGET_MS`, then one device sync: ``ms``, the median over the rounds, is what a
+training loop sees. After the rounds each impl's calls are also timed one at a time, each
+waited for (``ms_per_call``). The torch peers stay alive through the rounds; torch's CUDA cache
+is freed after each preset.
 
 Throughput counts the expert matmuls only: forward ``3 * 2*T*K*H*F`` FLOPs (gate, up, down),
 forward+backward three times that. MFU divides it by the dense peak measured in the same run

@@ -82,13 +82,12 @@ def mosaic_gmm_body(
     assert k_step_scale is None or (num_rhs == 1 and combine is None)
     assert not paired or (cfg.ring and num_rhs == 1 and epilogue is None and combine is None)
     rhs_gmems = rhs_epilogue_and_out_gmem[:num_rhs]
-    pairs = [(lhs_gmem, rhs_gmems[0])]
+    # (lhs, its weights) per pair of the K loop: one, or two when ``paired``.
+    pairs = [(lhs_gmem, rhs_gmems)]
     if paired:
-        pairs.append(tuple(rhs_epilogue_and_out_gmem[num_rhs : num_rhs + 2]))
-        num_rhs_and_pair = num_rhs + 2
-    else:
-        num_rhs_and_pair = num_rhs
-    epilogue_gmem = rhs_epilogue_and_out_gmem[num_rhs_and_pair:-num_outputs]
+        lhs2_gmem, rhs2_gmem = rhs_epilogue_and_out_gmem[num_rhs : num_rhs + 2]
+        pairs.append((lhs2_gmem, (rhs2_gmem,)))
+    epilogue_gmem = rhs_epilogue_and_out_gmem[num_rhs + 2 * paired : -num_outputs]
     out_gmems = rhs_epilogue_and_out_gmem[-num_outputs:]
     out_gmem = out_gmems[0]
     bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
@@ -276,14 +275,14 @@ def mosaic_gmm_body(
                         plgpu.copy_gmem_to_smem(block, rhs_ring.at[slot], barrier)
 
                 def load(info, i, slot):
-                    if not paired:
-                        load_blocks(lhs_gmem, rhs_gmems, info, i, slot)
+                    if len(pairs) == 1:
+                        load_blocks(*pairs[0], info, i, slot)
                         return
                     for index, (pair_lhs, pair_rhs) in enumerate(pairs):
                         # Each branch issues the same copies into the same slot and barrier.
                         @pl.when((i >= index * steps) & (i < (index + 1) * steps))
                         def _load_pair(pair_lhs=pair_lhs, pair_rhs=pair_rhs, index=index):
-                            load_blocks(pair_lhs, [pair_rhs], info, i - index * steps, slot)
+                            load_blocks(pair_lhs, pair_rhs, info, i - index * steps, slot)
 
                 common.ring_produce(
                     my_tiles, parts, load, stages=cfg.stages, released=ring["released"]
