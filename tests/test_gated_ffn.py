@@ -342,7 +342,8 @@ def test_fused_input_dgrad_against_numpy():
     assert _rel_err(got, want) < 4e-3
     assert _rel_err(got, want) <= _rel_err(unfused, want)
     assert np.all(np.asarray(got[MOSAIC_SIZES.sum() :]) == 0)  # rows past the groups
-    off = PallasMosaicGatedGroupedMatmul(interpret=True)  # the default until measured
+    assert PallasMosaicGatedGroupedMatmul(interpret=True).fused_input_dgrad  # the default
+    off = PallasMosaicGatedGroupedMatmul(fused_input_dgrad=False, interpret=True)
     assert off.input_dgrad_unsupported_reason(gate_bar, gate_w, sizes) == "fused_input_dgrad=False"
 
 
