@@ -1,10 +1,11 @@
 """Probe (issue 15): the fused gate/up Mosaic kernel's tile variants on one GPU, then the layer's
 forward with each as the default.
 
-The fused gated kernel (the forward's largest op: ~55% of the Mixtral layer's forward) still
-takes jax's warp-specialized pipeline per tile where the plain ``gmm`` runs on the hand-written
-ring with a swizzled epilogue. Per variant and layer preset (``M = tokens * top_k`` rows,
-balanced): ``h`` against the default variant's (max relative difference; the same K order, so
+The fused gated kernel is the forward's largest op (~55% of the Mixtral layer's forward).
+Variants: the default, jax's pipeline per tile (the default before run 16), the ring without
+the swizzled epilogue, and the compute warpgroups splitting a tile's rows (``split_rows``,
+``m64n128`` products) with and without the swizzled epilogue. Per variant and layer preset
+(``M = tokens * top_k`` rows, balanced): ``h`` against the default variant's (max relative difference; the same K order, so
 expected 0), then all variants timed in the same settled interleaved rounds; then the layer's
 forward (``jit(moe)``) with each variant as ``default_gated_tiles``. Rows go to
 ``<out-dir>/gated-tiles-probe.json``.
@@ -32,7 +33,7 @@ def main() -> None:
     parser.add_argument("--out-dir", default=os.environ.get("OUT", "/tmp"))
     parser.add_argument("--presets", default="mixtral,dsv3,qwen3")
     parser.add_argument("--phases", default="kernel,layer")
-    parser.add_argument("--variants", default="default,ring,ring_swizzled")
+    parser.add_argument("--variants", default="default,split,split_unswizzled")
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--time-budget-s", type=float, default=300)
     args = parser.parse_args()
@@ -52,20 +53,17 @@ def main() -> None:
     )
     default_tiles = fused_mosaic.default_gated_tiles
 
+    # Each variant: changes to the default tiles.
+    variant_changes = {
+        "default": {},
+        "pipeline": dict(ring=False, swizzled_epilogue=False),  # the default before run 16
+        "ring": dict(swizzled_epilogue=False),
+        "split": dict(split_rows=True),
+        "split_unswizzled": dict(split_rows=True, swizzled_epilogue=False),
+    }
+
     def variant_tiles(name, m, k, n):
-        cfg = default_tiles(m, k, n)
-        if name == "ring":
-            return dataclasses.replace(cfg, ring=True, pipelined_tiles=False)
-        if name == "ring_swizzled":
-            return dataclasses.replace(
-                cfg, ring=True, pipelined_tiles=False, swizzled_epilogue=True
-            )
-        if name == "ring3_swizzled":
-            return dataclasses.replace(
-                cfg, ring=True, pipelined_tiles=False, swizzled_epilogue=True, stages=3
-            )
-        assert name == "default", name
-        return cfg
+        return dataclasses.replace(default_tiles(m, k, n), **variant_changes[name])
 
     variants = args.variants.split(",")
     presets = [LAYER_PRESETS[name] for name in args.presets.split(",")]

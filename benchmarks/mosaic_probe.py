@@ -168,6 +168,11 @@ def main() -> None:
             128, 128, 64, 6, 16, epilogue_rows=64, swizzled_epilogue=True, ring=True, pingpong=True
         ),
         "pp64x256s4": cfg(64, 256, 64, 4, 8, swizzled_epilogue=True, ring=True, pingpong=True),
+        # The compute warpgroups split a tile's rows, m64n256 each (session 15); the 64 x 256
+        # slab per warpgroup leaves room for three ring slots.
+        "split3swz": cfg(
+            128, 256, 64, 3, 8, epilogue_rows=64, swizzled_epilogue=True, ring=True, split_rows=True
+        ),
     }
     if args.variants != "all":
         variants = {k: variants[k] for k in args.variants.split(",")}

@@ -66,10 +66,10 @@ def epilogue_allocation(cfg: MosaicTileConfig, out_dtype, interpreted: bool):
 class EpilogueStores:
     """One compute warpgroup's stores of its tiles' results, through the buffers of
     :func:`epilogue_allocation` (``out_smem``, as the scope gives them) into ``out_gmems`` (one
-    ``[M, N]`` ref per output). ``wg`` is the warpgroup's index, ``wg_col`` its first column in
-    a tile."""
+    ``[M, N]`` ref per output). ``wg`` is the warpgroup's index, ``wg_row`` and ``wg_col`` its
+    first row and column in a tile."""
 
-    def __init__(self, cfg: MosaicTileConfig, out_smem, out_gmems, *, wg, wg_col):
+    def __init__(self, cfg: MosaicTileConfig, out_smem, out_gmems, *, wg, wg_row, wg_col):
         self.cfg = cfg
         self.out_gmems = out_gmems
         self.out_dtype = out_gmems[0].dtype
@@ -77,6 +77,7 @@ class EpilogueStores:
         self.stage_rows = self.layout["rows"]
         self.wg_n = self.layout["wg_n"]
         self.wg = wg
+        self.wg_row = wg_row
         self.wg_col = wg_col
         if cfg.swizzled_epilogue:
             self.runs_smem, self.swizzled_smem = out_smem
@@ -91,7 +92,7 @@ class EpilogueStores:
     def epilogue_slabs(self, epilogue, epilogue_gmem, acc, group, row0, col0):
         """``slab_results`` for :meth:`store`: ``epilogue`` (see :mod:`.pallas_mosaic`'s kernel;
         ``None`` for none) applied to one slab of ``acc`` at a time (its rows from ``row0 +
-        first_row``); it returns one value or a tuple of outputs."""
+        wg_row + first_row``); it returns one value or a tuple of outputs."""
         if epilogue is None:
             return self.slabs_of((acc,))
 
@@ -100,7 +101,7 @@ class EpilogueStores:
                 acc[first_row : first_row + self.stage_rows],
                 *epilogue_gmem,
                 group=group,
-                row0=row0 + first_row,
+                row0=row0 + self.wg_row + first_row,
                 col0=col0 + self.wg_col,
             )
             return value if isinstance(value, tuple) else (value,)
@@ -152,9 +153,11 @@ class EpilogueStores:
 
     def store_part(self, value, out_gmem, row0, col0, first_row, lo, hi, first_store):
         """Slab ``first_row // stage_rows`` of a compute warpgroup's result (``value``:
-        ``[stage_rows, wg_n]``), its rows in ``[lo, hi)`` of the tile only; ``first_store``
+        ``[stage_rows, wg_n]``, ``first_row`` counted from the warpgroup's first row), its rows in
+        ``[lo, hi)`` of the tile only; ``first_store``
         counts this warpgroup's swizzled stores of the tile so far (the slots alternate)."""
         rows, wg_n = self.stage_rows, self.wg_n
+        first_row = self.wg_row + first_row  # the slab's first row in the tile
         part_lo = jnp.clip(lo - first_row, 0, rows)
         part_hi = jnp.clip(hi - first_row, 0, rows)
         dst = out_gmem.at[pl.ds(row0 + first_row, rows), pl.ds(col0 + self.wg_col, wg_n)]
@@ -193,7 +196,7 @@ class EpilogueStores:
             # One slot: the previous result's store must have been read.
             plgpu.wait_smem_to_gmem(0, wait_read_only=True)
         stores = 0
-        for first_row in range(0, self.cfg.block_m, self.stage_rows):
+        for first_row in range(0, self.layout["wg_m"], self.stage_rows):
             values = slab_results(first_row)
             for value, out in zip(values, self.out_gmems, strict=True):
                 value = value.astype(self.out_dtype)

@@ -43,7 +43,7 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from jaxmoe.ops.grouped_matmul import pallas_mosaic_common as common
 from jaxmoe.ops.grouped_matmul.pallas_mosaic_epilogue import EpilogueStores, epilogue_allocation
-from jaxmoe.ops.grouped_matmul.pallas_mosaic_tiles import MosaicTileConfig, warpgroup_cols
+from jaxmoe.ops.grouped_matmul.pallas_mosaic_tiles import MosaicTileConfig, warpgroup_tile
 
 
 def mosaic_gmm_body(
@@ -91,7 +91,7 @@ def mosaic_gmm_body(
     out_gmems = rhs_epilogue_and_out_gmem[-num_outputs:]
     out_gmem = out_gmems[0]
     bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
-    wg_n = warpgroup_cols(cfg)
+    wg_m, wg_n = warpgroup_tile(cfg)
     k = lhs_gmem.shape[1]
     n = out_gmem.shape[1]
     num_n_tiles = n // bn
@@ -154,10 +154,12 @@ def mosaic_gmm_body(
     )
     def _scope(pipeline_allocs, out_smem):
         wg = lax.axis_index("wg")
-        # A compute warpgroup's first column in its tile: ping-pong tiles are a warpgroup's own.
-        wg_col = 0 if cfg.pingpong else wg * wg_n
-        wg_cols = pl.ds(wg_col, wg_n)
-        stores = EpilogueStores(cfg, out_smem, out_gmems, wg=wg, wg_col=wg_col)
+        # A compute warpgroup's first row and column in its tile: ping-pong tiles are a
+        # warpgroup's own; otherwise the two split the rows or the columns.
+        wg_row = wg * wg_m if cfg.split_rows else 0
+        wg_col = 0 if cfg.pingpong or cfg.split_rows else wg * wg_n
+        wg_rows, wg_cols = pl.ds(wg_row, wg_m), pl.ds(wg_col, wg_n)
+        stores = EpilogueStores(cfg, out_smem, out_gmems, wg=wg, wg_row=wg_row, wg_col=wg_col)
         num_compute_work = work_counts_gmem[0]
         num_tail_work = work_counts_gmem[1]
 
@@ -185,7 +187,7 @@ def mosaic_gmm_body(
         def make_context(group, row0, lo, hi, col0):
             def context(eval_pipeline):
                 if k_step_scale is not None:  # the main accumulator is the pipeline's carry
-                    acc = eval_pipeline(jnp.zeros((bm, wg_n), jnp.float32))
+                    acc = eval_pipeline(jnp.zeros((wg_m, wg_n), jnp.float32))
                     slab_results = stores.epilogue_slabs(
                         epilogue, epilogue_gmem, acc, group, row0, col0
                     )
@@ -204,7 +206,7 @@ def mosaic_gmm_body(
                         )
                     stores.store(slab_results, row0, col0, lo, hi)
 
-                pl.run_scoped(acc_scope, *[plgpu.ACC((bm, wg_n), jnp.float32)] * num_rhs)
+                pl.run_scoped(acc_scope, *[plgpu.ACC((wg_m, wg_n), jnp.float32)] * num_rhs)
 
             return context
 
@@ -214,6 +216,7 @@ def mosaic_gmm_body(
 
             def mma(indices, lhs_smem, *rhs_smems_and_accs):
                 *rhs_smems, acc_refs = rhs_smems_and_accs
+                lhs_smem = lhs_smem.at[wg_rows] if cfg.split_rows else lhs_smem
                 rhs_blocks = [
                     plgpu.transpose_ref(rhs_smem.at[wg_cols, :], (1, 0))
                     if transpose_rhs
@@ -227,14 +230,14 @@ def mosaic_gmm_body(
                         plgpu.wgmma_wait(0)
                         return partial_ref[...]
 
-                    partial = pl.run_scoped(step_product, plgpu.ACC((bm, wg_n), jnp.float32))
+                    partial = pl.run_scoped(step_product, plgpu.ACC((wg_m, wg_n), jnp.float32))
                     (k_step,) = indices
                     return acc_refs + k_step_scale(
                         partial,
                         *epilogue_gmem,
                         k_step=k_step,
                         group=group,
-                        row0=row0,
+                        row0=row0 + wg_row,
                         col0=col0 + wg_col,
                     )
                 for rhs_block, acc_ref in zip(rhs_blocks, acc_refs, strict=True):
