@@ -168,11 +168,15 @@ def main() -> None:
             128, 128, 64, 6, 16, epilogue_rows=64, swizzled_epilogue=True, ring=True, pingpong=True
         ),
         "pp64x256s4": cfg(64, 256, 64, 4, 8, swizzled_epilogue=True, ring=True, pingpong=True),
-        # The compute warpgroups split a tile's rows, m64n256 each (session 15); the 64 x 256
-        # slab per warpgroup leaves room for three ring slots.
+        # The compute warpgroups split a tile's rows, m64n256 each (session 15): three ring
+        # slots next to a 64 x 256 slab, four with the slab staged 128 columns at a time.
         "split3swz": cfg(
             128, 256, 64, 3, 8, epilogue_rows=64, swizzled_epilogue=True, ring=True, split_rows=True
         ),
+        "split4swz": cfg(
+            128, 256, 64, 4, 8, epilogue_rows=64, swizzled_epilogue=True, ring=True, split_rows=True
+        ),
+        "split4": cfg(128, 256, 64, 4, 8, epilogue_rows=64, ring=True, split_rows=True),
     }
     if args.variants != "all":
         variants = {k: variants[k] for k in args.variants.split(",")}

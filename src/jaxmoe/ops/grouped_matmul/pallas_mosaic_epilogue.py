@@ -5,10 +5,11 @@ Each result of a tile is cast and written a slab (``epilogue_rows`` rows of the 
 columns) at a time; the stores are not waited for (a buffer is rewritten only once its previous
 store has read it), so the next tile's main loop overlaps them. Two ways to stage a slab::
 
-    unswizzled   one ``[epilogue_rows, wg_n]`` slab per compute warpgroup, so that a store may
-                 start at any row: a slab cut by a group boundary stores its rows ``[lo, hi)``
-                 as power-of-two runs, because a TMA box has a static shape (``hi - lo =
-                 0b1011`` is stored as runs of 8, 2 and 1 rows). A whole slab is one store.
+    unswizzled   one ``[epilogue_rows, slab_cols]`` slab per compute warpgroup (a wider result
+                 is staged a part at a time), so that a store may start at any row: a slab
+                 cut by a group boundary stores its rows ``[lo, hi)`` as power-of-two runs,
+                 because a TMA box has a static shape (``hi - lo = 0b1011`` is stored as runs
+                 of 8, 2 and 1 rows). A whole slab is one store per part.
     swizzled     with ``swizzled_epilogue``, a whole slab is instead written in 64-column
                  chunks (one 128-byte row) to a 128-byte-swizzled buffer, which the ``wgmma``
                  registers write without shared-memory bank conflicts: two slots per
@@ -39,7 +40,7 @@ def epilogue_allocation(cfg: MosaicTileConfig, out_dtype, interpreted: bool):
     # warpgroup's slab is its first stage_rows rows of slab_rows (see epilogue_layout).
     layout = epilogue_layout(cfg, jnp.dtype(out_dtype).itemsize)
     runs_alloc = plgpu.SMEM(
-        (common.NUM_COMPUTE_WARPGROUPS, layout["slab_rows"], layout["wg_n"]), out_dtype
+        (common.NUM_COMPUTE_WARPGROUPS, layout["slab_rows"], layout["slab_cols"]), out_dtype
     )
     if not cfg.swizzled_epilogue:
         return runs_alloc
@@ -151,6 +152,23 @@ class EpilogueStores:
         plgpu.commit_smem()
         return stage
 
+    def store_unswizzled(self, value, dst, part_lo, part_hi):
+        """Slab rows ``[part_lo, part_hi)`` of ``value`` through the unswizzled slab, one
+        ``slab_cols`` part at a time: a whole slab is one store per part, a cut one its runs."""
+        cols = self.layout["slab_cols"]
+        whole = (part_lo == 0) & (part_hi == self.stage_rows)
+        for first_col in range(0, self.wg_n, cols):
+            stage = self.stage_unswizzled(value[:, first_col : first_col + cols])
+            part_dst = dst.at[:, pl.ds(first_col, cols)]
+
+            @pl.when(whole)
+            def _store_whole(stage=stage, part_dst=part_dst):
+                plgpu.copy_smem_to_gmem(stage, part_dst)
+
+            @pl.when(jnp.logical_not(whole))
+            def _store_part(stage=stage, part_dst=part_dst):
+                self.store_runs(stage, part_dst, part_lo, part_hi)
+
     def store_part(self, value, out_gmem, row0, col0, first_row, lo, hi, first_store):
         """Slab ``first_row // stage_rows`` of a compute warpgroup's result (``value``:
         ``[stage_rows, wg_n]``, ``first_row`` counted from the warpgroup's first row), its rows in
@@ -161,19 +179,11 @@ class EpilogueStores:
         part_lo = jnp.clip(lo - first_row, 0, rows)
         part_hi = jnp.clip(hi - first_row, 0, rows)
         dst = out_gmem.at[pl.ds(row0 + first_row, rows), pl.ds(col0 + self.wg_col, wg_n)]
-        whole = (part_lo == 0) & (part_hi == rows)
         if not self.cfg.swizzled_epilogue:
-            stage = self.stage_unswizzled(value)
-
-            @pl.when(whole)
-            def _store_whole():
-                plgpu.copy_smem_to_gmem(stage, dst)
-
-            @pl.when(jnp.logical_not(whole))
-            def _store_part():
-                self.store_runs(stage, dst, part_lo, part_hi)
-
+            self.store_unswizzled(value, dst, part_lo, part_hi)
             return
+
+        whole = (part_lo == 0) & (part_hi == rows)
 
         @pl.when(whole)
         def _store_whole_swizzled():
@@ -184,8 +194,7 @@ class EpilogueStores:
             # The unswizzled slab aliases both swizzled slots: every store of this warpgroup
             # must have read it before it is written, and the runs must have been read before
             # the slots are written again.
-            stage = self.stage_unswizzled(value)
-            self.store_runs(stage, dst, part_lo, part_hi)
+            self.store_unswizzled(value, dst, part_lo, part_hi)
             plgpu.wait_smem_to_gmem(0, wait_read_only=True)
 
     def store(self, slab_results, row0, col0, lo, hi):

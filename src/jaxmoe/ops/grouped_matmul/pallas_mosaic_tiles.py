@@ -89,15 +89,20 @@ def warpgroup_tile(cfg: MosaicTileConfig) -> tuple[int, int]:
 SMEM_LIMIT_BYTES = 227 * 1024
 # The swizzled epilogue's column chunk: one 128-byte row, the widest TMA swizzle.
 SWIZZLE_BYTES = 128
+# The unswizzled epilogue slab's widest part (columns): a 64 x 256 warpgroup tile is staged in
+# two, so that its slab (and the swizzled slots it aliases) leave room for four ring slots.
+UNSWIZZLED_SLAB_COLS = 128
 
 
 def epilogue_layout(cfg: MosaicTileConfig, out_bytes: int = 2) -> dict[str, int]:
     """The epilogue's shared-memory buffers (sizes in elements, per compute warpgroup).
 
     ``rows``: the slab's height; ``wg_m``, ``wg_n``: a compute warpgroup's rows and columns of a
-    tile (the unswizzled slab is ``[rows, wg_n]``); with ``swizzled_epilogue``, ``chunk_cols`` (one swizzled row),
-    ``chunks`` (column chunks per slab), ``stores`` (swizzled stores per result) and ``slots``
-    (buffers per warpgroup: two, or one when a result is a single store).
+    tile; ``slab_cols``: the unswizzled slab's width (``[rows, slab_cols]``; a wider warpgroup
+    tile, ``split_rows`` at ``block_n`` 256, is staged ``slab_cols`` columns at a time, which
+    leaves room for a fourth ring slot); with ``swizzled_epilogue``, ``chunk_cols`` (one
+    swizzled row), ``chunks`` (column chunks per slab), ``stores`` (swizzled stores per result)
+    and ``slots`` (buffers per warpgroup: two, or one when a result is a single store).
 
     ``slab_rows``: the rows allocated per warpgroup for the unswizzled slab (its first ``rows``
     are used). With ``swizzled_epilogue`` the two buffers alias one region, so each warpgroup's
@@ -108,17 +113,19 @@ def epilogue_layout(cfg: MosaicTileConfig, out_bytes: int = 2) -> dict[str, int]
     """
     wg_m, wg_n = warpgroup_tile(cfg)
     rows = min(cfg.epilogue_rows or cfg.block_m, wg_m)
+    slab_cols = min(wg_n, UNSWIZZLED_SLAB_COLS)
     chunk_cols = min(wg_n, SWIZZLE_BYTES // out_bytes)
     chunks = wg_n // chunk_cols
     stores = (wg_m // rows) * chunks
     slots = min(2, stores)
     slab_rows = rows
     if cfg.swizzled_epilogue:
-        slab_rows = max(rows, slots * rows * chunk_cols // wg_n)
+        slab_rows = max(rows, slots * rows * chunk_cols // slab_cols)
     return dict(
         rows=rows,
         wg_m=wg_m,
         wg_n=wg_n,
+        slab_cols=slab_cols,
         chunk_cols=chunk_cols,
         chunks=chunks,
         stores=stores,
@@ -131,7 +138,7 @@ def epilogue_smem_bytes(cfg: MosaicTileConfig, out_bytes: int = 2) -> int:
     """Shared memory of the epilogue's staging buffers (the larger of the two when swizzled:
     they are aliased)."""
     lay = epilogue_layout(cfg, out_bytes)
-    unswizzled = lay["slab_rows"] * lay["wg_n"]
+    unswizzled = lay["slab_rows"] * lay["slab_cols"]
     swizzled = lay["slots"] * lay["rows"] * lay["chunk_cols"] if cfg.swizzled_epilogue else 0
     return NUM_COMPUTE_WARPGROUPS * max(unswizzled, swizzled) * out_bytes
 
