@@ -162,10 +162,16 @@ def default_mosaic_gmm_tiles(m: int, k: int, n: int) -> MosaicTileConfig:
     exact on the six shapes, balanced and skewed): the ring with the swizzled epilogue was the
     fastest variant on 10 of the 12 (shape, fwd/dgrad) cases, 1.03-1.07x ``torch._grouped_mm``
     forward, against jax's pipeline per tile (the previous default, 0.87-1.04x there) and the
-    chained pipeline (which stays an option, ``pipelined_tiles``).
+    chained pipeline (which stays an option, ``pipelined_tiles``). Session 15
+    (``benchmarks/results/raw/h100-run16/call4``, settled, smoke-checked against float32 on
+    cut groups): the compute warpgroups splitting the rows (``split_rows``) were 1.01-1.04x the
+    column split on all six shapes, fwd and dgrad (12 of 12 cases); with the column split's
+    ring of three slots, 0.95-0.96x on Qwen3's short contractions (call 3).
     """
     del m, k, n
-    return MosaicTileConfig(stages=4, epilogue_rows=64, swizzled_epilogue=True, ring=True)
+    return MosaicTileConfig(
+        stages=4, epilogue_rows=64, swizzled_epilogue=True, ring=True, split_rows=True
+    )
 
 
 def supports(
