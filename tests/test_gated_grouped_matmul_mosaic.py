@@ -32,6 +32,9 @@ CHAINED = MosaicTileConfig(64, 128, 64, stages=2, group_swizzle=2, pipelined_til
 SWIZZLED = MosaicTileConfig(64, 256, 64, stages=2, group_swizzle=2, swizzled_epilogue=True)
 # Two weights per step on the hand-written ring (three TMA copies per slot).
 RING = MosaicTileConfig(64, 128, 64, stages=3, group_swizzle=2, ring=True)
+SPLIT_ROWS = MosaicTileConfig(
+    128, 128, 64, stages=3, group_swizzle=2, epilogue_rows=64, ring=True, split_rows=True
+)
 KERNEL = PallasMosaicGatedGroupedMatmul(grouped=ReferenceGroupedMatmul(), tiles=SMALL)
 TOL = {"bfloat16": 1.6e-2, "float16": 2e-3}
 
@@ -56,6 +59,10 @@ def _relative(got, want):
         ("swiglu", "bfloat16", SWIZZLED),
         ("swiglu", "bfloat16", RING),
         ("swiglu", "bfloat16", dataclasses.replace(RING, swizzled_epilogue=True)),
+        # The default's layout: the compute warpgroups split 128-row tiles (a boundary in
+        # each warpgroup's half), swizzled or not.
+        ("swiglu", "bfloat16", SPLIT_ROWS),
+        ("geglu", "bfloat16", dataclasses.replace(SPLIT_ROWS, swizzled_epilogue=True)),
     ],
 )
 def test_forward_empty_groups_straddling_tiles_and_tail(activation, dtype, cfg):

@@ -10,6 +10,7 @@ fwd and dgrad exact on all six benchmark shapes, balanced and skewed, empty grou
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax
@@ -76,6 +77,29 @@ CONFIGS = {
         swizzled_epilogue=True,
         ring=True,
         pingpong=True,
+    ),
+    # The compute warpgroups split a tile's rows (64 each): a group boundary in either half.
+    # At block_n 256 (the default's shape) the unswizzled slab is staged in two 128-column
+    # parts, whole slabs and cut ones; the swizzled one in four chunks; and on jax's pipeline.
+    "split_rows": MosaicTileConfig(
+        128, 128, 64, stages=2, group_swizzle=2, epilogue_rows=64, ring=True, split_rows=True
+    ),
+    "split_rows_wide": MosaicTileConfig(
+        128, 256, 64, stages=2, group_swizzle=2, epilogue_rows=64, ring=True, split_rows=True
+    ),
+    "split_rows_swizzled_wide": MosaicTileConfig(
+        128,
+        256,
+        64,
+        stages=3,
+        group_swizzle=2,
+        epilogue_rows=64,
+        swizzled_epilogue=True,
+        ring=True,
+        split_rows=True,
+    ),
+    "split_rows_pipeline": MosaicTileConfig(
+        128, 128, 64, stages=2, group_swizzle=2, epilogue_rows=64, split_rows=True
     ),
 }
 SWIZZLED = [name for name in CONFIGS if name.startswith("swizzled")]
@@ -203,6 +227,13 @@ LOWERED = {
         128, 128, 64, stages=4, epilogue_rows=64, swizzled_epilogue=True
     ),
     "ring": MosaicTileConfig(stages=4, epilogue_rows=64, ring=True),
+    # The default before run 16: the compute warpgroups split the columns.
+    "ring_swizzled_columns": MosaicTileConfig(
+        stages=4, epilogue_rows=64, swizzled_epilogue=True, ring=True
+    ),
+    "split_rows_unswizzled": MosaicTileConfig(
+        stages=4, epilogue_rows=64, ring=True, split_rows=True
+    ),
     # Ping-pong at the two tile shapes that fit one warpgroup's registers, their deepest rings.
     "pingpong": MosaicTileConfig(
         128, 128, 64, stages=6, epilogue_rows=64, swizzled_epilogue=True, ring=True, pingpong=True
@@ -239,14 +270,38 @@ def test_lowers_for_cuda(transpose_rhs, name):
 
 
 def test_default_tiles_follow_the_measured_table():
-    # H100 run4 (tiles, ring depth, 64-row slab) and session 8's run 9 call 8 (the hand-written
-    # ring with the swizzled epilogue, fastest on 10 of 12 cases): the same on every shape.
+    # H100 run4 (tiles, ring depth, 64-row slab), session 8's run 9 call 8 (the hand-written
+    # ring with the swizzled epilogue, fastest on 10 of 12 cases) and session 15's run 16 call 4
+    # (split rows, 12 of 12): the same on every shape.
     for m, k, n in [(65536, 2048, 768), (32768, 2048, 7168), (16384, 4096, 14336)]:
         cfg = default_mosaic_gmm_tiles(m, k, n)
         assert (cfg.block_m, cfg.block_n, cfg.block_k) == (128, 256, 64)
         assert (cfg.stages, cfg.epilogue_rows) == (4, 64)
-        assert cfg.ring and cfg.swizzled_epilogue
+        assert cfg.ring and cfg.swizzled_epilogue and cfg.split_rows
         pallas_mosaic_tiles.check_tiles(cfg)
+
+
+def test_split_rows_stages_a_wide_slab_in_parts_so_four_slots_fit():
+    # A warpgroup's [64, 256] result: the unswizzled slab is 128 columns (two parts), the same
+    # 16 KiB as the two swizzled [64, 64] slots it aliases; with the 4-deep ring, 224 KiB.
+    cfg = default_mosaic_gmm_tiles(16384, 4096, 14336)
+    lay = pallas_mosaic_tiles.epilogue_layout(cfg)
+    assert (lay["wg_m"], lay["wg_n"], lay["rows"], lay["slab_cols"]) == (64, 256, 64, 128)
+    assert (lay["chunks"], lay["stores"], lay["slots"], lay["slab_rows"]) == (4, 4, 2, 64)
+    assert pallas_mosaic_tiles.smem_bytes(cfg) == 4 * 48 * 1024 + 32 * 1024
+    # The column split's layout is unchanged: one [64, 128] slab per warpgroup.
+    columns = dataclasses.replace(cfg, split_rows=False)
+    lay = pallas_mosaic_tiles.epilogue_layout(columns)
+    assert (lay["wg_m"], lay["wg_n"], lay["slab_cols"]) == (128, 128, 128)
+    assert pallas_mosaic_tiles.smem_bytes(columns) == pallas_mosaic_tiles.smem_bytes(cfg)
+
+
+@pytest.mark.parametrize(
+    "fields", [dict(block_m=64), dict(block_n=128, pingpong=True, ring=True)], ids=["bm64", "pp"]
+)
+def test_split_rows_needs_128_row_tiles_and_no_pingpong(fields):
+    with pytest.raises(ValueError, match="split_rows"):
+        pallas_mosaic_tiles.check_tiles(MosaicTileConfig(split_rows=True, **fields))
 
 
 def test_unsupported_operands_raise_not_implemented():
@@ -336,7 +391,7 @@ def test_each_warpgroup_slab_lies_on_its_own_swizzled_slots(block_n, epilogue_ro
 
 
 # The default path's variants (the plain pipeline per tile has its fixed cases above).
-@pytest.mark.parametrize("name", ["swizzled", "ring_three_slots", "pingpong_swizzled"])
+@pytest.mark.parametrize("name", ["split_rows_swizzled_wide", "ring_three_slots"])
 @settings(max_examples=3, deadline=None, derandomize=True)
 @given(sizes=st.lists(st.integers(0, 90), min_size=3, max_size=3))
 def test_forward_random_group_sizes(name, sizes):
@@ -359,7 +414,7 @@ def test_a_gpu_other_than_hopper_is_refused(monkeypatch):
     )
 
 
-@pytest.mark.parametrize("name", ["ring", "pingpong"])
+@pytest.mark.parametrize("name", ["ring", "pingpong", "split_rows"])
 def test_pair_sums_two_products_in_one_k_loop(name):
     # lhs @ rhs[g] + lhs2 @ rhs2[g]: the ring's steps run over the first pair, then the second
     # (2 + 2 K steps per tile on two slots; the slot wraps inside and across tiles). Groups cut
