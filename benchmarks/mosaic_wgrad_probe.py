@@ -111,6 +111,8 @@ def main() -> None:  # noqa: PLR0915 - one straight-line probe
         "m64k128n256s4e64": cfg(64, 128, 256, 4, epilogue_rows=64),
         "m64k128n256s4e64g4": cfg(64, 128, 256, 4, 4, epilogue_rows=64),
         "m64k128n256s4e64g16": cfg(64, 128, 256, 4, 16, epilogue_rows=64),
+        # The compute warpgroups split the output tile's rows (session 15; the gmm's default).
+        "m64k128n256s4e64split": cfg(64, 128, 256, 4, epilogue_rows=64, split_rows=True),
     }
     if args.variants != "all":
         variants = {k: variants[k] for k in args.variants.split(",")}

@@ -96,8 +96,9 @@ def test_row_blocks_of_a_group():
         None,
         MosaicTgmmTileConfig(block_m=128, block_k=64, block_n=128, stages=2),
         MosaicTgmmTileConfig(stages=3, epilogue_rows=None),
+        MosaicTgmmTileConfig(split_rows=True),
     ],
-    ids=["default", "small", "three_slots_whole_slab"],
+    ids=["default", "small", "three_slots_whole_slab", "split_rows"],
 )
 def test_lowers_for_cuda_through_mosaic_to_nvvm(cfg):
     # No GPU needed: Mosaic GPU's layout inference and lowering run on the host, down to NVVM
@@ -184,6 +185,21 @@ def test_bad_tiles_raise_value_error(field, value):
     with pytest.raises(ValueError, match="memory" if memory else field):
         PallasMosaicGroupedMatmul(tgmm_tiles=MosaicTgmmTileConfig(**{field: value}))
     PallasMosaicGroupedMatmul(tgmm_tiles=MosaicTgmmTileConfig(stages=3, epilogue_rows=None))
+
+
+def test_split_rows_halves_the_rows_and_stages_its_result_in_two_parts():
+    # Each warpgroup: a [64, 256] result (the lhs block's columns 64 at a time, the whole rhs
+    # block), staged [64, 128] at a time, so the epilogue takes the same 32 KiB as the column
+    # split's two [64, 128] halves and four ring slots still fit.
+    cfg = MosaicTgmmTileConfig(split_rows=True)
+    assert wgrad.warpgroup_tile(cfg) == (64, 256) and wgrad.warpgroup_tile(
+        MosaicTgmmTileConfig()
+    ) == (128, 128)
+    assert (wgrad.epilogue_rows(cfg), wgrad.epilogue_cols(cfg)) == (64, 128)
+    assert wgrad.smem_bytes(cfg) == wgrad.smem_bytes(MosaicTgmmTileConfig()) == 224 * 1024
+    wgrad.check_tgmm_tiles(cfg)
+    with pytest.raises(ValueError, match="split_rows"):
+        wgrad.check_tgmm_tiles(MosaicTgmmTileConfig(block_k=64, split_rows=True))
 
 
 def test_groups_go_largest_first_keeping_ties_in_order():

@@ -22,9 +22,11 @@ tiles of ``bk x bn``)::
                  first and last block may hold rows of its neighbours or rows past
                  ``sum(group_sizes)``.
     the mma      the two compute warpgroups each own ``bn / 2`` columns and a ``[bk, bn / 2]``
-                 float32 accumulator; ``wgmma`` reads the ``lhs`` block transposed in place
-                 (``transpose_ref``: the A operand is M-major in shared memory), no copy. Each
-                 keeps one ``wgmma`` in flight and releases a slot one step late.
+                 float32 accumulator (with ``split_rows``: ``bk / 2`` rows, a ``[bk / 2, bn]``
+                 accumulator, their half of the ``lhs`` block); ``wgmma`` reads the ``lhs``
+                 block transposed in place (``transpose_ref``: the A operand is M-major in
+                 shared memory), no copy. Each keeps one ``wgmma`` in flight and releases a
+                 slot one step late.
     masking      in a boundary block the rows outside the group are set to zero in shared memory,
                  in both operands (so NaN or Inf in the other rows cannot leak: ``0 * NaN``), before
                  the ``wgmma``. Each compute warpgroup zeroes its own ``rhs`` columns and the whole
@@ -82,6 +84,12 @@ class MosaicTgmmTileConfig:
     a CTA's tiles. ``epilogue_rows`` (default ``block_k``) is the height of the shared-memory
     slab that stages a warpgroup's result for its TMA store: ``block_k // 2`` stores it in two
     halves and frees 32 KiB at the default tiles, room for a fourth ring slot.
+
+    ``split_rows`` (``block_k`` 128): the two compute warpgroups split the output tile's rows
+    (``[block_k / 2, block_n]`` each, one ``m64 x n(block_n)`` product per step) instead of its
+    columns, as the ``gmm``'s option of that name: fewer shared-memory reads per FLOP. A
+    warpgroup's result is then staged 128 columns at a time. Not yet measured on a GPU (the
+    ``gmm`` gained 1-4% from it, H100 run 16), so off by default.
     """
 
     block_m: int = 64
@@ -90,6 +98,7 @@ class MosaicTgmmTileConfig:
     stages: int = 4
     group_swizzle: int = 8
     epilogue_rows: int | None = 64
+    split_rows: bool = False
 
 
 def default_mosaic_tgmm_tiles(m: int, k: int, n: int) -> MosaicTgmmTileConfig:
@@ -124,6 +133,11 @@ def check_tgmm_tiles(
         problems.append(f"stages={cfg.stages} must be >= 2")
     if cfg.group_swizzle < 1:
         problems.append(f"group_swizzle={cfg.group_swizzle} must be >= 1")
+    if getattr(cfg, "split_rows", False) and cfg.block_k != 128:
+        problems.append(
+            f"split_rows=True needs block_k=128 (64 rows, one wgmma M tile, per warpgroup), "
+            f"not {cfg.block_k}"
+        )
     if epilogue_rows(cfg) not in (cfg.block_k, cfg.block_k // 2) or epilogue_rows(cfg) < 64:
         problems.append(
             f"epilogue_rows={epilogue_rows(cfg)} must be block_k or block_k // 2, and >= 64 "
@@ -140,14 +154,28 @@ SMEM_LIMIT = 227 * 1024  # an H100's per-block opt-in maximum
 
 def epilogue_rows(cfg) -> int:
     """The rows of a warpgroup's epilogue slab (``cfg.epilogue_rows``, ``None`` meaning
-    ``block_k``), for this kernel's and the FP8 wgrad's configs."""
-    return cfg.epilogue_rows or cfg.block_k
+    ``block_k``, at most a warpgroup's rows), for this kernel's and the FP8 wgrad's configs."""
+    return min(cfg.epilogue_rows or cfg.block_k, warpgroup_tile(cfg)[0])
+
+
+def warpgroup_tile(cfg) -> tuple[int, int]:
+    """The ``(rows, columns)`` of an output tile one compute warpgroup multiplies: half the rows
+    with ``split_rows``, otherwise half the columns (the FP8 wgrad's configs: always)."""
+    if getattr(cfg, "split_rows", False):
+        return cfg.block_k // common.NUM_COMPUTE_WARPGROUPS, cfg.block_n
+    return cfg.block_k, cfg.block_n // common.NUM_COMPUTE_WARPGROUPS
+
+
+def epilogue_cols(cfg) -> int:
+    """The columns of a warpgroup's epilogue slab: its tile's, at most 128 (a wider tile is
+    staged in parts)."""
+    return min(warpgroup_tile(cfg)[1], 128)
 
 
 def smem_bytes(cfg: MosaicTgmmTileConfig, operand_bytes: int = 2) -> int:
     """The ring (``operand_bytes`` per element) and both warpgroups' 2-byte epilogue slabs."""
     ring = cfg.stages * cfg.block_m * (cfg.block_k + cfg.block_n) * operand_bytes
-    return ring + epilogue_rows(cfg) * cfg.block_n * 2
+    return ring + common.NUM_COMPUTE_WARPGROUPS * epilogue_rows(cfg) * epilogue_cols(cfg) * 2
 
 
 def unsupported_tgmm_reason(
@@ -184,7 +212,7 @@ def _jaxmoe_mosaic_tgmm(
     tile's steps are its group's row blocks; an empty group's tile takes one fully masked step
     (zeros, like every other tile's path)."""
     bm, bk, bn, stages = cfg.block_m, cfg.block_k, cfg.block_n, cfg.stages
-    wg_n = bn // common.NUM_COMPUTE_WARPGROUPS
+    wg_k, wg_n = warpgroup_tile(cfg)
     num_groups, k, n = out_gmem.shape
     num_row_blocks = lhs_gmem.shape[0] // bm
     num_k_tiles, num_n_tiles = k // bk, n // bn
@@ -217,7 +245,7 @@ def _jaxmoe_mosaic_tgmm(
         lhs_ring=plgpu.SMEM((stages, bm, bk), dtype, transforms=transforms),
         rhs_ring=plgpu.SMEM((stages, bm, bn), dtype, transforms=transforms),
         out_smem=plgpu.SMEM(
-            (common.NUM_COMPUTE_WARPGROUPS, epilogue_rows(cfg), wg_n),
+            (common.NUM_COMPUTE_WARPGROUPS, epilogue_rows(cfg), epilogue_cols(cfg)),
             out_dtype,
             transforms=transforms,
         ),
@@ -240,33 +268,49 @@ def _jaxmoe_mosaic_tgmm(
             common.ring_produce(my_tiles, tile_info, load, stages=stages, released=released)
 
         def compute_warpgroup(wg):
-            wg_cols = pl.ds(wg * wg_n, wg_n)
+            # The warpgroup's first output row (a column of lhs) and column in a tile.
+            wg_row = wg * wg_k if cfg.split_rows else 0
+            wg_col = 0 if cfg.split_rows else wg * wg_n
+            lhs_cols, wg_cols = pl.ds(wg_row, wg_k), pl.ds(wg_col, wg_n)
 
             def tile(local_tile, step):
                 (group, k0, col0, start, end, first_block), count = tile_info(local_tile)
 
                 def acc_scope(acc_ref):
                     def mma(i, slot, carry):
-                        lhs_smem, rhs_block = lhs_ring.at[slot], rhs_ring.at[slot].at[:, wg_cols]
+                        lhs_block = lhs_ring.at[slot].at[:, lhs_cols]
+                        rhs_block = rhs_ring.at[slot].at[:, wg_cols]
                         lo, hi = rows_in_group(start, end, (first_block + i) * bm, bm)
 
                         @pl.when((lo > 0) | (hi < bm))
                         def _mask_rows_outside_group():
-                            _zero_rows_outside(((lhs_smem, bk), (rhs_block, wg_n)), lo, hi, bm)
+                            # The warpgroup's own blocks, at most 128 columns at a time (the
+                            # registers); with split rows both zero the whole rhs block alike.
+                            parts = [
+                                (block.at[:, pl.ds(first, min(width, 128))], min(width, 128))
+                                for block, width in ((lhs_block, wg_k), (rhs_block, wg_n))
+                                for first in range(0, width, 128)
+                            ]
+                            _zero_rows_outside(parts, lo, hi, bm)
 
-                        plgpu.wgmma(acc_ref, plgpu.transpose_ref(lhs_smem, (1, 0)), rhs_block)
+                        plgpu.wgmma(acc_ref, plgpu.transpose_ref(lhs_block, (1, 0)), rhs_block)
                         return carry
 
                     common.ring_consume(
                         step, count, mma, None, stages=stages, loaded=loaded, released=released
                     )
-                    store_tile(
-                        acc_ref[...].astype(out_dtype),
-                        out_smem.at[wg],
-                        out_gmem.at[group, pl.ds(k0, bk), pl.ds(col0 + wg * wg_n, wg_n)],
-                    )
+                    values = acc_ref[...].astype(out_dtype)
+                    cols = epilogue_cols(cfg)
+                    for first in range(0, wg_n, cols):
+                        store_tile(
+                            values if cols == wg_n else values[:, first : first + cols],
+                            out_smem.at[wg],
+                            out_gmem.at[
+                                group, pl.ds(k0 + wg_row, wg_k), pl.ds(col0 + wg_col + first, cols)
+                            ],
+                        )
 
-                pl.run_scoped(acc_scope, plgpu.ACC((bk, wg_n), jnp.float32))
+                pl.run_scoped(acc_scope, plgpu.ACC((wg_k, wg_n), jnp.float32))
                 return step + count
 
             lax.fori_loop(0, my_tiles, tile, jnp.int32(0))
