@@ -118,7 +118,7 @@ def test_bench_layer_fp8_recipe_rows(tmp_path):
     from jaxmoe.bench import layer
 
     out = tmp_path / "layer.json"
-    impls = "jaxmoe,jaxmoe-fp8-rowwise,jaxmoe-fp8-rowwise-cached,jaxmoe-fp8-rowwise-fp8wgrad"
+    impls = "jaxmoe-fp8-rowwise,jaxmoe-fp8-rowwise-cached,jaxmoe-fp8-rowwise-fp8wgrad"
     argv = ["bench", "layer", "--impls", impls, "--pass", "fwd,fwd+bwd"]
     assert main([*argv, "--repeats", "1", "--out", str(out)]) == 0
     rows = _bench_rows(out)
