@@ -45,6 +45,11 @@ RING = MosaicTileConfig(64, 128, 128, stages=2, group_swizzle=2, ring=True)
 BW_RING = MosaicTileConfig(64, 256, 128, stages=2, group_swizzle=2, ring=True)
 # The swizzled epilogue (MosaicTileConfig.swizzled_epilogue): the same store as the bf16 kernel.
 BW_SWIZZLED = MosaicTileConfig(64, 256, 128, stages=2, group_swizzle=2, swizzled_epilogue=True)
+# The compute warpgroups splitting 128-row tiles (the bf16 default's layout): the row scales at
+# each warpgroup's first row, a group boundary in each half.
+SPLIT_ROWS = MosaicTileConfig(
+    128, 256, 128, stages=2, group_swizzle=2, epilogue_rows=64, ring=True, split_rows=True
+)
 
 
 def _swizzled(cfg):
@@ -102,7 +107,9 @@ def _check_within_one_bf16_ulp(got, want, magnitude=None):
 
 
 @pytest.mark.parametrize(
-    "cfg", [SMALL, CHAINED, BW_SWIZZLED, RING], ids=["plain", "chained", "swizzled", "ring"]
+    "cfg",
+    [SMALL, CHAINED, BW_SWIZZLED, RING, SPLIT_ROWS],
+    ids=["plain", "chained", "swizzled", "ring", "split_rows"],
 )
 def test_forward_empty_groups_straddling_tiles_and_tail(cfg):
     # Groups end at rows 70, 70, 73, 173, 213: an empty group, a 3-row group inside one tile,
@@ -266,6 +273,11 @@ def test_blockwise_needs_128_wide_blocks_and_block_n_256():
     assert fp8_mosaic.unsupported_reason(*args, BLOCKWISE, BW_SMALL, interpret=True) is None
     reason = fp8_mosaic.unsupported_reason(*args, BLOCKWISE, SMALL, interpret=True)
     assert "needs block_n=256" in reason
+    # Split rows gives each warpgroup all 256 columns: two scale blocks, which the per-step
+    # scale (one weight scale per warpgroup) cannot apply.
+    split = MosaicTileConfig(128, 256, 128, stages=2, ring=True, split_rows=True)
+    reason = fp8_mosaic.unsupported_reason(*args, BLOCKWISE, split, interpret=True)
+    assert "split_rows=False" in reason
     reason = fp8_mosaic.unsupported_reason(
         *args, Fp8Recipe("blockwise", block_size=64), BW_SMALL, interpret=True
     )

@@ -152,12 +152,12 @@ def unsupported_reason(
                 f"the blockwise recipe's block_size={recipe.block_size} is not {FP8_BLOCK_K} "
                 f"(one K step of the kernel is one scale block: block_size {FP8_BLOCK_K} only)"
             )
-        wg_n = cfg.block_n // pallas_mosaic_common.NUM_COMPUTE_WARPGROUPS
+        _, wg_n = pallas_mosaic_tiles.warpgroup_tile(cfg)
         if wg_n != recipe.block_size:
             reasons.append(
-                f"the blockwise recipe needs block_n={2 * recipe.block_size} (each compute "
-                f"warpgroup's columns one {recipe.block_size}-wide scale block); got "
-                f"block_n={cfg.block_n}"
+                f"the blockwise recipe needs block_n={2 * recipe.block_size} and split_rows="
+                f"False (each compute warpgroup's columns one {recipe.block_size}-wide scale "
+                f"block); got block_n={cfg.block_n}, split_rows={cfg.split_rows}"
             )
     elif recipe.name != "rowwise":
         reasons.append(f"the {recipe.name!r} recipe has no kernel (rowwise and blockwise only)")
