@@ -5,8 +5,9 @@ It is the persistent, warp-specialized ``gmm`` of :mod:`jaxmoe.ops.grouped_matmu
 
     per K step   the memory warpgroup loads one [bm, bk] block of lhs and two [bk, bn] blocks,
                  rhs_gate[g] and rhs_up[g] at the same columns, into one ring slot
-    per tile     each compute warpgroup runs two wgmma chains into two [bm, bn / 2] float32
-                 accumulators (gate, up) from the same lhs block in shared memory
+    per tile     each compute warpgroup runs two wgmma chains into two float32 accumulators
+                 (gate, up) from the same lhs block in shared memory: [bm / 2, bn] each with
+                 split_rows (the default), [bm, bn / 2] with the column split
     epilogue     act(acc_gate) * acc_up in float32, cast, stored by TMA; with ``residuals`` the
                  cast gate and up are stored too (the derivative's inputs)
 
@@ -14,8 +15,9 @@ Against the unfused path (two ``gmm`` launches and an elementwise pass) this rea
 instead of twice and never writes or re-reads ``gate`` and ``up`` to compute the product: the
 primal writes one ``[M, F]`` array where the unfused path writes two, reads two and writes one.
 
-Register budget: two accumulators per warpgroup, so ``block_n`` is 128 (64 float32 columns per
-warpgroup and accumulator, 128 registers a thread for both) where the single ``gmm`` takes 256.
+Register budget: two accumulators per warpgroup, so ``block_n`` is 128 (``[64, 128]`` float32
+per warpgroup and accumulator with split rows, 128 registers a thread for both) where the single
+``gmm`` takes 256.
 Shared memory: a ring slot is ``bm * bk + 2 * bk * bn`` elements (48 KiB at 128 x 128 x 64 in
 bf16): four slots and a 64-row epilogue slab fit in the H100's 227 KiB.
 

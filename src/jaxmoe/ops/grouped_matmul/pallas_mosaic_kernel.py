@@ -11,7 +11,9 @@ Launched by :func:`.pallas_mosaic.launch_gmm`, which builds the work list. Layou
     one pair     three warpgroups. The memory warpgroup streams ``[bm, bk]`` blocks of ``lhs``
                  and ``[bk, bn]`` blocks of ``rhs[g]`` (``[bn, bk]`` when transposed) into a ring
                  of ``stages`` shared-memory slots by TMA; the two compute warpgroups each
-                 multiply into a ``[bm, bn / 2]`` float32 accumulator with ``wgmma``. Because the
+                 multiply into a ``[bm, bn / 2]`` float32 accumulator with ``wgmma``, or with
+                 ``split_rows`` (the default tiles) into a ``[bm / 2, bn]`` one from their half
+                 of the ``lhs`` block (fewer shared-memory reads per FLOP). Because the
                  memory warpgroup runs ahead, the next pair's loads overlap this pair's epilogue.
                  With ``ring`` (the default tiles) the ring is hand-written and spans all of the
                  CTA's pairs (:func:`.pallas_mosaic_common.ring_produce`): it never drains

@@ -20,7 +20,8 @@ from jaxmoe.ops.grouped_matmul.pallas_mosaic_common import NUM_COMPUTE_WARPGROUP
 class MosaicTileConfig:
     """Block sizes of the Mosaic GPU ``gmm``.
 
-    ``block_n`` is the CTA's N tile; each of the two compute warpgroups owns half of it.
+    ``block_n`` is the CTA's N tile; each of the two compute warpgroups owns half of it, or,
+    with ``split_rows``, half of the ``block_m`` rows.
     ``stages`` is the depth of the shared-memory ring. ``pipelined_tiles`` keeps one pipeline
     alive across all of a CTA's tiles (jax's ``PipelinePipeline`` states), so the memory
     warpgroup never drains between tiles; it applies when ``K / block_k`` is a multiple of
@@ -259,7 +260,7 @@ def check_tiles(cfg: MosaicTileConfig, operand_bytes: int = 2, num_rhs: int = 1)
     if bm not in (64, 128):
         problems.append(f"block_m={bm} must be 64 or 128 (one wgmma M tile per warpgroup)")
     if bn not in (128, 256):
-        problems.append(f"block_n={bn} must be 128 or 256 (each compute warpgroup takes half)")
+        problems.append(f"block_n={bn} must be 128 or 256")
     if bk * operand_bytes != 128:
         problems.append(
             f"block_k={bk} must be {128 // operand_bytes} (one 128-byte swizzled row of "
