@@ -171,9 +171,9 @@ class EpilogueStores:
 
     def store_part(self, value, out_gmem, row0, col0, first_row, lo, hi, first_store):
         """Slab ``first_row // stage_rows`` of a compute warpgroup's result (``value``:
-        ``[stage_rows, wg_n]``, ``first_row`` counted from the warpgroup's first row), its rows in
-        ``[lo, hi)`` of the tile only; ``first_store``
-        counts this warpgroup's swizzled stores of the tile so far (the slots alternate)."""
+        ``[stage_rows, wg_n]``, ``first_row`` counted from the warpgroup's first row), its rows
+        in ``[lo, hi)`` of the tile only; ``first_store`` counts this warpgroup's swizzled stores
+        of the tile so far (the slots alternate)."""
         rows, wg_n = self.stage_rows, self.wg_n
         first_row = self.wg_row + first_row  # the slab's first row in the tile
         part_lo = jnp.clip(lo - first_row, 0, rows)

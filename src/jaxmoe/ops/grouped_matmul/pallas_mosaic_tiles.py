@@ -53,6 +53,7 @@ class MosaicTileConfig:
     six shapes, but 0.74-0.96x the cooperative ``128 x 256`` default on the four large ones
     (``128 x 128`` with 5 or 6 slots, ``64 x 256`` with 4) and within noise of it on Qwen3's
     short contractions, so it is off by default.
+
     ``split_rows``: the two compute warpgroups split each tile's rows (``[block_m / 2,
     block_n]`` each, ``block_m`` 128) instead of its columns. Each ``wgmma`` is then ``m64`` by
     the whole ``block_n``: it reads the weight block once per warpgroup and half the ``lhs``
