@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from jaxmoe.ops.fp8 import pallas_mosaic_wgrad as wgrad
@@ -59,9 +59,11 @@ def padded_operands(sizes, k=K, n=N, seed=0, extra_blocks=0):
     )
 
 
-def reference64(lhs_t_q, lhs_scale, rhs_t_q, rhs_scale, starts, sizes):
-    """The contract in float64."""
+def reference64(lhs_t_q, lhs_scale, rhs_t_q, rhs_scale, starts, sizes, absolute=False):
+    """The contract in float64 (``absolute``: of the operands' magnitudes)."""
     lhs_t, rhs_t = (np.asarray(x.astype(jnp.float32), np.float64) for x in (lhs_t_q, rhs_t_q))
+    if absolute:
+        lhs_t, rhs_t = np.abs(lhs_t), np.abs(rhs_t)
     lhs_scale, rhs_scale = (np.asarray(x, np.float64) for x in (lhs_scale, rhs_scale))
     out = np.zeros((len(sizes), lhs_t.shape[0], rhs_t.shape[0]))
     for g, (start, size) in enumerate(zip(np.asarray(starts), np.asarray(sizes), strict=True)):
@@ -83,7 +85,10 @@ def run_and_check(sizes, tiles=SMALL, **kwargs):
     operands = padded_operands(sizes, **kwargs)
     got = wgrad.scaled_tgmm(*operands, tiles=tiles)
     assert got.dtype == jnp.bfloat16
-    check_within_one_bf16_ulp(got, reference64(*operands))
+    # One bf16 rounding, plus float32 rounding of the sum where it cancels far below its terms
+    # (sizes [259, 0, 0] once gave 4.2e-3 against 2**-8 on an element near zero).
+    magnitude = reference64(*operands, absolute=True)
+    check_within_one_bf16_ulp(got, reference64(*operands), slack=2.0**-20 * magnitude)
     for g, size in enumerate(sizes):
         if size == 0:
             assert np.all(np.asarray(got[g]) == 0)
@@ -151,7 +156,8 @@ def test_fp16_result_and_groups_in_any_column_order():
     check_within_one_bf16_ulp(got, reference64(*operands), slack=2.0**-24)
 
 
-@settings(max_examples=4, deadline=None)
+@settings(max_examples=4, deadline=None, derandomize=True)
+@example(sizes=[259, 0, 0])
 @given(sizes=st.lists(st.integers(0, 300), min_size=1, max_size=5))
 def test_random_group_sizes(sizes):
     run_and_check(sizes, seed=len(sizes))
