@@ -13,6 +13,10 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 from jaxmoe.ops.grouped_matmul import pallas_triton
 
 NUM_COMPUTE_WARPGROUPS = 2
+# A warpgroup's result is staged in shared memory at most this many columns at a time (a wider
+# one, rows split between the warpgroups at 256 columns, in parts), so that the staging buffers
+# leave room for a fourth ring slot.
+STAGE_MAX_COLS = 128
 # The memory warpgroup only issues TMA copies; giving it few registers leaves more to the
 # compute warpgroups' accumulators (Hopper redistributes registers between warpgroups).
 MEMORY_REGISTERS = 40
@@ -20,6 +24,14 @@ MEMORY_REGISTERS = 40
 # one warpgroup, less the memory one's, halved, at most 256, a multiple of 8).
 COMPUTE_REGISTERS = min(256, (512 - MEMORY_REGISTERS) // NUM_COMPUTE_WARPGROUPS // 8 * 8)
 _H100_SMS = 132
+
+
+def warpgroup_share(rows: int, cols: int, split_rows: bool) -> tuple[int, int]:
+    """The ``(rows, columns)`` of a ``rows x cols`` tile that one of the two compute warpgroups
+    multiplies when they share it: half the rows (``split_rows``), or half the columns."""
+    if split_rows:
+        return rows // NUM_COMPUTE_WARPGROUPS, cols
+    return rows, cols // NUM_COMPUTE_WARPGROUPS
 
 
 def interpret_params(interpret: bool | None):

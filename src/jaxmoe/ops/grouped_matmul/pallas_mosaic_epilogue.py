@@ -152,22 +152,14 @@ class EpilogueStores:
         plgpu.commit_smem()
         return stage
 
-    def store_unswizzled(self, value, dst, part_lo, part_hi):
-        """Slab rows ``[part_lo, part_hi)`` of ``value`` through the unswizzled slab, one
-        ``slab_cols`` part at a time: a whole slab is one store per part, a cut one its runs."""
+    def staged_parts(self, value, dst):
+        """``(stage, destination)`` for each ``slab_cols`` part of a slab ``value`` bound for
+        ``dst``, staged in the unswizzled slab as it is asked for (each once the previous
+        part's stores have read the slab)."""
         cols = self.layout["slab_cols"]
-        whole = (part_lo == 0) & (part_hi == self.stage_rows)
         for first_col in range(0, self.wg_n, cols):
             stage = self.stage_unswizzled(value[:, first_col : first_col + cols])
-            part_dst = dst.at[:, pl.ds(first_col, cols)]
-
-            @pl.when(whole)
-            def _store_whole(stage=stage, part_dst=part_dst):
-                plgpu.copy_smem_to_gmem(stage, part_dst)
-
-            @pl.when(jnp.logical_not(whole))
-            def _store_part(stage=stage, part_dst=part_dst):
-                self.store_runs(stage, part_dst, part_lo, part_hi)
+            yield stage, dst.at[:, pl.ds(first_col, cols)]
 
     def store_part(self, value, out_gmem, row0, col0, first_row, lo, hi, first_store):
         """Slab ``first_row // stage_rows`` of a compute warpgroup's result (``value``:
@@ -179,11 +171,19 @@ class EpilogueStores:
         part_lo = jnp.clip(lo - first_row, 0, rows)
         part_hi = jnp.clip(hi - first_row, 0, rows)
         dst = out_gmem.at[pl.ds(row0 + first_row, rows), pl.ds(col0 + self.wg_col, wg_n)]
-        if not self.cfg.swizzled_epilogue:
-            self.store_unswizzled(value, dst, part_lo, part_hi)
-            return
-
         whole = (part_lo == 0) & (part_hi == rows)
+        if not self.cfg.swizzled_epilogue:
+            for stage, part_dst in self.staged_parts(value, dst):
+
+                @pl.when(whole)
+                def _store_whole(stage=stage, part_dst=part_dst):
+                    plgpu.copy_smem_to_gmem(stage, part_dst)
+
+                @pl.when(jnp.logical_not(whole))
+                def _store_part(stage=stage, part_dst=part_dst):
+                    self.store_runs(stage, part_dst, part_lo, part_hi)
+
+            return
 
         @pl.when(whole)
         def _store_whole_swizzled():
@@ -194,7 +194,8 @@ class EpilogueStores:
             # The unswizzled slab aliases both swizzled slots: every store of this warpgroup
             # must have read it before it is written, and the runs must have been read before
             # the slots are written again.
-            self.store_unswizzled(value, dst, part_lo, part_hi)
+            for stage, part_dst in self.staged_parts(value, dst):
+                self.store_runs(stage, part_dst, part_lo, part_hi)
             plgpu.wait_smem_to_gmem(0, wait_read_only=True)
 
     def store(self, slab_results, row0, col0, lo, hi):

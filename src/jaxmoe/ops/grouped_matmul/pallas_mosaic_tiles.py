@@ -13,7 +13,11 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from jaxmoe.ops.grouped_matmul.pallas_mosaic_common import NUM_COMPUTE_WARPGROUPS
+from jaxmoe.ops.grouped_matmul.pallas_mosaic_common import (
+    NUM_COMPUTE_WARPGROUPS,
+    STAGE_MAX_COLS,
+    warpgroup_share,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,18 +86,13 @@ def warpgroup_tile(cfg: MosaicTileConfig) -> tuple[int, int]:
     its columns."""
     if cfg.pingpong:
         return cfg.block_m, cfg.block_n
-    if cfg.split_rows:
-        return cfg.block_m // NUM_COMPUTE_WARPGROUPS, cfg.block_n
-    return cfg.block_m, cfg.block_n // NUM_COMPUTE_WARPGROUPS
+    return warpgroup_share(cfg.block_m, cfg.block_n, cfg.split_rows)
 
 
 # Hopper's opt-in shared memory per block (227 KiB); the barriers use a few hundred bytes more.
 SMEM_LIMIT_BYTES = 227 * 1024
 # The swizzled epilogue's column chunk: one 128-byte row, the widest TMA swizzle.
 SWIZZLE_BYTES = 128
-# The unswizzled epilogue slab's widest part (columns): a 64 x 256 warpgroup tile is staged in
-# two, so that its slab (and the swizzled slots it aliases) leave room for four ring slots.
-UNSWIZZLED_SLAB_COLS = 128
 
 
 def epilogue_layout(cfg: MosaicTileConfig, out_bytes: int = 2) -> dict[str, int]:
@@ -115,7 +114,7 @@ def epilogue_layout(cfg: MosaicTileConfig, out_bytes: int = 2) -> dict[str, int]
     """
     wg_m, wg_n = warpgroup_tile(cfg)
     rows = min(cfg.epilogue_rows or cfg.block_m, wg_m)
-    slab_cols = min(wg_n, UNSWIZZLED_SLAB_COLS)
+    slab_cols = min(wg_n, STAGE_MAX_COLS)
     chunk_cols = min(wg_n, SWIZZLE_BYTES // out_bytes)
     chunks = wg_n // chunk_cols
     stores = (wg_m // rows) * chunks

@@ -161,15 +161,13 @@ def epilogue_rows(cfg) -> int:
 def warpgroup_tile(cfg) -> tuple[int, int]:
     """The ``(rows, columns)`` of an output tile one compute warpgroup multiplies: half the rows
     with ``split_rows``, otherwise half the columns (the FP8 wgrad's configs: always)."""
-    if getattr(cfg, "split_rows", False):
-        return cfg.block_k // common.NUM_COMPUTE_WARPGROUPS, cfg.block_n
-    return cfg.block_k, cfg.block_n // common.NUM_COMPUTE_WARPGROUPS
+    return common.warpgroup_share(cfg.block_k, cfg.block_n, getattr(cfg, "split_rows", False))
 
 
 def epilogue_cols(cfg) -> int:
-    """The columns of a warpgroup's epilogue slab: its tile's, at most 128 (a wider tile is
-    staged in parts)."""
-    return min(warpgroup_tile(cfg)[1], 128)
+    """The columns of a warpgroup's epilogue slab: its tile's, at most
+    ``common.STAGE_MAX_COLS`` (a wider tile is staged in parts)."""
+    return min(warpgroup_tile(cfg)[1], common.STAGE_MAX_COLS)
 
 
 def smem_bytes(cfg: MosaicTgmmTileConfig, operand_bytes: int = 2) -> int:
