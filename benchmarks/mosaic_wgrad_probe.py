@@ -12,7 +12,9 @@ One device call, three phases, each row written to ``$OUT/mosaic-wgrad-probe.jso
    groups must come back exactly zero;
 3. timing (balanced, then skewed): ``torch._grouped_mm`` with the contraction ragged (the weight
    gradient as torch's backward computes it) and each Mosaic variant, sampled in the same rounds
-   (``time_interleaved``).
+   (``time_interleaved``);
+4. layer: the layer presets' fwd+bwd (``--presets``) with each variant as the wgrad's default
+   tiles, sampled in the same rounds, and each variant's gradients against the first's.
 
     PYTHONPATH=src python benchmarks/mosaic_wgrad_probe.py --out-dir $OUT
 """
@@ -42,6 +44,8 @@ def main() -> None:  # noqa: PLR0915 - one straight-line probe
     parser.add_argument("--routings", default="balanced,skewed")
     parser.add_argument("--out-dir", default=os.environ.get("OUT", "/tmp"))
     parser.add_argument("--time-budget-s", type=float, default=270)
+    parser.add_argument("--presets", default="mixtral", help="the layer phase's presets")
+    parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument(
         "--exact-variants",
         default="",
@@ -239,9 +243,7 @@ def main() -> None:  # noqa: PLR0915 - one straight-line probe
                     emit({**base, "error": record_error(f"exact {base}", e)})
                 del x, dy
 
-    if "time" not in phases:
-        return
-    for routing in routings:
+    for routing in routings if "time" in phases else ():
         for shape_name in shape_names:
             shape = GEMM_SHAPES[shape_name]
             sizes = sizes_for(shape, routing)
@@ -290,14 +292,68 @@ def main() -> None:  # noqa: PLR0915 - one straight-line probe
                             "error": record_error(f"time {shape_name} {name}", e),
                         }
                     )
-            for name, t in time_interleaved(contenders).items():
+            for name, t in time_interleaved(contenders, rounds=args.rounds).items():
                 row(name, t)
             contenders.clear()
             if torch is not None:
                 tx = tdy = tfn = None
                 torch.cuda.empty_cache()
             del x, dy
+
+    if "layer" in phases:
+        layer_phase(args, working, emit, record_error, start)
     emit({"done": True, "elapsed_s": time.time() - start, "smi_end": smi()})
+
+
+def layer_phase(args, variants, emit, record_error, start) -> None:
+    """The layer's fwd+bwd with each tile variant as the wgrad's default, timed in the same
+    rounds; gradients compared with the first variant's."""
+    import jax
+    import jax.numpy as jnp
+
+    import jaxmoe
+    from jaxmoe.bench.harness import relative_error
+    from jaxmoe.bench.layer import forward_backward, layer_inputs
+    from jaxmoe.bench.presets import LAYER_PRESETS
+    from jaxmoe.bench.timing import jax_sync, time_interleaved, warm_up
+    from jaxmoe.ops.grouped_matmul import pallas_mosaic_wgrad
+
+    default_tiles = pallas_mosaic_wgrad.default_mosaic_tgmm_tiles
+    for preset_name in args.presets.split(","):
+        if time.time() - start > args.time_budget_s:
+            emit({"budget": "stopped", "at": ["layer", preset_name]})
+            return
+        preset = LAYER_PRESETS[preset_name]
+        row = {"phase": "layer", "preset": preset_name, "pass": "fwd+bwd"}
+        try:
+            cfg, params, x, dy = layer_inputs(preset, jnp.bfloat16)
+            calls, grads = {}, {}
+            for name, tiles in variants.items():
+                # The wgrad reads its default tiles when traced: each jit traces its own.
+                pallas_mosaic_wgrad.default_mosaic_tgmm_tiles = lambda m, k, n, t=tiles: t
+                layer = lambda p, x, cfg=cfg: jaxmoe.moe(p, x, cfg)[0]  # noqa: E731
+                fn = jax.jit(forward_backward(layer))
+                grads[name] = jax.block_until_ready(fn(params, x, dy))
+                call = lambda fn=fn, args=(params, x, dy): fn(*args)  # noqa: E731
+                calls[name] = (call, jax_sync, warm_up(call, jax_sync))
+            pallas_mosaic_wgrad.default_mosaic_tgmm_tiles = default_tiles
+            first = next(iter(variants))
+            for name in variants:
+                for w in ("w_gate", "w_up", "w_down"):
+                    row[f"{name}_d_{w}_rel_diff"] = relative_error(
+                        grads[name][1]["experts"][w], grads[first][1]["experts"][w]
+                    )
+            flops = 3 * 3 * 2 * preset.tokens * preset.top_k * preset.hidden_size
+            flops *= preset.ffn_size
+            for name, timing in time_interleaved(calls, rounds=args.rounds).items():
+                row[f"{name}_ms"] = timing.median_ms
+                row[f"{name}_tflops"] = flops / timing.median_ms / 1e9
+                row[f"{name}_speedup"] = row[f"{first}_ms"] / timing.median_ms
+        except Exception as e:  # noqa: BLE001
+            row["error"] = record_error(f"layer {preset_name}", e)
+        finally:
+            pallas_mosaic_wgrad.default_mosaic_tgmm_tiles = default_tiles
+        emit(row)
 
 
 if __name__ == "__main__":

@@ -96,9 +96,9 @@ def test_row_blocks_of_a_group():
         None,
         MosaicTgmmTileConfig(block_m=128, block_k=64, block_n=128, stages=2),
         MosaicTgmmTileConfig(stages=3, epilogue_rows=None),
-        MosaicTgmmTileConfig(split_rows=True),
+        MosaicTgmmTileConfig(),
     ],
-    ids=["default", "small", "three_slots_whole_slab", "split_rows"],
+    ids=["default_split_rows", "small", "three_slots_whole_slab", "column_split"],
 )
 def test_lowers_for_cuda_through_mosaic_to_nvvm(cfg):
     # No GPU needed: Mosaic GPU's layout inference and lowering run on the host, down to NVVM
@@ -192,6 +192,7 @@ def test_split_rows_halves_the_rows_and_stages_its_result_in_two_parts():
     # block), staged [64, 128] at a time, so the epilogue takes the same 32 KiB as the column
     # split's two [64, 128] halves and four ring slots still fit.
     cfg = MosaicTgmmTileConfig(split_rows=True)
+    assert wgrad.default_mosaic_tgmm_tiles(1024, 256, 512) == cfg
     assert wgrad.warpgroup_tile(cfg) == (64, 256) and wgrad.warpgroup_tile(
         MosaicTgmmTileConfig()
     ) == (128, 128)

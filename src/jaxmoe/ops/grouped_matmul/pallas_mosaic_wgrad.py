@@ -21,21 +21,23 @@ tiles of ``bk x bn``)::
                  to ``bm`` (they never cross the array's end, since ``M % bm == 0``), so a group's
                  first and last block may hold rows of its neighbours or rows past
                  ``sum(group_sizes)``.
-    the mma      the two compute warpgroups each own ``bn / 2`` columns and a ``[bk, bn / 2]``
-                 float32 accumulator (with ``split_rows``: ``bk / 2`` rows, a ``[bk / 2, bn]``
-                 accumulator, their half of the ``lhs`` block); ``wgmma`` reads the ``lhs``
+    the mma      the two compute warpgroups each own ``bk / 2`` rows of the tile and a
+                 ``[bk / 2, bn]`` float32 accumulator from their half of the ``lhs`` block
+                 (``split_rows``, the default; without it ``bn / 2`` columns each, a ``[bk,
+                 bn / 2]`` accumulator from the whole ``lhs`` block); ``wgmma`` reads the ``lhs``
                  block transposed in place (``transpose_ref``: the A operand is M-major in
                  shared memory), no copy. Each keeps one ``wgmma`` in flight and releases a
                  slot one step late.
     masking      in a boundary block the rows outside the group are set to zero in shared memory,
                  in both operands (so NaN or Inf in the other rows cannot leak: ``0 * NaN``), before
-                 the ``wgmma``. Each compute warpgroup zeroes its own ``rhs`` columns and the whole
-                 shared ``lhs`` block: both write the same values (the original or zero), so the
-                 overlap is harmless and needs no barrier between the two warpgroups.
+                 the ``wgmma``. Each compute warpgroup zeroes the blocks it reads: its own
+                 columns of one operand and the whole block of the other (``rhs`` with split
+                 rows, ``lhs`` without). Both write the same values (the original or zero) to
+                 the shared block, so the overlap is harmless and needs no barrier.
     epilogue     the accumulator is cast, staged in (swizzled) shared memory and stored by TMA
                  without waiting; the next tile waits only until the stage has been read. The
-                 default stages it in two 64-row halves: the 32 KiB this frees holds a fourth
-                 ring slot, worth 3-19% (H100 run 12, in ``default_mosaic_tgmm_tiles``).
+                 default stages a warpgroup's result in two halves: the 32 KiB this frees holds
+                 a fourth ring slot, worth 3-19% (H100 run 12, in ``default_mosaic_tgmm_tiles``).
 
 Why: the Triton wgrad (``pallas_triton.tgmm``) is not persistent, has no warp specialization and
 overlaps nothing with its epilogue. Why a hand-written ring rather than jax's
@@ -88,8 +90,9 @@ class MosaicTgmmTileConfig:
     ``split_rows`` (``block_k`` 128): the two compute warpgroups split the output tile's rows
     (``[block_k / 2, block_n]`` each, one ``m64 x n(block_n)`` product per step) instead of its
     columns, as the ``gmm``'s option of that name: fewer shared-memory reads per FLOP. A
-    warpgroup's result is then staged 128 columns at a time. Not yet measured on a GPU (the
-    ``gmm`` gained 1-4% from it, H100 run 16), so off by default.
+    warpgroup's result is then staged 128 columns at a time. On in
+    :func:`default_mosaic_tgmm_tiles`; off here, so that a config naming ``block_k`` 64 stays
+    valid.
     """
 
     block_m: int = 64
@@ -110,9 +113,15 @@ def default_mosaic_tgmm_tiles(m: int, k: int, n: int) -> MosaicTgmmTileConfig:
     the same rounds): 1.03-1.19x the 3-deep ring with a whole-tile slab on all six shapes
     balanced and 1.06-1.11x skewed, the same error on all twelve cases; 1.03-1.20x
     ``torch._grouped_mm``'s wgrad balanced, 0.94-1.07x skewed. Tile orders walking 4 or 16 K
-    tiles instead of 8 were not better overall."""
+    tiles instead of 8 were not better overall.
+
+    ``split_rows`` (session 16, ``benchmarks/results/raw/h100-run17/call1``, settled, torch in
+    the same rounds): 1.02-1.04x the column split on all six shapes balanced (Mixtral up 2.83
+    against 2.95 ms; 1.04-1.18x torch's wgrad), exact on all six balanced and skewed (empty
+    groups, NaN past the sum); the Mixtral layer's fwd+bwd 1.005x with bitwise-equal
+    gradients."""
     del m, k, n
-    return MosaicTgmmTileConfig()
+    return MosaicTgmmTileConfig(split_rows=True)
 
 
 def check_tgmm_tiles(
