@@ -177,6 +177,19 @@ def main() -> None:
             128, 256, 64, 4, 8, epilogue_rows=64, swizzled_epilogue=True, ring=True, split_rows=True
         ),
         "split4": cfg(128, 256, 64, 4, 8, epilogue_rows=64, ring=True, split_rows=True),
+        # Each group's tiles from its first row (session 16): fewer tiles on skewed groups.
+        "split4swzgs": cfg(
+            128,
+            256,
+            64,
+            4,
+            8,
+            epilogue_rows=64,
+            swizzled_epilogue=True,
+            ring=True,
+            split_rows=True,
+            group_start_tiles=True,
+        ),
     }
     if args.variants != "all":
         variants = {k: variants[k] for k in args.variants.split(",")}

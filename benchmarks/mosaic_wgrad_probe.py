@@ -61,7 +61,7 @@ def main() -> None:  # noqa: PLR0915 - one straight-line probe
     from jaxmoe.bench.harness import row_emitter, weight_gradient_errors
     from jaxmoe.bench.presets import GEMM_SHAPES
     from jaxmoe.bench.timing import jax_sync, time_interleaved, torch_sync, warm_up
-    from jaxmoe.ops.grouped_matmul import pallas_mosaic_wgrad, pallas_triton
+    from jaxmoe.ops.grouped_matmul import pallas_mosaic_wgrad, pallas_triton, work_list
 
     try:
         import torch
@@ -133,11 +133,11 @@ def main() -> None:  # noqa: PLR0915 - one straight-line probe
     def reference(lhs, rhs, group_sizes, bm=128):
         """float32 sums of exact bf16 products: one dot per (group, bm-row tile)."""
         num_groups = group_sizes.shape[0]
-        work_group, work_tile, offsets = pallas_triton.gmm_work_items(group_sizes, lhs.shape[0], bm)
+        work_group, first_row, offsets = work_list.work_items(group_sizes, lhs.shape[0], bm)
 
         def body(w, out):
             g = work_group[w]
-            r0 = work_tile[w] * bm
+            r0 = first_row[w] // bm * bm
             idx = r0 + jnp.arange(bm)[:, None]
             gg = jnp.minimum(g, num_groups - 1)
             keep = (g < num_groups) & (idx >= offsets[gg]) & (idx < offsets[gg + 1])

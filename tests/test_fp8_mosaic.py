@@ -108,8 +108,15 @@ def _check_within_one_bf16_ulp(got, want, magnitude=None):
 
 @pytest.mark.parametrize(
     "cfg",
-    [SMALL, CHAINED, BW_SWIZZLED, RING, SPLIT_ROWS],
-    ids=["plain", "chained", "swizzled", "ring", "split_rows"],
+    [
+        SMALL,
+        CHAINED,
+        BW_SWIZZLED,
+        RING,
+        SPLIT_ROWS,
+        dataclasses.replace(RING, group_start_tiles=True),
+    ],
+    ids=["plain", "chained", "swizzled", "ring", "split_rows", "group_start"],
 )
 def test_forward_empty_groups_straddling_tiles_and_tail(cfg):
     # Groups end at rows 70, 70, 73, 173, 213: an empty group, a 3-row group inside one tile,
@@ -141,7 +148,7 @@ def test_backend_matches_reference_backend_through_the_api_with_k_major_weights(
     assert np.max(np.abs(np.asarray(got, np.float64) - want)) <= 2.0**-8 * np.max(np.abs(want))
 
 
-@pytest.mark.parametrize("tiles_name", ["default", "pipeline", "pipeline_swizzled"])
+@pytest.mark.parametrize("tiles_name", ["default", "pipeline", "pipeline_swizzled", "group_start"])
 @pytest.mark.parametrize("rhs_layout", ["gkn", "gnk"])
 def test_lowers_for_cuda_with_k_major_weights(rhs_layout, tiles_name):
     # No GPU needed: Mosaic GPU's lowering (run at .lower()) accepts the FP8 wgmma with the
@@ -154,6 +161,10 @@ def test_lowers_for_cuda_with_k_major_weights(rhs_layout, tiles_name):
         "default": None,
         "pipeline": pipeline,
         "pipeline_swizzled": dataclasses.replace(pipeline, swizzled_epilogue=True),
+        # Tiles (and so the epilogue's scale loads) starting off the 128-row grid.
+        "group_start": dataclasses.replace(
+            fp8_mosaic.default_fp8_tiles(m, k, n), group_start_tiles=True
+        ),
     }[tiles_name]
     fn = jax.jit(
         functools.partial(
@@ -197,7 +208,11 @@ def test_default_tiles_are_the_bf16_kernels_with_128_wide_k_blocks():
         pallas_mosaic_tiles.check_tiles(MosaicTileConfig(), operand_bytes=1)
 
 
-@pytest.mark.parametrize("cfg", [BW_SMALL, BW_CHAINED, BW_RING], ids=["plain", "chained", "ring"])
+@pytest.mark.parametrize(
+    "cfg",
+    [BW_SMALL, BW_CHAINED, BW_RING, dataclasses.replace(BW_RING, group_start_tiles=True)],
+    ids=["plain", "chained", "ring", "group_start"],
+)
 def test_blockwise_forward_empty_groups_straddling_tiles_and_tail(cfg):
     # Two K blocks (K = 256), four column scale blocks over two N tiles (N = 512): each K step's
     # partial product is scaled by its own row and block scales. Groups as in the rowwise test.

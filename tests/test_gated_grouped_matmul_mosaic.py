@@ -62,6 +62,8 @@ def _relative(got, want):
         # The default's layout: the compute warpgroups split 128-row tiles (a boundary in
         # each warpgroup's half).
         ("geglu", "bfloat16", SPLIT_ROWS),
+        # Tiles from each group's first row (rows off the grid, the last tiles moved back).
+        ("swiglu", "bfloat16", dataclasses.replace(SPLIT_ROWS, group_start_tiles=True)),
     ],
 )
 def test_forward_empty_groups_straddling_tiles_and_tail(activation, dtype, cfg):

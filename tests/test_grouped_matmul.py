@@ -13,11 +13,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from jaxmoe.ops.grouped_matmul import work_list
 from jaxmoe.ops.grouped_matmul.api import grouped_matmul
 from jaxmoe.ops.grouped_matmul.pallas_triton import (
     PallasTritonGroupedMatmul,
     TileConfig,
-    gmm_work_items,
 )
 
 # Relative tolerances on max |error| / max |reference|. bf16: inputs are exact in the reference
@@ -172,23 +172,51 @@ def test_default_tiles_and_interpret_default():
 # --------------------------------------------------------------------------------------------------
 
 
-def test_gmm_work_items_cover_every_row_once():
-    group_sizes = np.array([10, 0, 33, 7, 5])
-    m, bm = 70, 16
-    work_group, work_tile, offsets = (
-        np.asarray(a) for a in gmm_work_items(jnp.asarray(group_sizes), m, bm)
+def covered_rows(group_sizes, m, bm, tile_align):
+    """How many work items own each row, checking that each owns >= 1 row of its group in a
+    tile inside the array; and the number of items per interval."""
+    work_group, first_row, offsets = (
+        np.asarray(a)
+        for a in work_list.work_items(jnp.asarray(group_sizes), m, bm, tile_align=tile_align)
     )
-    assert len(work_group) == -(-m // bm) + len(group_sizes)
-    np.testing.assert_array_equal(offsets, [0, 10, 10, 43, 50, 55, 70])
+    assert len(work_group) == work_list.max_work_items(m, len(group_sizes), bm)
+    np.testing.assert_array_equal(offsets, np.concatenate([[0], np.cumsum(group_sizes), [m]]))
     covered = np.zeros(m, np.int32)
-    for g, t in zip(work_group, work_tile, strict=True):
+    for g, first in zip(work_group, first_row, strict=True):
         if g > len(group_sizes):
             continue  # unused work item
-        rows = np.arange(t * bm, min((t + 1) * bm, m))
-        mine = rows[(rows >= offsets[g]) & (rows < offsets[g + 1])]
-        assert len(mine) > 0, "a work item with no rows of its group"
-        covered[mine] += 1
+        row0 = int(work_list.tile_first_row(first, bm, m, tile_align=tile_align))
+        assert 0 <= row0 <= max(m - bm, 0) and row0 % (tile_align or bm) == 0
+        lo, hi = (int(v) for v in work_list.rows_in_tile(first, row0, offsets[g + 1], bm))
+        assert 0 <= lo < hi <= bm, "a work item with no rows of its group"
+        rows = np.arange(row0 + lo, min(row0 + hi, m))
+        assert np.all((rows >= offsets[g]) & (rows < offsets[g + 1]))
+        covered[rows] += 1
+    return covered, np.bincount(work_group[work_group <= len(group_sizes)], minlength=6)
+
+
+@pytest.mark.parametrize("tile_align", [None, 8], ids=["grid", "group_start"])
+def test_work_items_cover_every_row_once(tile_align):
+    # Per interval (5 groups, then 25 tail rows), 16-row tiles: the grid cuts groups 2 and 3
+    # and the tail at its lines; from each group's first row (rounded down to 8) they take
+    # cdiv(rows + start % 8, 16) tiles, the tail's last one moved back to end at row 80.
+    covered, items = covered_rows(np.array([10, 0, 33, 7, 5]), 80, 16, tile_align)
     np.testing.assert_array_equal(covered, 1)
+    np.testing.assert_array_equal(
+        items, [1, 0, 3, 2, 1, 2] if tile_align is None else [1, 0, 3, 1, 1, 2]
+    )
+
+
+@pytest.mark.parametrize("tile_align", [None, 8], ids=["grid", "group_start"])
+def test_work_items_fit_the_list_for_any_sizes(tile_align):
+    # Random sizes, many small groups (each can cost a cut tile) and sizes just under a tile.
+    rng = np.random.default_rng(0)
+    for _ in range(40):
+        groups = int(rng.integers(1, 12))
+        sizes = rng.choice([0, 1, 7, 9, 23, 25, 31, 33, 64], size=groups)
+        m = int(-(-max(int(sizes.sum()), 1) // 32) * 32 + rng.integers(0, 3) * 32)
+        covered, _ = covered_rows(sizes, m, 32, tile_align)
+        np.testing.assert_array_equal(covered, 1)
 
 
 def test_every_product_of_the_vjp_is_a_grouped_matmul_primitive_of_the_backend():

@@ -99,6 +99,22 @@ CONFIGS = {
     "split_rows_pipeline": MosaicTileConfig(
         128, 128, 64, stages=2, group_swizzle=2, epilogue_rows=64, split_rows=True
     ),
+    # Each group's tiles from its first row (work_list): tiles load and store at rows off the
+    # block_m grid, and the last groups' tiles move back to end at M, owning only their own
+    # rows. On the default's layout and on jax's pipeline with 64-row tiles.
+    "group_start_split_swizzled": MosaicTileConfig(
+        128,
+        256,
+        64,
+        stages=3,
+        group_swizzle=2,
+        epilogue_rows=64,
+        swizzled_epilogue=True,
+        ring=True,
+        split_rows=True,
+        group_start_tiles=True,
+    ),
+    "group_start_plain": dataclasses.replace(SMALL, group_start_tiles=True),
 }
 SWIZZLED = [name for name in CONFIGS if name.startswith("swizzled")]
 TRITON_TILES = TileConfig(block_m=32, block_n=32, block_k=32, num_warps=4, num_stages=2)
@@ -231,6 +247,9 @@ LOWERED = {
     ),
     "split_rows_unswizzled": MosaicTileConfig(
         stages=4, epilogue_rows=64, ring=True, split_rows=True
+    ),
+    "group_start": dataclasses.replace(
+        default_mosaic_gmm_tiles(M, 2048, N), group_start_tiles=True
     ),
     # Ping-pong at the two tile shapes that fit one warpgroup's registers, their deepest rings.
     "pingpong": MosaicTileConfig(

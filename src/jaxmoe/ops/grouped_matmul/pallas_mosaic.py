@@ -27,14 +27,18 @@ import jax
 import jax.numpy as jnp
 
 from jaxmoe.ops.grouped_matmul import pallas_mosaic_common as common
-from jaxmoe.ops.grouped_matmul import pallas_mosaic_kernel, pallas_triton
+from jaxmoe.ops.grouped_matmul import (
+    pallas_mosaic_kernel,
+    pallas_mosaic_tiles,
+    pallas_triton,
+    work_list,
+)
 from jaxmoe.ops.grouped_matmul.pallas_mosaic_tiles import (
     MosaicTileConfig,
     check_tiles,
     default_mosaic_gmm_tiles,
     unsupported_reason,
 )
-from jaxmoe.ops.grouped_matmul.pallas_triton import gmm_work_items
 
 Array = jax.Array
 
@@ -170,7 +174,9 @@ def launch_gmm(
     m = lhs.shape[0]
     num_groups = rhs.shape[0]
     n = rhs.shape[1] if transpose_rhs else rhs.shape[2]
-    work_group, work_tile, offsets = gmm_work_items(group_sizes, m, cfg.block_m)
+    work_group, work_first_row, offsets = work_list.work_items(
+        group_sizes, m, cfg.block_m, tile_align=pallas_mosaic_tiles.tile_align(cfg)
+    )
     work_counts = jnp.stack(
         [jnp.sum(work_group < num_groups), jnp.sum(work_group == num_groups)]
     ).astype(jnp.int32)
@@ -194,7 +200,7 @@ def launch_gmm(
     return kernel(
         work_counts,
         work_group,
-        work_tile,
+        work_first_row,
         offsets,
         lhs,
         rhs,

@@ -3,9 +3,10 @@
 Launched by :func:`.pallas_mosaic.launch_gmm`, which builds the work list. Layout of the work
 (``bm, bn, bk`` are the block sizes)::
 
-    work items   as in ``pallas_triton``: one per (m tile t, group g intersecting t), plus the
-                 "tail" group G for rows at or past sum(group_sizes) (written as zeros). Their
-                 list is computed on the device (``gmm_work_items``).
+    work items   one per (``bm``-row tile, group whose rows it holds), plus the "tail" group G
+                 for rows at or past sum(group_sizes) (written as zeros), computed on the device
+                 (:mod:`.work_list`): tiles on the global ``bm`` grid, or with
+                 ``group_start_tiles`` from each group's first row (fewer tiles).
     schedule     one CTA per SM loops over (work item, N tile) pairs (``plgpu.nd_loop``), walking
                  ``group_swizzle`` neighbouring work items along N for L2 reuse.
     one pair     three warpgroups. The memory warpgroup streams ``[bm, bk]`` blocks of ``lhs``
@@ -44,14 +45,19 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from jaxmoe.ops.grouped_matmul import pallas_mosaic_common as common
+from jaxmoe.ops.grouped_matmul import work_list
 from jaxmoe.ops.grouped_matmul.pallas_mosaic_epilogue import EpilogueStores, epilogue_allocation
-from jaxmoe.ops.grouped_matmul.pallas_mosaic_tiles import MosaicTileConfig, warpgroup_tile
+from jaxmoe.ops.grouped_matmul.pallas_mosaic_tiles import (
+    MosaicTileConfig,
+    tile_align,
+    warpgroup_tile,
+)
 
 
 def mosaic_gmm_body(
     work_counts_gmem,
     work_group_gmem,
-    work_tile_gmem,
+    work_first_row_gmem,
     offsets_gmem,
     lhs_gmem,
     *rhs_epilogue_and_out_gmem,
@@ -167,10 +173,12 @@ def mosaic_gmm_body(
 
         def tile_rows(work):
             group = work_group_gmem[work]
-            row0 = work_tile_gmem[work] * bm
-            start = offsets_gmem[jnp.minimum(group, num_groups + 1)]
+            first_row = work_first_row_gmem[work]
+            row0 = work_list.tile_first_row(
+                first_row, bm, lhs_gmem.shape[0], tile_align=tile_align(cfg)
+            )
             end = offsets_gmem[jnp.minimum(group + 1, num_groups + 1)]
-            return group, row0, jnp.clip(start - row0, 0, bm), jnp.clip(end - row0, 0, bm)
+            return group, row0, *work_list.rows_in_tile(first_row, row0, end, bm)
 
         @pl.when(wg < common.NUM_COMPUTE_WARPGROUPS)
         def _zero_tail():  # rows at or past sum(group_sizes): GPU memory is uninitialised.
@@ -333,7 +341,7 @@ def mosaic_gmm_body(
         if cfg.ring:
             ring_tiles(pipeline_allocs)
         else:
-            # The compute work items come first in gmm_work_items' list: [0, num_compute_work).
+            # The compute work items come first in the work list: [0, num_compute_work).
             @plgpu.nd_loop((num_tiles,), collective_axes="sm")
             def _tile_loop(loop_info):
                 (index,) = loop_info.index

@@ -65,6 +65,14 @@ class MosaicTileConfig:
     fewer shared-memory reads at ``block_n`` 256, 25% fewer for the fused gated kernel (two
     ``n64`` products per warpgroup become two ``n128``). The epilogue slab is then at most
     ``block_m / 2`` rows.
+
+    ``group_start_tiles``: each group's tiles start at its first row instead of on the global
+    ``block_m`` grid (:mod:`.work_list`), so a group of ``n`` rows takes ``cdiv(n, block_m)``
+    tiles, where the grid takes one more whenever the group's rows cross one more grid line
+    (DeepSeek's 32 Dirichlet(0.3) groups: 274 row tiles against 285; balanced groups on
+    ``block_m`` multiples: no change). Each tile multiplies the same K loop either way, so the
+    work drops by that ratio. Exact in Mosaic GPU's interpreter; not yet timed on a GPU, so
+    off by default.
     """
 
     block_m: int = 128
@@ -78,6 +86,18 @@ class MosaicTileConfig:
     ring: bool = False
     pingpong: bool = False
     split_rows: bool = False
+    group_start_tiles: bool = False
+
+
+# With group_start_tiles a tile starts on this row grid: a TMA copy into a tiled shared buffer
+# (8-row tiles) takes a first row that is a multiple of 8 only (Mosaic GPU's layout inference
+# refuses others).
+GROUP_START_ALIGN = 8
+
+
+def tile_align(cfg: MosaicTileConfig) -> int | None:
+    """The work list's ``tile_align`` (:mod:`.work_list`): ``None`` for the ``block_m`` grid."""
+    return GROUP_START_ALIGN if cfg.group_start_tiles else None
 
 
 def warpgroup_tile(cfg: MosaicTileConfig) -> tuple[int, int]:

@@ -39,6 +39,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
+from jaxmoe.ops.grouped_matmul import work_list
 from jaxmoe.ops.grouped_matmul.base import GroupedMatmulBackend, check_tgmm_operands
 
 Array = jax.Array
@@ -157,7 +158,7 @@ def _dot_precision(dtype):
 
 def _gmm_kernel(
     work_group_ref,
-    work_tile_ref,
+    work_first_row_ref,
     offsets_ref,
     lhs_ref,
     rhs_ref,
@@ -174,7 +175,7 @@ def _gmm_kernel(
     n = out_ref.shape[1]
     work, n_tile = swizzle(pl.program_id(0), num_work, num_n_tiles, cfg.group_swizzle)
     group = work_group_ref[work]
-    row0 = work_tile_ref[work] * bm
+    row0 = work_list.tile_first_row(work_first_row_ref[work], bm, m)
     col0 = n_tile * bn
     rows = row0 + jnp.arange(bm, dtype=jnp.int32)
     cols = col0 + jnp.arange(bn, dtype=jnp.int32)
@@ -293,41 +294,6 @@ def _tgmm_kernel(
 # --------------------------------------------------------------------------------------------------
 
 
-def gmm_work_items(group_sizes: Array, num_rows: int, block_m: int):
-    """Per-work-item (group, m tile) for ``gmm``, plus the group offsets; all on the device.
-
-    Intervals are the ``G`` groups then a tail ``[sum(group_sizes), num_rows)`` (group id ``G``);
-    each non-empty interval gets one work item per ``block_m`` row tile it touches. There are at
-    most ``cdiv(num_rows, block_m) + G`` of them; the unused rest get group ``G + 1`` (skipped).
-
-    Returns:
-      ``(work_group[W], work_tile[W], offsets[G + 2])`` int32 with ``W = cdiv(M, bm) + G`` and
-      ``offsets = [0, end_0, ..., end_{G-1}, num_rows]``.
-    """
-    num_groups = group_sizes.shape[0]
-    sizes = group_sizes.astype(jnp.int32)
-    ends = jnp.cumsum(sizes)
-    tail = jnp.int32(num_rows) - ends[-1]
-    sizes = jnp.concatenate([sizes, tail[None]])  # [G + 1]
-    ends = jnp.concatenate([ends, jnp.full((1,), num_rows, jnp.int32)])
-    starts = ends - sizes
-    first_tile = starts // block_m
-    last_tile = (ends - 1) // block_m
-    counts = jnp.where(sizes > 0, last_tile - first_tile + 1, 0)
-    item_end = jnp.cumsum(counts)
-    num_work = pl.cdiv(num_rows, block_m) + num_groups
-    work = jnp.arange(num_work, dtype=jnp.int32)
-    # compare_all: one small fused comparison ([W, G + 1], a few thousand elements) where the
-    # default binary search is a loop of log2(G) steps, each its own kernel launches on a GPU.
-    work_group = jnp.searchsorted(item_end, work, side="right", method="compare_all")
-    work_group = work_group.astype(jnp.int32)  # G + 1: unused
-    g = jnp.minimum(work_group, num_groups)
-    work_tile = first_tile[g] + work - (item_end[g] - counts[g])
-    work_tile = jnp.where(work_group <= num_groups, work_tile, 0).astype(jnp.int32)
-    offsets = jnp.concatenate([jnp.zeros((1,), jnp.int32), ends]).astype(jnp.int32)
-    return work_group, work_tile, offsets
-
-
 def _use_interpret(interpret: bool | None) -> bool:
     if interpret is not None:
         return interpret
@@ -381,7 +347,7 @@ def gmm(
         return jnp.zeros((m, n), out_dtype)
     cfg = tiles or default_gmm_tiles(m, k, n, num_groups, lhs.dtype)
     cfg = _fit(cfg, m, k, n)
-    work_group, work_tile, offsets = gmm_work_items(group_sizes, m, cfg.block_m)
+    work_group, work_first_row, offsets = work_list.work_items(group_sizes, m, cfg.block_m)
     num_work = work_group.shape[0]
     num_n_tiles = pl.cdiv(n, cfg.block_n)
     kernel = functools.partial(
@@ -401,7 +367,7 @@ def gmm(
         name="jaxmoe_gmm",
     )
     with _quiet_triton_deprecation():
-        return call(work_group, work_tile, offsets, lhs, rhs)
+        return call(work_group, work_first_row, offsets, lhs, rhs)
 
 
 def tgmm(
