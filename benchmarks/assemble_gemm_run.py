@@ -38,7 +38,11 @@ def gemm_rows(run: str, files: list[str]) -> list[dict]:
     rows = []
     for name in files:
         call = f"{label}/{name.split('/')[0]}"
-        rows += [{**row, "run": call} for row in _load(RESULTS / "raw" / run / name)["rows"]]
+        rows += [
+            {**row, "run": call}
+            for row in _load(RESULTS / "raw" / run / name)["rows"]
+            if row.get("ms") is not None  # a row skipped for the time budget measured nothing
+        ]
     latest = {_case(row): index for index, row in enumerate(rows)}
     for index, row in enumerate(rows):
         row["current"] = latest[_case(row)] == index

@@ -69,7 +69,7 @@ class MosaicTileConfig:
     ``group_start_tiles``: each group's tiles start at its first row instead of on the global
     ``block_m`` grid (:mod:`.work_list`), so a group of ``n`` rows takes ``cdiv(n, block_m)``
     tiles, where the grid takes one more whenever the group's rows cross one more grid line
-    (DeepSeek's 32 Dirichlet(0.3) groups: 274 row tiles against 285; balanced groups on
+    (DeepSeek's 32 Dirichlet(0.3) groups: 275 row tiles against 285; balanced groups on
     ``block_m`` multiples: no change). Each tile multiplies the same K loop either way, so the
     work drops by that ratio. Exact in Mosaic GPU's interpreter; not yet timed on a GPU, so
     off by default.
