@@ -1,0 +1,110 @@
+"""Probe (issue 15): the MoE layer with every Mosaic kernel's tiles starting at each group's first
+row (``MosaicTileConfig(group_start_tiles=True)``) against the default global 128-row grid.
+
+The layer pads each expert's rows to 64, so on the grid about a quarter of the groups (those
+starting 64 rows off a grid line with a multiple of 128 rows) take one tile more than from their
+first row: ~3% more work in the forward and dgrad products (Mixtral and DeepSeek), ~6% on
+Qwen3 (counted with ``jaxmoe.ops.grouped_matmul.work_list`` on multinomial routings).
+
+Per preset and pass (``fwd``: ``jit(moe)``; ``fwd+bwd``: the layer bench's ``jit`` of the VJP):
+both variants built by swapping the default-tile functions the layer reads (the plain gmm's,
+the fused gated kernel's), outputs and gradients compared (the same K order per row: expected
+bitwise equal), then timed in the same settled interleaved rounds. Rows go to
+``<out-dir>/group-start-probe.json``.
+
+    PYTHONPATH=src python benchmarks/group_start_probe.py --out-dir $OUT
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import os
+import sys
+import time
+import traceback
+
+import jax
+
+import jaxmoe
+from jaxmoe.bench.harness import relative_error, results_header, row_emitter
+from jaxmoe.bench.layer import forward_backward, layer_inputs
+from jaxmoe.bench.presets import LAYER_PRESETS
+from jaxmoe.bench.timing import jax_sync, time_interleaved, warm_up
+from jaxmoe.ops.gated_grouped_matmul import pallas_mosaic as gated_mosaic
+from jaxmoe.ops.grouped_matmul import pallas_mosaic, pallas_mosaic_backend, pallas_mosaic_tiles
+
+# Every place the layer's kernels read their default tiles from.
+DEFAULT_TILE_SITES = (
+    (pallas_mosaic_tiles, "default_mosaic_gmm_tiles"),
+    (pallas_mosaic, "default_mosaic_gmm_tiles"),
+    (pallas_mosaic_backend, "default_mosaic_gmm_tiles"),
+    (gated_mosaic, "default_gated_tiles"),
+)
+
+
+@contextlib.contextmanager
+def default_tiles_with(**changes):
+    """The default tiles of every site with ``changes`` applied, while inside."""
+    saved = [(module, name, getattr(module, name)) for module, name in DEFAULT_TILE_SITES]
+    try:
+        for module, name, default in saved:
+            setattr(module, name, lambda *a, d=default: dataclasses.replace(d(*a), **changes))
+        yield
+    finally:
+        for module, name, default in saved:
+            setattr(module, name, default)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--out-dir", default=os.environ.get("OUT", "/tmp"))
+    parser.add_argument("--presets", default="mixtral,dsv3,qwen3")
+    parser.add_argument("--passes", default="fwd,fwd+bwd")
+    parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--time-budget-s", type=float, default=400)
+    args = parser.parse_args()
+    start = time.time()
+    os.makedirs(args.out_dir, exist_ok=True)
+    emit = row_emitter(
+        os.path.join(args.out_dir, "group-start-probe.json"),
+        results_header(" ".join(sys.argv), device=str(jax.devices()[0])),
+    )
+    variants = {"grid": {}, "group_start": {"group_start_tiles": True}}
+    for preset_name in args.presets.split(","):
+        preset = LAYER_PRESETS[preset_name]
+        for pass_ in args.passes.split(","):
+            if time.time() - start > args.time_budget_s:
+                emit({"budget": "stopped", "at": [preset_name, pass_]})
+                return
+            row = {"preset": preset_name, "pass": pass_}
+            try:
+                cfg, params, x, dy = layer_inputs(preset, jax.numpy.bfloat16)
+                layer = lambda p, x, cfg=cfg: jaxmoe.moe(p, x, cfg)[0]  # noqa: E731
+                operands = (params, x) if pass_ == "fwd" else (params, x, dy)
+                calls, outs = {}, {}
+                for name, changes in variants.items():
+                    # The kernels read their default tiles when traced: trace inside.
+                    with default_tiles_with(**changes):
+                        fn = jax.jit(layer if pass_ == "fwd" else forward_backward(layer))
+                        outs[name] = jax.block_until_ready(fn(*operands))
+                    call = lambda fn=fn, args=operands: fn(*args)  # noqa: E731
+                    calls[name] = (call, jax_sync, warm_up(call, jax_sync))
+                leaves = zip(*(jax.tree.leaves(outs[name]) for name in variants), strict=True)
+                row["max_rel_diff"] = max(relative_error(a, b) for a, b in leaves)
+                flops = 2 * preset.tokens * preset.top_k * preset.hidden_size * preset.ffn_size
+                flops *= 3 * (1 if pass_ == "fwd" else 3)
+                for name, timing in time_interleaved(calls, rounds=args.rounds).items():
+                    row[f"{name}_ms"] = timing.median_ms
+                    row[f"{name}_tflops"] = flops / timing.median_ms / 1e9
+                row["speedup"] = row["grid_ms"] / row["group_start_ms"]
+            except Exception as error:  # noqa: BLE001 - the probe records failures and goes on
+                row["error"] = f"{type(error).__name__}: {error}"[:2000]
+                traceback.print_exc()
+            row["elapsed_s"] = round(time.time() - start, 1)
+            emit(row)
+
+
+if __name__ == "__main__":
+    main()
