@@ -177,6 +177,22 @@ def main() -> None:
             128, 256, 64, 4, 8, epilogue_rows=64, swizzled_epilogue=True, ring=True, split_rows=True
         ),
         "split4": cfg(128, 256, 64, 4, 8, epilogue_rows=64, ring=True, split_rows=True),
+        # The default walking 4 or 16 work items along N instead of 8 (L2 reuse of a weight
+        # column block against reuse of the lhs rows; last swept on run 8's kernel, unsettled).
+        "split4swzg4": cfg(
+            128, 256, 64, 4, 4, epilogue_rows=64, swizzled_epilogue=True, ring=True, split_rows=True
+        ),
+        "split4swzg16": cfg(
+            128,
+            256,
+            64,
+            4,
+            16,
+            epilogue_rows=64,
+            swizzled_epilogue=True,
+            ring=True,
+            split_rows=True,
+        ),
         # Each group's tiles from its first row (session 16): fewer tiles on skewed groups.
         "split4swzgs": cfg(
             128,
