@@ -176,6 +176,15 @@ def test_traced_update_is_always_finite(bias, rate, counts):
         np.testing.assert_allclose(new, _zeroed(bias), rtol=0, atol=tiny)
 
 
+def test_equal_counts_move_no_bias():
+    # A float32 mean of equal non-integer counts can round off them (8 x 1.7411067 did, under
+    # jit): balanced experts must still get a step of exactly 0.
+    counts = jnp.full((NUM_EXPERTS,), 1.7411067, jnp.float32)
+    bias = jnp.linspace(-1, 1, NUM_EXPERTS)
+    for update in (jaxmoe.update_expert_bias, jax.jit(jaxmoe.update_expert_bias)):
+        np.testing.assert_array_equal(update(bias, counts, 1.0), bias)
+
+
 def test_traced_nan_rate_leaves_the_bias_unchanged():
     bias = jnp.linspace(-1, 1, NUM_EXPERTS)
     new = jax.jit(jaxmoe.update_expert_bias)(bias, COUNTS, jnp.float32(jnp.nan))

@@ -210,7 +210,12 @@ def update_expert_bias(bias: jax.Array, tokens_per_expert: jax.Array, rate: floa
         nonnegative=True,
     )
     rate = _check_rate(rate)
-    step = _finite_or_zero(rate * jnp.sign(jnp.mean(counts.astype(jnp.float32)) - counts))
+    counts = counts.astype(jnp.float32)
+    # The mean taken from the smallest count: equal counts then give a step of exactly 0 (a
+    # float32 mean of equal non-integer counts can round off them, and every bias would move
+    # by +rate or -rate for nothing).
+    low = jnp.min(counts)
+    step = _finite_or_zero(rate * jnp.sign(low + jnp.mean(counts - low) - counts))
     new = _finite_or_zero(bias.astype(jnp.float32)) + step
     return _finite_or_zero(new.astype(bias.dtype))
 
