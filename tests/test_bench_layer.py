@@ -29,8 +29,9 @@ def test_layer_bench_samples_its_peers_in_interleaved_rounds(monkeypatch):
     real_dense_layer = layer.dense_layer
     monkeypatch.setattr(layer, "dense_layer", lambda p, x, k: 2 * real_dense_layer(p, x, k))
 
+    # 64 tokens (the tiny preset's 256 are not needed: each call is also timed 20 times alone).
     _, rows = layer.run_layer_benchmark(
-        ["tiny"], ["jaxmoe", "jaxmoe-xla", "dense"], repeats=2, log=lambda line: None
+        ["tiny"], ["jaxmoe", "jaxmoe-xla", "dense"], tokens=64, repeats=2, log=lambda line: None
     )
 
     # One interleaved timing per pass, of both working impls, one sample of each per round,

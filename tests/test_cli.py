@@ -119,7 +119,8 @@ def test_bench_layer_fp8_recipe_rows(tmp_path):
 
     out = tmp_path / "layer.json"
     impls = "jaxmoe-fp8-rowwise,jaxmoe-fp8-rowwise-cached,jaxmoe-fp8-rowwise-fp8wgrad"
-    argv = ["bench", "layer", "--impls", impls, "--pass", "fwd,fwd+bwd"]
+    # 64 of the tiny preset's 256 tokens: each impl's call is also timed 20 times on its own.
+    argv = ["bench", "layer", "--impls", impls, "--pass", "fwd,fwd+bwd", "--tokens", "64"]
     assert main([*argv, "--repeats", "1", "--out", str(out)]) == 0
     rows = _bench_rows(out)
     for impl in ("jaxmoe-fp8-rowwise", "jaxmoe-fp8-rowwise-cached", "jaxmoe-fp8-rowwise-fp8wgrad"):
@@ -355,6 +356,7 @@ def test_layer_bench_reports_every_row_as_it_goes():
         ["jaxmoe"],
         ["fwd", "fwd+bwd"],
         repeats=1,
+        tokens=64,
         log=lambda _: None,
         on_row=lambda rows: seen.append(len(rows)),
     )

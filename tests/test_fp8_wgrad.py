@@ -11,6 +11,8 @@ sums and the two scale multiplies round); the FP8 wgrad against the unquantized 
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -52,8 +54,8 @@ def _group_slices(sizes):
 @PROPERTY
 @given(sizes=sizes_strategy, seed=st.integers(0, 2**16), dtype=st.sampled_from([E4M3, E5M2]))
 def test_columnwise_layout_scales_and_round_trip(sizes, seed, dtype):
-    m, k = sum(sizes) + 5, 24
-    x = _rows(seed, m, k, past=5)  # NaN past the groups: neither in a scale nor copied
+    m, k = 3 * 200 + 5, 24  # one shape for every example: its ops are compiled once
+    x = _rows(seed, m, k, past=m - sum(sizes))  # NaN past the groups: neither in a scale nor copied
     q_t, scale, starts = quantize_columnwise(x, jnp.asarray(sizes, jnp.int32), dtype)
     assert q_t.dtype == dtype and q_t.shape == (k, padded_length(m, 3))
     assert scale.shape == (3, k) and scale.dtype == jnp.float32
@@ -117,26 +119,29 @@ def test_scaled_tgmm_is_the_float64_product_of_the_dequantized_operands(backend,
     assert relative_error(out, expected) <= 1e-6 if np.any(expected) else not np.any(out)
 
 
+@functools.partial(jax.jit, static_argnames=("recipe", "backend"))
+def _jitted_vjp(lhs, rhs, ct, group_sizes, *, recipe, backend):
+    """Output, d lhs and d rhs: one program per (recipe, backend), whatever the group sizes."""
+    fn = lambda a, b: fp8_grouped_matmul(a, b, group_sizes, recipe=recipe, backend=backend)  # noqa: E731
+    out, pullback = jax.vjp(fn, lhs, rhs)
+    return out, *pullback(ct)
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 @settings(max_examples=5, deadline=None, derandomize=True)
 @given(sizes=sizes_strategy, seed=st.integers(0, 2**16))
 def test_fp8_wgrad_vjp(backend, sizes, seed):
     """wgrad: the float64 product of the columnwise-quantized operands; forward and dgrad: the
-    same bits as the recipe with the high-precision wgrad (both jitted: one program per recipe
-    and example, not one per op)."""
-    m = sum(sizes) + 4
-    lhs, ct = _rows(seed, m, 32, past=4), _rows(seed + 1, m, 16)
+    same bits as the recipe with the high-precision wgrad (both jitted: one program per recipe,
+    compiled once, as every example has the same shapes: the rows past the groups, NaN in
+    ``lhs``, fill up to the most the strategy can draw)."""
+    m = 3 * 200 + 4
+    lhs, ct = _rows(seed, m, 32, past=m - sum(sizes)), _rows(seed + 1, m, 16)
     rhs = jnp.asarray(np.random.default_rng(seed).standard_normal((3, 32, 16)) / 6, jnp.float32)
     group_sizes = jnp.asarray(sizes, jnp.int32)
 
     def vjp(recipe):
-        @jax.jit
-        def run(lhs, rhs, ct, group_sizes):
-            fn = lambda a, b: fp8_grouped_matmul(a, b, group_sizes, recipe=recipe, backend=backend)  # noqa: E731
-            out, pullback = jax.vjp(fn, lhs, rhs)
-            return out, *pullback(ct)
-
-        return run(lhs, rhs, ct, group_sizes)
+        return _jitted_vjp(lhs, rhs, ct, group_sizes, recipe=recipe, backend=backend)
 
     out, grad_lhs, grad_rhs = vjp(FP8_WGRAD)
     out_hp, grad_lhs_hp, _ = vjp(Fp8Recipe("rowwise"))
@@ -214,7 +219,8 @@ def test_config_refuses_objects_that_are_not_recipes():
 
 def test_the_mosaic_backend_runs_the_fp8_wgrad_kernel_in_the_interpreter():
     """Backend "pallas" (no fallback) on CPU: the forward, dgrad and FP8 wgrad all in Mosaic
-    GPU's interpreter; d rhs within one bf16 ulp of the XLA backend's."""
+    GPU's interpreter, in one jitted program (every output used, so none is dead code); each
+    within one bf16 ulp of the XLA backend's."""
     from jaxmoe.ops.fp8.pallas_mosaic_backend import PallasMosaicScaledGroupedMatmul
     from jaxmoe.ops.grouped_matmul.pallas_mosaic import MosaicTileConfig
 
@@ -225,14 +231,18 @@ def test_the_mosaic_backend_runs_the_fp8_wgrad_kernel_in_the_interpreter():
     ct = jnp.asarray(rng.standard_normal((256, 256)), jnp.bfloat16)
     group_sizes = jnp.array([130, 0, 100], jnp.int32)  # an empty group, rows past the sum
 
-    def wgrad(backend):
-        fn = lambda b: fp8_grouped_matmul(lhs, b, group_sizes, recipe=FP8_WGRAD, backend=backend)  # noqa: E731
-        return jax.vjp(fn, rhs)[1](ct)[0]
+    @functools.partial(jax.jit, static_argnums=0)
+    def out_and_grads(backend):
+        fn = lambda a, b: fp8_grouped_matmul(a, b, group_sizes, recipe=FP8_WGRAD, backend=backend)  # noqa: E731
+        out, pullback = jax.vjp(fn, lhs, rhs)
+        return out, *pullback(ct)
 
-    got, want = wgrad(kernel), wgrad("xla")
+    (out, grad_lhs, got), (want_out, want_lhs, want) = out_and_grads(kernel), out_and_grads("xla")
     assert got.dtype == jnp.bfloat16
     np.testing.assert_array_equal(got[1], 0.0)
     assert relative_error(got, want) <= 2.0**-8
+    assert relative_error(out, want_out) <= 2.0**-8
+    assert relative_error(grad_lhs, want_lhs) <= 2.0**-8
 
 
 COLUMNWISE_SIZES = [[130, 0, 300, 200], [0, 0, 0, 690], [0, 0, 0, 0], [128, 256, 1, 5]]

@@ -51,10 +51,10 @@ def test_scanned_params_carry_the_layer_axis_and_match_a_loop():
 
     h, aux = stack.apply(variables, x, None)
     want_h, want_aux = x, []
-    layer = Block(CFG)
+    layer = jax.jit(Block(CFG).apply)  # one program for the loop's layers, not op by op
     for i in range(LAYERS):
         params_i = jax.tree.map(lambda leaf, i=i: leaf[i], nn.unbox(variables)["params"])
-        want_h, aux_i = layer.apply({"params": params_i}, want_h, None)
+        want_h, aux_i = layer({"params": params_i}, want_h, None)
         want_aux.append(aux_i)
     np.testing.assert_allclose(h, want_h, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(aux, jnp.stack(want_aux), rtol=1e-5)
