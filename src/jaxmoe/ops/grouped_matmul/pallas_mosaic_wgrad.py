@@ -117,7 +117,7 @@ def default_mosaic_tgmm_tiles(m: int, k: int, n: int) -> MosaicTgmmTileConfig:
 
     ``split_rows`` (session 16, ``benchmarks/results/raw/h100-run17/call1``, settled, torch in
     the same rounds): 1.02-1.04x the column split on all six shapes balanced (Mixtral up 2.83
-    against 2.95 ms; 1.04-1.18x torch's wgrad), exact on all six balanced and skewed (empty
+    against 2.95 ms; 1.04-1.17x torch's wgrad), exact on all six balanced and skewed (empty
     groups, NaN past the sum); the Mixtral layer's fwd+bwd 1.005x with bitwise-equal
     gradients."""
     del m, k, n
