@@ -31,8 +31,11 @@ M, K, N = 256, 128, 256
 SMALL = MosaicTileConfig(block_m=64, block_n=128, block_k=64, stages=2, group_swizzle=2)
 CONFIGS = {
     "plain": SMALL,
-    # K / block_k = 2 steps, a multiple of the 2 stages: one pipeline across a CTA's tiles.
-    "chained": MosaicTileConfig(64, 128, 64, stages=2, group_swizzle=2, pipelined_tiles=True),
+    # K / block_k = 2 steps, a multiple of the 2 stages: one pipeline across a CTA's tiles;
+    # tiles from each group's first row.
+    "chained": MosaicTileConfig(
+        64, 128, 64, stages=2, group_swizzle=2, pipelined_tiles=True, group_start_tiles=True
+    ),
     # The default's 128-row tile with a 64-row epilogue slab (two stores per tile).
     "half_slab": MosaicTileConfig(
         128, 128, 64, stages=2, group_swizzle=2, pipelined_tiles=True, epilogue_rows=64
@@ -82,8 +85,19 @@ CONFIGS = {
     # At block_n 256 (the default's shape) the unswizzled slab is staged in two 128-column
     # parts, whole slabs and cut ones; the swizzled one in four chunks; and on jax's pipeline
     # (128 columns: one part; so is the fused gated kernel's default, tested with it).
+    # With tiles from each group's first row (work_list): tiles load and store at rows off
+    # the block_m grid, the last groups' tiles moved back to end at M, owning only their rows
+    # (here and on jax's pipeline with 64-row tiles, "chained").
     "split_rows_wide": MosaicTileConfig(
-        128, 256, 64, stages=2, group_swizzle=2, epilogue_rows=64, ring=True, split_rows=True
+        128,
+        256,
+        64,
+        stages=2,
+        group_swizzle=2,
+        epilogue_rows=64,
+        ring=True,
+        split_rows=True,
+        group_start_tiles=True,
     ),
     "split_rows_swizzled_wide": MosaicTileConfig(
         128,
@@ -99,22 +113,6 @@ CONFIGS = {
     "split_rows_pipeline": MosaicTileConfig(
         128, 128, 64, stages=2, group_swizzle=2, epilogue_rows=64, split_rows=True
     ),
-    # Each group's tiles from its first row (work_list): tiles load and store at rows off the
-    # block_m grid, and the last groups' tiles move back to end at M, owning only their own
-    # rows. On the default's layout and on jax's pipeline with 64-row tiles.
-    "group_start_split_swizzled": MosaicTileConfig(
-        128,
-        256,
-        64,
-        stages=3,
-        group_swizzle=2,
-        epilogue_rows=64,
-        swizzled_epilogue=True,
-        ring=True,
-        split_rows=True,
-        group_start_tiles=True,
-    ),
-    "group_start_plain": dataclasses.replace(SMALL, group_start_tiles=True),
 }
 SWIZZLED = [name for name in CONFIGS if name.startswith("swizzled")]
 TRITON_TILES = TileConfig(block_m=32, block_n=32, block_k=32, num_warps=4, num_stages=2)
