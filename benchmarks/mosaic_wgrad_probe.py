@@ -327,16 +327,15 @@ def layer_phase(args, variants, emit, record_error, start) -> None:
         row = {"phase": "layer", "preset": preset_name, "pass": "fwd+bwd"}
         try:
             cfg, params, x, dy = layer_inputs(preset, jnp.bfloat16)
+            layer = lambda p, x, cfg=cfg: jaxmoe.moe(p, x, cfg)[0]  # noqa: E731
             calls, grads = {}, {}
             for name, tiles in variants.items():
                 # The wgrad reads its default tiles when traced: each jit traces its own.
                 pallas_mosaic_wgrad.default_mosaic_tgmm_tiles = lambda m, k, n, t=tiles: t
-                layer = lambda p, x, cfg=cfg: jaxmoe.moe(p, x, cfg)[0]  # noqa: E731
                 fn = jax.jit(forward_backward(layer))
                 grads[name] = jax.block_until_ready(fn(params, x, dy))
                 call = lambda fn=fn, args=(params, x, dy): fn(*args)  # noqa: E731
                 calls[name] = (call, jax_sync, warm_up(call, jax_sync))
-            pallas_mosaic_wgrad.default_mosaic_tgmm_tiles = default_tiles
             first = next(iter(variants))
             for name in variants:
                 for w in ("w_gate", "w_up", "w_down"):

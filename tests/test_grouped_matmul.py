@@ -192,7 +192,9 @@ def covered_rows(group_sizes, m, bm, tile_align):
         rows = np.arange(row0 + lo, min(row0 + hi, m))
         assert np.all((rows >= offsets[g]) & (rows < offsets[g + 1]))
         covered[rows] += 1
-    return covered, np.bincount(work_group[work_group <= len(group_sizes)], minlength=6)
+    return covered, np.bincount(
+        work_group[work_group <= len(group_sizes)], minlength=len(group_sizes) + 1
+    )
 
 
 @pytest.mark.parametrize("tile_align", [None, 8], ids=["grid", "group_start"])

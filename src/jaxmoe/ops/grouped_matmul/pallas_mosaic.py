@@ -27,16 +27,12 @@ import jax
 import jax.numpy as jnp
 
 from jaxmoe.ops.grouped_matmul import pallas_mosaic_common as common
-from jaxmoe.ops.grouped_matmul import (
-    pallas_mosaic_kernel,
-    pallas_mosaic_tiles,
-    pallas_triton,
-    work_list,
-)
+from jaxmoe.ops.grouped_matmul import pallas_mosaic_kernel, pallas_triton, work_list
 from jaxmoe.ops.grouped_matmul.pallas_mosaic_tiles import (
     MosaicTileConfig,
     check_tiles,
     default_mosaic_gmm_tiles,
+    tile_align,
     unsupported_reason,
 )
 
@@ -175,7 +171,7 @@ def launch_gmm(
     num_groups = rhs.shape[0]
     n = rhs.shape[1] if transpose_rhs else rhs.shape[2]
     work_group, work_first_row, offsets = work_list.work_items(
-        group_sizes, m, cfg.block_m, tile_align=pallas_mosaic_tiles.tile_align(cfg)
+        group_sizes, m, cfg.block_m, tile_align=tile_align(cfg)
     )
     work_counts = jnp.stack(
         [jnp.sum(work_group < num_groups), jnp.sum(work_group == num_groups)]
