@@ -156,18 +156,7 @@ def main() -> None:
         "s4e64ringswz": cfg(
             128, 256, 64, 4, 8, epilogue_rows=64, swizzled_epilogue=True, ring=True
         ),
-        # Ping-pong (session 13): each compute warpgroup its own tiles, the CTA's tiles
-        # alternating, on the ring; the two tile shapes one warpgroup's registers hold.
-        "pp128s6": cfg(
-            128, 128, 64, 6, 8, epilogue_rows=64, swizzled_epilogue=True, ring=True, pingpong=True
-        ),
-        "pp128s5": cfg(
-            128, 128, 64, 5, 8, epilogue_rows=64, swizzled_epilogue=True, ring=True, pingpong=True
-        ),
-        "pp128s6g16": cfg(
-            128, 128, 64, 6, 16, epilogue_rows=64, swizzled_epilogue=True, ring=True, pingpong=True
-        ),
-        "pp64x256s4": cfg(64, 256, 64, 4, 8, swizzled_epilogue=True, ring=True, pingpong=True),
+        # (Ping-pong, session 13, measured 0.74-0.96x and removed in session 17.)
         # The compute warpgroups split a tile's rows, m64n256 each (session 15): three ring
         # slots next to a 64 x 256 slab, four with the slab staged 128 columns at a time.
         "split3swz": cfg(

@@ -1,6 +1,8 @@
 """Every test sees 8 simulated CPU devices (set before jax is imported anywhere)."""
 
 import os
+import shutil
+import tempfile
 
 # Once: pytest-xdist's workers inherit the controller's environment and import this file again.
 # The tests' programs are small, so compiling them is most of the suite's time: LLVM at -O0 saves
@@ -10,6 +12,13 @@ for flag in ("--xla_force_host_platform_device_count=8", "--xla_backend_optimiza
     if flag.split("=")[0] not in os.environ.get("XLA_FLAGS", ""):
         os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + flag).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# One XLA compilation cache for the whole run, made by the controller and shared by its
+# workers: many tests compile the same program (a one-device reference, a layer config) through
+# different function objects, which jit's in-memory cache cannot see (-16% on the EP tests).
+_CACHE_ENV = "JAXMOE_TEST_COMPILATION_CACHE"
+_OWNS_CACHE = _CACHE_ENV not in os.environ
+if _OWNS_CACHE:
+    os.environ[_CACHE_ENV] = tempfile.mkdtemp(prefix="jaxmoe-xla-cache-")
 
 import jax  # noqa: E402
 from hypothesis import settings  # noqa: E402
@@ -20,5 +29,13 @@ settings.register_profile("ci", derandomize=True, database=None)
 if os.environ.get("CI"):
     settings.load_profile("ci")
 
+jax.config.update("jax_compilation_cache_dir", os.environ[_CACHE_ENV])
+jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
 jax.config.update("jax_default_matmul_precision", "highest")
 jax.config.update("jax_numpy_rank_promotion", "raise")
+
+
+def pytest_unconfigure(config):
+    if _OWNS_CACHE and not hasattr(config, "workerinput"):  # the controller, after its workers
+        shutil.rmtree(os.environ.pop(_CACHE_ENV), ignore_errors=True)

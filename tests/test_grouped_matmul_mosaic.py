@@ -67,20 +67,6 @@ CONFIGS = {
     "ring_swizzled": MosaicTileConfig(
         64, 256, 64, stages=2, group_swizzle=2, swizzled_epilogue=True, ring=True
     ),
-    # Ping-pong: the CTA's tiles alternate between the compute warpgroups, each waiting for and
-    # releasing the other's slots; with the unswizzled slab and with the swizzled 64-row slabs.
-    "pingpong": MosaicTileConfig(64, 128, 64, stages=2, group_swizzle=2, ring=True, pingpong=True),
-    "pingpong_swizzled": MosaicTileConfig(
-        128,
-        128,
-        64,
-        stages=3,
-        group_swizzle=2,
-        epilogue_rows=64,
-        swizzled_epilogue=True,
-        ring=True,
-        pingpong=True,
-    ),
     # The compute warpgroups split a tile's rows (64 each): a group boundary in either half.
     # At block_n 256 (the default's shape) the unswizzled slab is staged in two 128-column
     # parts, whole slabs and cut ones; the swizzled one in four chunks; and on jax's pipeline
@@ -114,7 +100,6 @@ CONFIGS = {
         128, 128, 64, stages=2, group_swizzle=2, epilogue_rows=64, split_rows=True
     ),
 }
-SWIZZLED = [name for name in CONFIGS if name.startswith("swizzled")]
 TRITON_TILES = TileConfig(block_m=32, block_n=32, block_k=32, num_warps=4, num_stages=2)
 
 
@@ -136,21 +121,14 @@ def test_forward_empty_groups_straddling_tiles_and_tail(name):
     assert np.all(got[213:] == 0), "rows past sum(group_sizes) are not zero"
 
 
-def test_pingpong_many_ring_turns_per_tile():
-    # Six K steps per tile on a two-slot ring: each warpgroup skips three turns of the other's
-    # slots per tile, and the slots' phases wrap within a tile and across the alternation.
-    got, want = mosaic_forward([70, 0, 3, 100, 40], CONFIGS["pingpong"], k=384, seed=5)
-    assert np.max(np.abs(got - want)) / np.max(np.abs(want)) <= 1.6e-2
-    assert np.all(got[213:] == 0)
-
-
-@pytest.mark.parametrize("name", ["plain", "ring", "pingpong", *SWIZZLED])
+# Whole tiles only: the per-tile pipeline, the swizzled one-slot store, the default's layout.
+@pytest.mark.parametrize("name", ["plain", "swizzled_one_slot", "split_rows_swizzled_wide"])
 def test_forward_single_group_holds_every_row(name):
     got, want = mosaic_forward([0, M, 0], CONFIGS[name], seed=1)
     assert np.max(np.abs(got - want)) / np.max(np.abs(want)) <= 1.6e-2
 
 
-@pytest.mark.parametrize("name", ["plain", "swizzled", "ring", "pingpong"])
+@pytest.mark.parametrize("name", ["plain", "ring"])
 def test_forward_no_rows_at_all_is_zeros(name):
     got, _ = mosaic_forward([0, 0], CONFIGS[name], m=64, n=CONFIGS[name].block_n)
     assert np.all(got == 0)
@@ -249,13 +227,6 @@ LOWERED = {
     "group_start": dataclasses.replace(
         default_mosaic_gmm_tiles(M, 2048, N), group_start_tiles=True
     ),
-    # Ping-pong at the two tile shapes that fit one warpgroup's registers, their deepest rings.
-    "pingpong": MosaicTileConfig(
-        128, 128, 64, stages=6, epilogue_rows=64, swizzled_epilogue=True, ring=True, pingpong=True
-    ),
-    "pingpong_64x256": MosaicTileConfig(
-        64, 256, 64, stages=4, swizzled_epilogue=True, ring=True, pingpong=True
-    ),
 }
 
 
@@ -311,12 +282,9 @@ def test_split_rows_stages_a_wide_slab_in_parts_so_four_slots_fit():
     assert pallas_mosaic_tiles.smem_bytes(columns) == pallas_mosaic_tiles.smem_bytes(cfg)
 
 
-@pytest.mark.parametrize(
-    "fields", [dict(block_m=64), dict(block_n=128, pingpong=True, ring=True)], ids=["bm64", "pp"]
-)
-def test_split_rows_needs_128_row_tiles_and_no_pingpong(fields):
+def test_split_rows_needs_128_row_tiles():
     with pytest.raises(ValueError, match="split_rows"):
-        pallas_mosaic_tiles.check_tiles(MosaicTileConfig(split_rows=True, **fields))
+        pallas_mosaic_tiles.check_tiles(MosaicTileConfig(block_m=64, split_rows=True))
 
 
 def test_unsupported_operands_raise_not_implemented():
@@ -332,35 +300,6 @@ def test_unsupported_operands_raise_not_implemented():
 def test_bad_tiles_raise_value_error(field, value):
     with pytest.raises(ValueError, match=field):
         PallasMosaicGroupedMatmul(gmm_tiles=MosaicTileConfig(**{field: value}))
-
-
-@pytest.mark.parametrize(
-    "fields, why",
-    [
-        (dict(pingpong=True), "needs ring=True"),  # the ping-pong is built on the ring
-        (dict(pingpong=True, ring=True), "registers"),  # a 128 x 256 float32 accumulator
-    ],
-)
-def test_bad_pingpong_tiles_raise_value_error(fields, why):
-    with pytest.raises(ValueError, match=why):
-        PallasMosaicGroupedMatmul(gmm_tiles=MosaicTileConfig(epilogue_rows=64, **fields))
-
-
-def test_pingpong_takes_one_weight_only():
-    cfg = MosaicTileConfig(128, 128, 64, stages=2, ring=True, pingpong=True)
-    pallas_mosaic_tiles.check_tiles(cfg)
-    with pytest.raises(ValueError, match="one weight"):
-        pallas_mosaic_tiles.check_tiles(cfg, num_rhs=2)
-
-
-def test_pingpong_epilogue_buffers_hold_whole_tiles_per_warpgroup():
-    # Each warpgroup stages its own [rows, block_n] results: twice a cooperative warpgroup's.
-    cfg = MosaicTileConfig(
-        128, 128, 64, stages=6, epilogue_rows=64, swizzled_epilogue=True, ring=True, pingpong=True
-    )
-    lay = pallas_mosaic_tiles.epilogue_layout(cfg)
-    assert (lay["wg_n"], lay["chunks"], lay["stores"]) == (128, 2, 4)
-    assert pallas_mosaic_tiles.smem_bytes(cfg) == 6 * 32 * 1024 + 32 * 1024
 
 
 def test_tiles_that_do_not_fit_in_shared_memory_are_refused():
@@ -429,7 +368,7 @@ def test_a_gpu_other_than_hopper_is_refused(monkeypatch):
     )
 
 
-@pytest.mark.parametrize("name", ["ring", "pingpong", "split_rows_wide"])
+@pytest.mark.parametrize("name", ["ring", "split_rows_wide"])
 def test_pair_sums_two_products_in_one_k_loop(name):
     # lhs @ rhs[g] + lhs2 @ rhs2[g]: the ring's steps run over the first pair, then the second
     # (2 + 2 K steps per tile on two slots; the slot wraps inside and across tiles). Groups cut

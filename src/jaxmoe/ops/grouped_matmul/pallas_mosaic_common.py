@@ -124,22 +124,6 @@ def ring_consume(step, count, mma, carry, *, stages: int, loaded, released):
     return carry
 
 
-def ring_skip(step, count, *, stages: int, loaded, released) -> None:
-    """A compute warpgroup's side for a tile of ``count`` steps from global ``step`` that the
-    other warpgroup multiplies (ping-pong): waits for each slot's loads and releases it at once.
-    Mosaic GPU's barriers track their phase per waiter, so every warpgroup must observe every
-    phase; and since the memory warpgroup refills a slot only after both have released it, it
-    never runs a whole ring turn ahead of the warpgroup that skips (which would alias a phase).
-    The waits also hold this warpgroup's next tile back until the other's blocks have landed,
-    so that the two main loops take turns on the tensor cores."""
-
-    @pl.loop(step, step + count)
-    def _skip(s):
-        slot = lax.rem(s, stages)
-        plgpu.barrier_wait(loaded.at[slot])
-        plgpu.barrier_arrive(released.at[slot])
-
-
 def split_warpgroups(memory, compute) -> None:
     """Inside a CTA of :func:`persistent_kernel`: the memory warpgroup (the last) runs
     ``memory()`` (its :func:`ring_produce`), each compute warpgroup ``compute(wg)`` with the

@@ -22,10 +22,6 @@ Launched by :func:`.pallas_mosaic.launch_gmm`, which builds the work list. Layou
                  Otherwise jax's ``emit_pipeline_warp_specialized`` runs per pair (chained
                  across pairs with ``pipelined_tiles``); the FP8 and fused gated kernels' default
                  tiles still take it (the ring is not measured with them yet).
-                 With ``pingpong`` (on the ring) each compute warpgroup instead multiplies whole
-                 pairs into a ``[bm, bn]`` accumulator, the CTA's pairs alternating between the
-                 two: one's epilogue runs under the other's ``wgmma``; each waits for (and
-                 releases) the other's slots too (:func:`.pallas_mosaic_common.ring_skip`).
     epilogue     the accumulator is cast and staged in shared memory, then stored by TMA without
                  waiting for completion (the next pair waits only until the stage has been read;
                  :mod:`.pallas_mosaic_epilogue`). A tile whose rows all belong to its group is
@@ -162,10 +158,10 @@ def mosaic_gmm_body(
     )
     def _scope(pipeline_allocs, out_smem):
         wg = lax.axis_index("wg")
-        # A compute warpgroup's first row and column in its tile: ping-pong tiles are a
-        # warpgroup's own; otherwise the two split the rows or the columns.
+        # A compute warpgroup's first row and column in its tile: the two split the rows or
+        # the columns.
         wg_row = wg * wg_m if cfg.split_rows else 0
-        wg_col = 0 if cfg.pingpong or cfg.split_rows else wg * wg_n
+        wg_col = 0 if cfg.split_rows else wg * wg_n
         wg_rows, wg_cols = pl.ds(wg_row, wg_m), pl.ds(wg_col, wg_n)
         stores = EpilogueStores(cfg, out_smem, out_gmems, wg=wg, wg_row=wg_row, wg_col=wg_col)
         num_compute_work = work_counts_gmem[0]
@@ -188,11 +184,7 @@ def mosaic_gmm_body(
                 _, row0, lo, hi = tile_rows(num_compute_work + index // num_n_tiles)
                 col0 = (index % num_n_tiles) * bn
                 zeros = (jnp.zeros((stores.stage_rows, wg_n), out_dtype),) * num_outputs
-
-                # Ping-pong: a tile is one warpgroup's (they alternate); else each stores half.
-                @pl.when(index % 2 == wg if cfg.pingpong else True)
-                def _store_zeros():
-                    stores.store(lambda first_row: zeros, row0, col0, lo, hi)
+                stores.store(lambda first_row: zeros, row0, col0, lo, hi)  # each its half
 
         def make_context(group, row0, lo, hi, col0):
             def context(eval_pipeline):
@@ -308,32 +300,23 @@ def mosaic_gmm_body(
                 def tile(local_tile, carry):
                     (group, row0, lo, hi, col0), count = parts(local_tile)
                     mma = make_mma(group, row0, col0)
-                    barriers = dict(
-                        stages=cfg.stages, loaded=ring["loaded"], released=ring["released"]
-                    )
 
                     def eval_steps(acc):
                         def step(i, slot, acc):
                             rhs_smems = [rhs_ring.at[slot] for rhs_ring in ring["rhs"]]
                             return mma((i,), ring["lhs"].at[slot], *rhs_smems, acc)
 
-                        return common.ring_consume(local_tile * count, count, step, acc, **barriers)
+                        return common.ring_consume(
+                            local_tile * count,
+                            count,
+                            step,
+                            acc,
+                            stages=cfg.stages,
+                            loaded=ring["loaded"],
+                            released=ring["released"],
+                        )
 
-                    if not cfg.pingpong:
-                        make_context(group, row0, lo, hi, col0)(eval_steps)
-                        return carry
-
-                    # Ping-pong: the CTA's tiles alternate between the two warpgroups.
-                    mine = local_tile % common.NUM_COMPUTE_WARPGROUPS == wg
-
-                    @pl.when(mine)
-                    def _multiply():
-                        make_context(group, row0, lo, hi, col0)(eval_steps)
-
-                    @pl.when(jnp.logical_not(mine))
-                    def _skip():
-                        common.ring_skip(local_tile * count, count, **barriers)
-
+                    make_context(group, row0, lo, hi, col0)(eval_steps)
                     return carry
 
                 lax.fori_loop(0, my_tiles, tile, jnp.int32(0))

@@ -47,17 +47,6 @@ class MosaicTileConfig:
     (a ``plgpu.RefUnion``), so the epilogue costs no more of it than the unswizzled one when
     ``block_n = 256``.
 
-    ``pingpong`` (with ``ring``): each compute warpgroup owns whole ``[block_m, block_n]`` tiles,
-    the CTA's tiles alternating between the two, instead of half of every tile. One
-    warpgroup's epilogue (and its wait for the next tile's first blocks) then runs while the
-    other's ``wgmma`` keep the tensor cores busy; the price is a smaller tile per ring slot
-    (``block_m * block_n <= 128 * 128``: the whole accumulator in one warpgroup's registers),
-    so more bytes loaded per FLOP. One weight only (no fused gate/up, no per-step scales).
-    Measured on an H100 (session 13, ``benchmarks/results/raw/h100-run14/call1``): exact on the
-    six shapes, but 0.74-0.96x the cooperative ``128 x 256`` default on the four large ones
-    (``128 x 128`` with 5 or 6 slots, ``64 x 256`` with 4) and within noise of it on Qwen3's
-    short contractions, so it is off by default.
-
     ``split_rows``: the two compute warpgroups split each tile's rows (``[block_m / 2,
     block_n]`` each, ``block_m`` 128) instead of its columns. Each ``wgmma`` is then ``m64`` by
     the whole ``block_n``: it reads the weight block once per warpgroup and half the ``lhs``
@@ -84,7 +73,6 @@ class MosaicTileConfig:
     epilogue_rows: int | None = None
     swizzled_epilogue: bool = False
     ring: bool = False
-    pingpong: bool = False
     split_rows: bool = False
     group_start_tiles: bool = False
 
@@ -101,11 +89,8 @@ def tile_align(cfg: MosaicTileConfig) -> int | None:
 
 
 def warpgroup_tile(cfg: MosaicTileConfig) -> tuple[int, int]:
-    """The ``(rows, columns)`` of a tile one compute warpgroup multiplies: all of it in
-    ping-pong (each warpgroup its own tiles), half its rows with ``split_rows``, otherwise half
-    its columns."""
-    if cfg.pingpong:
-        return cfg.block_m, cfg.block_n
+    """The ``(rows, columns)`` of a tile one compute warpgroup multiplies: half its rows with
+    ``split_rows``, otherwise half its columns."""
     return warpgroup_share(cfg.block_m, cfg.block_n, cfg.split_rows)
 
 
@@ -290,21 +275,8 @@ def check_tiles(cfg: MosaicTileConfig, operand_bytes: int = 2, num_rhs: int = 1)
         problems.append(f"stages={cfg.stages} must be >= 2")
     if cfg.group_swizzle < 1:
         problems.append(f"group_swizzle={cfg.group_swizzle} must be >= 1")
-    if cfg.pingpong:
-        if not cfg.ring:
-            problems.append("pingpong=True needs ring=True (the hand-written ring)")
-        if num_rhs != 1:
-            problems.append(f"pingpong=True takes one weight, not {num_rhs} (fused gate/up)")
-        if bm * bn > 128 * 128:
-            problems.append(
-                f"pingpong=True: a [{bm}, {bn}] tile does not fit one warpgroup's registers; "
-                "use block_m * block_n <= 128 * 128 (128 x 128 or 64 x 256)"
-            )
-    if cfg.split_rows and (cfg.pingpong or bm != 128):
-        problems.append(
-            "split_rows=True needs block_m=128 (one 64-row wgmma M tile per warpgroup) and "
-            "pingpong=False"
-        )
+    if cfg.split_rows and bm != 128:
+        problems.append("split_rows=True needs block_m=128 (one 64-row wgmma M tile per warpgroup)")
     if cfg.epilogue_rows not in (None, bm) and not (
         cfg.epilogue_rows == bm // 2 and cfg.epilogue_rows >= 64
     ):
