@@ -16,6 +16,7 @@ from test_gated_grouped_matmul import _close, _np_act, _operands
 from jaxmoe.ops.gated_grouped_matmul import (
     ReferenceGatedGroupedMatmul,
     api,
+    base,
     ffn_primitives,
     gated_ffn,
     gated_grouped_matmul,
@@ -255,7 +256,9 @@ def _rel_err(got, want):
     return np.linalg.norm(got - want) / np.linalg.norm(want)
 
 
-@pytest.mark.parametrize("activation", ["swiglu", "geglu"])
+# SwiGLU through the kernel (the interpreter costs ~10 s a call); each in-kernel (act, act')
+# pair against jax's derivative of the activation below.
+@pytest.mark.parametrize("activation", ["swiglu"])
 def test_fused_down_dgrad_against_numpy(activation):
     out_bar, gate, up, down_w = _mosaic_operands()
     sizes = jnp.asarray(MOSAIC_SIZES)
@@ -271,6 +274,16 @@ def test_fused_down_dgrad_against_numpy(activation):
         assert _rel_err(got_bar, want_bar) < 4e-3
         assert _rel_err(got_bar, want_bar) <= _rel_err(unfused_bar, want_bar)
         assert np.all(np.asarray(got_bar[MOSAIC_SIZES.sum() :]) == 0)  # rows past the groups
+
+
+@pytest.mark.parametrize("activation", ["swiglu", "geglu"])
+def test_in_kernel_activation_and_slope_are_the_activation_and_its_derivative(activation):
+    x = jnp.linspace(-6.0, 6.0, 241, dtype=jnp.float32)
+    act = base.GATE_ACTIVATIONS[activation]
+    value, slope = fused_mosaic._KERNEL_ACTIVATION_SLOPES[activation](x)
+    np.testing.assert_allclose(value, act(x), rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(slope, jax.vmap(jax.grad(act))(x), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(fused_mosaic._KERNEL_ACTIVATIONS[activation](x), value, rtol=1e-6)
 
 
 def test_gradients_through_the_fused_backward():

@@ -181,15 +181,16 @@ def covered_rows(group_sizes, m, bm, tile_align):
     )
     assert len(work_group) == work_list.max_work_items(m, len(group_sizes), bm)
     np.testing.assert_array_equal(offsets, np.concatenate([[0], np.cumsum(group_sizes), [m]]))
+    used = work_group <= len(group_sizes)  # the rest are unused work items
+    group, first = work_group[used], first_row[used]
+    # Whole arrays through the kernels' scalar helpers: one call each, not one per item.
+    row0 = np.asarray(work_list.tile_first_row(first, bm, m, tile_align=tile_align))
+    lo, hi = (np.asarray(v) for v in work_list.rows_in_tile(first, row0, offsets[group + 1], bm))
     covered = np.zeros(m, np.int32)
-    for g, first in zip(work_group, first_row, strict=True):
-        if g > len(group_sizes):
-            continue  # unused work item
-        row0 = int(work_list.tile_first_row(first, bm, m, tile_align=tile_align))
-        assert 0 <= row0 <= max(m - bm, 0) and row0 % (tile_align or bm) == 0
-        lo, hi = (int(v) for v in work_list.rows_in_tile(first, row0, offsets[g + 1], bm))
-        assert 0 <= lo < hi <= bm, "a work item with no rows of its group"
-        rows = np.arange(row0 + lo, min(row0 + hi, m))
+    for g, start, low, high in zip(group, row0, lo, hi, strict=True):
+        assert 0 <= start <= max(m - bm, 0) and start % (tile_align or bm) == 0
+        assert 0 <= low < high <= bm, "a work item with no rows of its group"
+        rows = np.arange(start + low, min(start + high, m))
         assert np.all((rows >= offsets[g]) & (rows < offsets[g + 1]))
         covered[rows] += 1
     return covered, np.bincount(
