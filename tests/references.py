@@ -80,12 +80,22 @@ class RefRouting(NamedTuple):
     weights: np.ndarray  # [T, K] float64, paired with `experts`
     experts: np.ndarray  # [T, K] int, best first; ties -> lower index
     scores: np.ndarray  # [T, E] float64
-    margin: float  # smallest gap at any selection boundary (0.0 for an exact tie)
+    margin: float  # smallest near tie at any selection (see select_experts)
 
 
 def _descending(values) -> np.ndarray:
     """Indices sorted by value, largest first; equal values keep ascending index order."""
     return np.argsort(-np.asarray(values, np.float64), kind="stable")
+
+
+def _near_tie(values, order, taken: int) -> float:
+    """The smallest nonzero gap between a value taken (the first ``taken`` of ``order``) and one
+    left out. Exact ties are broken by index, the same in any precision; a near tie across the
+    boundary is one that rounding may flip, so only those count."""
+    values = np.asarray(values, np.float64)
+    gaps = np.abs(values[order[:taken], None] - values[None, order[taken:]])
+    gaps = gaps[gaps > 0]
+    return float(gaps.min()) if gaps.size else math.inf
 
 
 def score_values(xp, logits, spec: RoutingSpec):
@@ -106,7 +116,14 @@ def loss_scores(xp, logits, spec: RoutingSpec):
 
 
 def select_experts(logits, spec: RoutingSpec, expert_bias=None):
-    """``(experts [T, K], margin)`` by the contract's selection rule, one token at a time."""
+    """``(experts [T, K], margin)`` by the contract's selection rule, one token at a time.
+
+    ``margin``: the smallest nonzero gap, over the tokens and both stages (groups, then experts),
+    between a score taken and one left out (``inf`` if none). Exact ties do not count (the rule
+    breaks them by index). Gaps anywhere across the boundary count, not only the k-th against
+    the (k+1)-th: with groups [2s - e, 2s, 2s] and one group taken, groups 1 and 2 tie exactly
+    at the boundary, but group 0 is within rounding of them (a float32 sum may put it first;
+    found by an unseeded hypothesis run in session 17)."""
     logits = np.asarray(logits, np.float64)
     num_tokens, num_experts = logits.shape
     s = score_values(np, logits, spec)
@@ -129,19 +146,14 @@ def select_experts(logits, spec: RoutingSpec, expert_bias=None):
                 ]
             )
             order = _descending(group_scores)
-            margin = min(
-                margin, group_scores[order[group_top_k - 1]] - group_scores[order[group_top_k]]
-            )
+            margin = min(margin, _near_tie(group_scores, order, group_top_k))
             eligible[:] = False
             for g in order[:group_top_k]:
                 eligible[g * per_group : (g + 1) * per_group] = True
         candidates = np.flatnonzero(eligible)  # ascending index
         order = candidates[_descending(selection[t, candidates])]
         experts[t] = order[: spec.top_k]
-        if len(order) > spec.top_k:
-            margin = min(
-                margin, selection[t, order[spec.top_k - 1]] - selection[t, order[spec.top_k]]
-            )
+        margin = min(margin, _near_tie(selection[t], order, spec.top_k))
     return experts, float(margin)
 
 
