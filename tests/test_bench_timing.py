@@ -60,15 +60,18 @@ def test_interleaved_timing_rotates_the_contenders_every_round(monkeypatch):
     assert timings["b"].inner == 2
 
 
-def test_warm_up_sizes_samples_from_the_fastest_probe_call():
+def test_warm_up_sizes_samples_from_the_fastest_probe_call(monkeypatch):
     # The first timed call stalls (a host hiccup): the sample size must come from the fast ones.
-    durations = iter([0.0, 0.05, 0.002, 0.002])
+    # On a fake clock, as above (real 2 ms sleeps on a loaded machine overshoot), in binary
+    # fractions of a second so that its differences are exact: a 62.5 ms stall, 1.95 ms calls.
+    durations, now = iter([0.0, 2.0**-4, 2.0**-9, 2.0**-9]), [0.0]
+    monkeypatch.setattr(timing, "time", types.SimpleNamespace(perf_counter=lambda: now[0]))
 
     def call():
-        time.sleep(next(durations, 0.002))
+        now[0] += next(durations, 2.0**-9)
 
     inner = timing.warm_up(call, lambda _: None, warmup=1, target_sample_ms=20.0, max_inner=50)
-    assert 4 <= inner <= 10  # ~2 ms calls (sleep overshoots): 20 ms / 2+ ms; the stall alone: 1
+    assert inner == 10  # 20 ms // 1.95 ms; the stall alone would give 0 -> 1
 
 
 def test_interleaved_timing_settles_each_contender_before_its_sample():
