@@ -41,7 +41,7 @@ def main() -> None:
 
     import jaxmoe
     from jaxmoe.bench.harness import relative_error, results_header, row_emitter
-    from jaxmoe.bench.layer import layer_inputs
+    from jaxmoe.bench.layer import expert_flops, layer_inputs
     from jaxmoe.bench.presets import LAYER_PRESETS
     from jaxmoe.bench.timing import jax_sync, time_interleaved, warm_up
     from jaxmoe.ops.gated_grouped_matmul import pallas_mosaic as fused_mosaic
@@ -135,8 +135,7 @@ def main() -> None:
                 fused_mosaic.default_gated_tiles = default_tiles
                 for name in variants:
                     row[f"{name}_rel_diff"] = relative_error(outs[name], outs[variants[0]])
-                flops = 3 * 2 * preset.tokens * preset.top_k * preset.hidden_size
-                flops *= preset.ffn_size
+                flops = expert_flops(preset, "fwd")
                 for name, timing in time_interleaved(calls, rounds=args.rounds).items():
                     row[f"{name}_ms"] = timing.median_ms
                     row[f"{name}_min_ms"] = timing.min_ms

@@ -62,7 +62,7 @@ def main() -> None:
     import jaxmoe
     from jaxmoe.bench.gemm import hard_group_sizes
     from jaxmoe.bench.harness import relative_error, results_header, row_emitter
-    from jaxmoe.bench.layer import forward_backward, layer_inputs
+    from jaxmoe.bench.layer import expert_flops, forward_backward, layer_inputs
     from jaxmoe.bench.presets import LAYER_PRESETS
     from jaxmoe.bench.timing import jax_sync, time_interleaved, warm_up
     from jaxmoe.ops.gated_grouped_matmul import api, ffn_primitives
@@ -212,8 +212,7 @@ def main() -> None:
                     ):
                         row[f"{name}_{label}_rel_diff"] = relative_error(a, b)
                 timings = time_interleaved(calls, rounds=args.rounds)
-                flops = 3 * 3 * 2 * preset.tokens * preset.top_k * preset.hidden_size
-                flops *= preset.ffn_size
+                flops = expert_flops(preset, "fwd+bwd")
                 for name, timing in timings.items():
                     row[f"{name}_ms"] = timing.median_ms
                     row[f"{name}_min_ms"] = timing.min_ms

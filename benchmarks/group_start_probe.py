@@ -29,7 +29,7 @@ import jax
 
 import jaxmoe
 from jaxmoe.bench.harness import relative_error, results_header, row_emitter
-from jaxmoe.bench.layer import forward_backward, layer_inputs
+from jaxmoe.bench.layer import expert_flops, forward_backward, layer_inputs
 from jaxmoe.bench.presets import LAYER_PRESETS
 from jaxmoe.bench.timing import jax_sync, time_interleaved, warm_up
 from jaxmoe.ops.gated_grouped_matmul import pallas_mosaic as gated_mosaic
@@ -95,8 +95,7 @@ def main() -> None:
                     calls[name] = (call, jax_sync, warm_up(call, jax_sync))
                 leaves = zip(*(jax.tree.leaves(outs[name]) for name in variants), strict=True)
                 row["max_rel_diff"] = max(relative_error(a, b) for a, b in leaves)
-                flops = 2 * preset.tokens * preset.top_k * preset.hidden_size * preset.ffn_size
-                flops *= 3 * (1 if pass_ == "fwd" else 3)
+                flops = expert_flops(preset, pass_)
                 for name, timing in time_interleaved(calls, rounds=args.rounds).items():
                     row[f"{name}_ms"] = timing.median_ms
                     row[f"{name}_tflops"] = flops / timing.median_ms / 1e9

@@ -313,7 +313,7 @@ def layer_phase(args, variants, emit, record_error, start) -> None:
 
     import jaxmoe
     from jaxmoe.bench.harness import relative_error
-    from jaxmoe.bench.layer import forward_backward, layer_inputs
+    from jaxmoe.bench.layer import expert_flops, forward_backward, layer_inputs
     from jaxmoe.bench.presets import LAYER_PRESETS
     from jaxmoe.bench.timing import jax_sync, time_interleaved, warm_up
     from jaxmoe.ops.grouped_matmul import pallas_mosaic_wgrad
@@ -342,8 +342,7 @@ def layer_phase(args, variants, emit, record_error, start) -> None:
                     row[f"{name}_d_{w}_rel_diff"] = relative_error(
                         grads[name][1]["experts"][w], grads[first][1]["experts"][w]
                     )
-            flops = 3 * 3 * 2 * preset.tokens * preset.top_k * preset.hidden_size
-            flops *= preset.ffn_size
+            flops = expert_flops(preset, "fwd+bwd")
             for name, timing in time_interleaved(calls, rounds=args.rounds).items():
                 row[f"{name}_ms"] = timing.median_ms
                 row[f"{name}_tflops"] = flops / timing.median_ms / 1e9
