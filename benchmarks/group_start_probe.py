@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import functools
 import os
 import sys
 import time
@@ -45,12 +46,18 @@ DEFAULT_TILE_SITES = (
 
 
 @contextlib.contextmanager
-def default_tiles_with(**changes):
-    """The default tiles of every site with ``changes`` applied, while inside."""
+def default_tiles_with(calls: list, **changes):
+    """The default tiles of every site with ``changes`` applied, while inside; each call of one
+    appends its result to ``calls`` (proof that the variant was traced, not taken from a cache)."""
     saved = [(module, name, getattr(module, name)) for module, name in DEFAULT_TILE_SITES]
+
+    def patched(*shape, default):
+        calls.append(dataclasses.replace(default(*shape), **changes))
+        return calls[-1]
+
     try:
         for module, name, default in saved:
-            setattr(module, name, lambda *a, d=default: dataclasses.replace(d(*a), **changes))
+            setattr(module, name, functools.partial(patched, default=default))
         yield
     finally:
         for module, name, default in saved:
@@ -71,7 +78,7 @@ def main() -> None:
         os.path.join(args.out_dir, "group-start-probe.json"),
         results_header(" ".join(sys.argv), device=str(jax.devices()[0])),
     )
-    variants = {"grid": {}, "group_start": {"group_start_tiles": True}}
+    variants = {"grid": {"group_start_tiles": False}, "group_start": {"group_start_tiles": True}}
     for preset_name in args.presets.split(","):
         preset = LAYER_PRESETS[preset_name]
         inputs = None  # the preset's config, parameters and data, built once for both passes
@@ -87,10 +94,17 @@ def main() -> None:
                 operands = (params, x) if pass_ == "fwd" else (params, x, dy)
                 calls, outs = {}, {}
                 for name, changes in variants.items():
-                    # The kernels read their default tiles when traced: trace inside.
-                    with default_tiles_with(**changes):
+                    # The kernels read their default tiles when traced: trace inside, with
+                    # jax's tracing caches cleared (a custom VJP's rule traced for the other
+                    # variant, or the same `layer` under a second jit, would be reused).
+                    jax.clear_caches()
+                    tiles_read = []
+                    with default_tiles_with(tiles_read, **changes):
                         fn = jax.jit(layer if pass_ == "fwd" else forward_backward(layer))
                         outs[name] = jax.block_until_ready(fn(*operands))
+                    row[f"{name}_tiles_read"] = len(tiles_read)
+                    if not tiles_read:
+                        raise RuntimeError(f"{name}: no kernel read the patched default tiles")
                     call = lambda fn=fn, args=operands: fn(*args)  # noqa: E731
                     calls[name] = (call, jax_sync, warm_up(call, jax_sync))
                 leaves = zip(*(jax.tree.leaves(outs[name]) for name in variants), strict=True)

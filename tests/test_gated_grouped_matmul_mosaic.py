@@ -149,6 +149,7 @@ def test_default_tiles_take_block_n_128_and_fit():
     cfg = fused_mosaic.default_gated_tiles(16384, 4096, 14336)
     assert (cfg.block_m, cfg.block_n, cfg.block_k, cfg.stages) == (128, 128, 64, 4)
     assert cfg.ring and cfg.split_rows  # measured the fastest (run 16)
+    assert cfg.group_start_tiles  # as the plain gmm's default (run 18)
     check_tiles(cfg, num_rhs=2)
 
 

@@ -224,9 +224,8 @@ LOWERED = {
     "split_rows_unswizzled": MosaicTileConfig(
         stages=4, epilogue_rows=64, ring=True, split_rows=True
     ),
-    "group_start": dataclasses.replace(
-        default_mosaic_gmm_tiles(M, 2048, N), group_start_tiles=True
-    ),
+    # The default before run 18: tiles on the global block_m grid.
+    "grid": dataclasses.replace(default_mosaic_gmm_tiles(M, 2048, N), group_start_tiles=False),
 }
 
 
@@ -258,12 +257,13 @@ def test_lowers_for_cuda(transpose_rhs, name):
 def test_default_tiles_follow_the_measured_table():
     # H100 run4 (tiles, ring depth, 64-row slab), session 8's run 9 call 8 (the hand-written
     # ring with the swizzled epilogue, fastest on 10 of 12 cases) and session 15's run 16 call 4
-    # (split rows, 12 of 12): the same on every shape.
+    # (split rows, 12 of 12) and session 18's run 18 call 1 (tiles from each group's first
+    # row, 8 of 8 skewed cases): the same on every shape.
     for m, k, n in [(65536, 2048, 768), (32768, 2048, 7168), (16384, 4096, 14336)]:
         cfg = default_mosaic_gmm_tiles(m, k, n)
         assert (cfg.block_m, cfg.block_n, cfg.block_k) == (128, 256, 64)
         assert (cfg.stages, cfg.epilogue_rows) == (4, 64)
-        assert cfg.ring and cfg.swizzled_epilogue and cfg.split_rows
+        assert cfg.ring and cfg.swizzled_epilogue and cfg.split_rows and cfg.group_start_tiles
         pallas_mosaic_tiles.check_tiles(cfg)
 
 

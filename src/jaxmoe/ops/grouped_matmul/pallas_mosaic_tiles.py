@@ -60,8 +60,9 @@ class MosaicTileConfig:
     tiles, where the grid takes one more whenever the group's rows cross one more grid line
     (DeepSeek's 32 Dirichlet(0.3) groups: 275 row tiles against 285; balanced groups on
     ``block_m`` multiples: no change). Each tile multiplies the same K loop either way, so the
-    work drops by that ratio. Exact in Mosaic GPU's interpreter; not yet timed on a GPU, so
-    off by default.
+    work drops by that ratio. On in the default tiles (:func:`default_mosaic_gmm_tiles`); the
+    field's own default stays the grid, which the wgrad's tiles (no row tiles) and the blockwise
+    FP8 tiles keep.
     """
 
     block_m: int = 128
@@ -172,11 +173,20 @@ def default_mosaic_gmm_tiles(m: int, k: int, n: int) -> MosaicTileConfig:
     (``benchmarks/results/raw/h100-run16/call4``, settled, smoke-checked against float32 on
     cut groups): the compute warpgroups splitting the rows (``split_rows``) were 1.01-1.04x the
     column split on all six shapes, fwd and dgrad (12 of 12 cases); with the column split's
-    ring of three slots, 0.95-0.96x on Qwen3's short contractions (call 3).
+    ring of three slots, 0.95-0.96x on Qwen3's short contractions (call 3). Session 18
+    (``benchmarks/results/raw/h100-run18/call1``, settled, exact on the GPU): tiles from each
+    group's first row (``group_start_tiles``) 1.02-1.10x the global grid on skewed groups (8 of
+    8 cases: DeepSeek up, Mixtral up and down, Qwen3 up, fwd and dgrad); on balanced groups of
+    ``block_m`` multiples the work list is the grid's.
     """
     del m, k, n
     return MosaicTileConfig(
-        stages=4, epilogue_rows=64, swizzled_epilogue=True, ring=True, split_rows=True
+        stages=4,
+        epilogue_rows=64,
+        swizzled_epilogue=True,
+        ring=True,
+        split_rows=True,
+        group_start_tiles=True,
     )
 
 
