@@ -1,5 +1,6 @@
 """Probe (issue 15): the MoE layer with every Mosaic kernel's tiles starting at each group's first
-row (``MosaicTileConfig(group_start_tiles=True)``) against the default global 128-row grid.
+row (``MosaicTileConfig(group_start_tiles=True)``, the default since H100 run 18) against the
+global 128-row grid.
 
 The layer pads each expert's rows to 64, so on the grid about a quarter of the groups (those
 starting 64 rows off a grid line with a multiple of 128 rows) take one tile more than from their
@@ -8,7 +9,8 @@ Qwen3 (counted with ``jaxmoe.ops.grouped_matmul.work_list`` on multinomial routi
 
 Per preset and pass (``fwd``: ``jit(moe)``; ``fwd+bwd``: the layer bench's ``jit`` of the VJP):
 both variants built by swapping the default-tile functions the layer reads (the plain gmm's,
-the fused gated kernel's), outputs and gradients compared (the same K order per row: expected
+the fused gated kernel's) and tracing afresh (jax's tracing caches cleared: run 18 call 1's
+forward rows, before that, compared one trace with itself), outputs and gradients compared (the same K order per row: expected
 bitwise equal), then timed in the same settled interleaved rounds. Rows go to
 ``<out-dir>/group-start-probe.json``.
 
