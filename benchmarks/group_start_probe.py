@@ -10,9 +10,9 @@ Qwen3 (counted with ``jaxmoe.ops.grouped_matmul.work_list`` on multinomial routi
 Per preset and pass (``fwd``: ``jit(moe)``; ``fwd+bwd``: the layer bench's ``jit`` of the VJP):
 both variants built by swapping the default-tile functions the layer reads (the plain gmm's,
 the fused gated kernel's) and tracing afresh (jax's tracing caches cleared: run 18 call 1's
-forward rows, before that, compared one trace with itself), outputs and gradients compared (the same K order per row: expected
-bitwise equal), then timed in the same settled interleaved rounds. Rows go to
-``<out-dir>/group-start-probe.json``.
+forward rows, before that, compared one trace with itself), outputs and gradients compared
+(the same K order per row: expected bitwise equal), then timed in the same settled
+interleaved rounds. Rows go to ``<out-dir>/group-start-probe.json``.
 
     PYTHONPATH=src python benchmarks/group_start_probe.py --out-dir $OUT
 """
