@@ -60,9 +60,8 @@ class MosaicTileConfig:
     tiles, where the grid takes one more whenever the group's rows cross one more grid line
     (DeepSeek's 32 Dirichlet(0.3) groups: 275 row tiles against 285; balanced groups on
     ``block_m`` multiples: no change). Each tile multiplies the same K loop either way, so the
-    work drops by that ratio. On in the default tiles (:func:`default_mosaic_gmm_tiles`); the
-    field's own default stays the grid, which the wgrad's tiles (no row tiles) and the blockwise
-    FP8 tiles keep.
+    work drops by that ratio. On in the default tiles (:func:`default_mosaic_gmm_tiles`, the
+    fused gated kernel's); the field's own default stays the grid, which the FP8 tiles keep.
     """
 
     block_m: int = 128
