@@ -71,19 +71,12 @@ CONFIGS = {
     # At block_n 256 (the default's shape) the unswizzled slab is staged in two 128-column
     # parts, whole slabs and cut ones; the swizzled one in four chunks; and on jax's pipeline
     # (128 columns: one part; so is the fused gated kernel's default, tested with it).
-    # With tiles from each group's first row (work_list): tiles load and store at rows off
-    # the block_m grid, the last groups' tiles moved back to end at M, owning only their rows
-    # (here and on jax's pipeline with 64-row tiles, "chained").
+    # The swizzled one is the default's layout (three ring slots, not four): tiles from each
+    # group's first row (work_list) load and store at rows off the block_m grid, the last
+    # groups' tiles moved back to end at M, owning only their rows (so do jax's pipeline's
+    # 64-row tiles, "chained"); the unswizzled one stays on the global grid.
     "split_rows_wide": MosaicTileConfig(
-        128,
-        256,
-        64,
-        stages=2,
-        group_swizzle=2,
-        epilogue_rows=64,
-        ring=True,
-        split_rows=True,
-        group_start_tiles=True,
+        128, 256, 64, stages=2, group_swizzle=2, epilogue_rows=64, ring=True, split_rows=True
     ),
     "split_rows_swizzled_wide": MosaicTileConfig(
         128,
@@ -95,6 +88,7 @@ CONFIGS = {
         swizzled_epilogue=True,
         ring=True,
         split_rows=True,
+        group_start_tiles=True,
     ),
     "split_rows_pipeline": MosaicTileConfig(
         128, 128, 64, stages=2, group_swizzle=2, epilogue_rows=64, split_rows=True
@@ -368,7 +362,7 @@ def test_a_gpu_other_than_hopper_is_refused(monkeypatch):
     )
 
 
-@pytest.mark.parametrize("name", ["ring", "split_rows_wide"])
+@pytest.mark.parametrize("name", ["ring", "split_rows_swizzled_wide"])
 def test_pair_sums_two_products_in_one_k_loop(name):
     # lhs @ rhs[g] + lhs2 @ rhs2[g]: the ring's steps run over the first pair, then the second
     # (2 + 2 K steps per tile on two slots; the slot wraps inside and across tiles). Groups cut
