@@ -71,24 +71,15 @@ CONFIGS = {
     # At block_n 256 (the default's shape) the unswizzled slab is staged in two 128-column
     # parts, whole slabs and cut ones; the swizzled one in four chunks; and on jax's pipeline
     # (128 columns: one part; so is the fused gated kernel's default, tested with it).
-    # The swizzled one is the default's layout (three ring slots, not four): tiles from each
-    # group's first row (work_list) load and store at rows off the block_m grid, the last
-    # groups' tiles moved back to end at M, owning only their rows (so do jax's pipeline's
-    # 64-row tiles, "chained"); the unswizzled one stays on the global grid.
+    # The swizzled one is the default tiles with three ring slots, not four (so it follows
+    # the default): tiles from each group's first row (work_list) load and store at rows off
+    # the block_m grid, the last groups' tiles moved back to end at M, owning only their rows
+    # (so do jax's pipeline's 64-row tiles, "chained"); the unswizzled one stays on the grid.
     "split_rows_wide": MosaicTileConfig(
         128, 256, 64, stages=2, group_swizzle=2, epilogue_rows=64, ring=True, split_rows=True
     ),
-    "split_rows_swizzled_wide": MosaicTileConfig(
-        128,
-        256,
-        64,
-        stages=3,
-        group_swizzle=2,
-        epilogue_rows=64,
-        swizzled_epilogue=True,
-        ring=True,
-        split_rows=True,
-        group_start_tiles=True,
+    "split_rows_swizzled_wide": dataclasses.replace(
+        default_mosaic_gmm_tiles(M, K, N), stages=3, group_swizzle=2
     ),
     "split_rows_pipeline": MosaicTileConfig(
         128, 128, 64, stages=2, group_swizzle=2, epilogue_rows=64, split_rows=True
