@@ -12,9 +12,14 @@ both variants built by swapping the default-tile functions the layer reads (the 
 the fused gated kernel's) and tracing afresh (jax's tracing caches cleared: run 18 call 1's
 forward rows, before that, compared one trace with itself), outputs and gradients compared
 (the same K order per row: expected bitwise equal), then timed in the same settled
-interleaved rounds. Rows go to ``<out-dir>/group-start-probe.json``.
+interleaved rounds. Rows go to ``<out-dir>/<stem>.json`` (``group-start-probe``).
 
-    PYTHONPATH=src python benchmarks/group_start_probe.py --out-dir $OUT
+Other tile changes compare the same way (``--variants``, a JSON object of variant name to
+``MosaicTileConfig`` changes; the speedup is the second's against the first). Session 19, the
+weight block multicast in clusters of two CTAs::
+
+    PYTHONPATH=src python benchmarks/group_start_probe.py --out-dir $OUT --stem multicast \
+        --variants '{"default": {}, "multicast": {"multicast_weights": true}}'
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import argparse
 import contextlib
 import dataclasses
 import functools
+import json
 import os
 import sys
 import time
@@ -48,10 +54,11 @@ DEFAULT_TILE_SITES = (
 
 
 @contextlib.contextmanager
-def default_tiles_with(calls: list, **changes):
-    """The default tiles of every site with ``changes`` applied, while inside; each call of one
-    appends its result to ``calls`` (proof that the variant was traced, not taken from a cache)."""
-    saved = [(module, name, getattr(module, name)) for module, name in DEFAULT_TILE_SITES]
+def default_tiles_with(calls: list, sites=DEFAULT_TILE_SITES, **changes):
+    """The default tiles of every site (of ``sites``) with ``changes`` applied, while inside; each
+    call of one appends its result to ``calls`` (proof that the variant was traced, not taken
+    from a cache)."""
+    saved = [(module, name, getattr(module, name)) for module, name in sites]
 
     def patched(*shape, default):
         calls.append(dataclasses.replace(default(*shape), **changes))
@@ -73,14 +80,30 @@ def main() -> None:
     parser.add_argument("--passes", default="fwd,fwd+bwd")
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--time-budget-s", type=float, default=400)
+    parser.add_argument("--stem", default="group-start-probe")
+    parser.add_argument(
+        "--sites",
+        default="gmm,gated",
+        help="whose default tiles change: the plain gmm's (gmm), the fused gated kernel's (gated)",
+    )
+    parser.add_argument(
+        "--variants",
+        default='{"grid": {"group_start_tiles": false}, '
+        '"group_start": {"group_start_tiles": true}}',
+        help="JSON: variant name -> MosaicTileConfig changes applied to every default",
+    )
     args = parser.parse_args()
+    variants = json.loads(args.variants)
+    site_names = {"gmm": "default_mosaic_gmm_tiles", "gated": "default_gated_tiles"}
+    chosen = {site_names[site] for site in args.sites.split(",")}
+    sites = [(module, name) for module, name in DEFAULT_TILE_SITES if name in chosen]
+    base_name, variant_name = list(variants)[:2]
     start = time.time()
     os.makedirs(args.out_dir, exist_ok=True)
     emit = row_emitter(
-        os.path.join(args.out_dir, "group-start-probe.json"),
+        os.path.join(args.out_dir, f"{args.stem}.json"),
         results_header(" ".join(sys.argv), device=str(jax.devices()[0])),
     )
-    variants = {"grid": {"group_start_tiles": False}, "group_start": {"group_start_tiles": True}}
     for preset_name in args.presets.split(","):
         preset = LAYER_PRESETS[preset_name]
         inputs = None  # the preset's config, parameters and data, built once for both passes
@@ -101,7 +124,7 @@ def main() -> None:
                     # variant, or the same `layer` under a second jit, would be reused).
                     jax.clear_caches()
                     tiles_read = []
-                    with default_tiles_with(tiles_read, **changes):
+                    with default_tiles_with(tiles_read, sites, **changes):
                         fn = jax.jit(layer if pass_ == "fwd" else forward_backward(layer))
                         outs[name] = jax.block_until_ready(fn(*operands))
                     row[f"{name}_tiles_read"] = len(tiles_read)
@@ -115,7 +138,7 @@ def main() -> None:
                 for name, timing in time_interleaved(calls, rounds=args.rounds).items():
                     row[f"{name}_ms"] = timing.median_ms
                     row[f"{name}_tflops"] = flops / timing.median_ms / 1e9
-                row["speedup"] = row["grid_ms"] / row["group_start_ms"]
+                row["speedup"] = row[f"{base_name}_ms"] / row[f"{variant_name}_ms"]
             except Exception as error:  # noqa: BLE001 - the probe records failures and goes on
                 row["error"] = f"{type(error).__name__}: {error}"[:2000]
                 traceback.print_exc()

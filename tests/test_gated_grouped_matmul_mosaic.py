@@ -64,6 +64,12 @@ def _relative(got, want):
         ("geglu", "bfloat16", SPLIT_ROWS),
         # Tiles from each group's first row (rows off the grid, the last tiles moved back).
         ("swiglu", "bfloat16", dataclasses.replace(SPLIT_ROWS, group_start_tiles=True)),
+        # Clusters of two CTAs, both weights' blocks multicast where a pair shares a group.
+        (
+            "swiglu",
+            "bfloat16",
+            dataclasses.replace(SPLIT_ROWS, group_start_tiles=True, multicast_weights=True),
+        ),
     ],
 )
 def test_forward_empty_groups_straddling_tiles_and_tail(activation, dtype, cfg):

@@ -84,6 +84,11 @@ CONFIGS = {
     "split_rows_pipeline": MosaicTileConfig(
         128, 128, 64, stages=2, group_swizzle=2, epilogue_rows=64, split_rows=True
     ),
+    # The default's layout in clusters of two CTAs taking neighbouring work items, the weight
+    # block multicast when the two share a group (the interpreter copies it whole into each).
+    "multicast": dataclasses.replace(
+        default_mosaic_gmm_tiles(M, K, N), stages=3, group_swizzle=2, multicast_weights=True
+    ),
 }
 TRITON_TILES = TileConfig(block_m=32, block_n=32, block_k=32, num_warps=4, num_stages=2)
 
@@ -107,7 +112,9 @@ def test_forward_empty_groups_straddling_tiles_and_tail(name):
 
 
 # Whole tiles only: the per-tile pipeline, the swizzled one-slot store, the default's layout.
-@pytest.mark.parametrize("name", ["plain", "swizzled_one_slot", "split_rows_swizzled_wide"])
+@pytest.mark.parametrize(
+    "name", ["plain", "swizzled_one_slot", "split_rows_swizzled_wide", "multicast"]
+)
 def test_forward_single_group_holds_every_row(name):
     got, want = mosaic_forward([0, M, 0], CONFIGS[name], seed=1)
     assert np.max(np.abs(got - want)) / np.max(np.abs(want)) <= 1.6e-2
@@ -117,6 +124,17 @@ def test_forward_single_group_holds_every_row(name):
 def test_forward_no_rows_at_all_is_zeros(name):
     got, _ = mosaic_forward([0, 0], CONFIGS[name], m=64, n=CONFIGS[name].block_n)
     assert np.all(got == 0)
+
+
+def test_multicast_pairs_share_a_group_or_load_their_own():
+    # Clusters of two CTAs take work items (2p, 2p + 1). Groups 0 and 1 have one item each (a
+    # pair of two groups: each CTA loads its own weights), group 2's two items are one pair (the
+    # weights multicast), group 3's one item is the odd last one (its partner recomputes it),
+    # then 68 tail rows (zeros, each CTA its own tail tiles).
+    sizes = [100, 28, 256, 60]
+    got, want = mosaic_forward(sizes, CONFIGS["multicast"], m=512, seed=5)
+    assert np.max(np.abs(got - want)) / np.max(np.abs(want)) <= 1.6e-2
+    assert np.all(got[sum(sizes) :] == 0)
 
 
 @pytest.mark.parametrize("name", ["swizzled", "swizzled_half_slab"])
@@ -211,6 +229,8 @@ LOWERED = {
     ),
     # The default before run 18: tiles on the global block_m grid.
     "grid": dataclasses.replace(default_mosaic_gmm_tiles(M, 2048, N), group_start_tiles=False),
+    # Clusters of two CTAs: cluster barriers for the slots' releases, multicast weight copies.
+    "multicast": dataclasses.replace(default_mosaic_gmm_tiles(M, 2048, N), multicast_weights=True),
 }
 
 
@@ -280,7 +300,14 @@ def test_unsupported_operands_raise_not_implemented():
 
 @pytest.mark.parametrize(
     "field, value",
-    [("epilogue_rows", 32), ("block_n", 96), ("block_k", 128), ("block_m", 256), ("stages", 1)],
+    [
+        ("epilogue_rows", 32),
+        ("block_n", 96),
+        ("block_k", 128),
+        ("block_m", 256),
+        ("stages", 1),
+        ("multicast_weights", True),  # off the ring
+    ],
 )
 def test_bad_tiles_raise_value_error(field, value):
     with pytest.raises(ValueError, match=field):
@@ -353,7 +380,7 @@ def test_a_gpu_other_than_hopper_is_refused(monkeypatch):
     )
 
 
-@pytest.mark.parametrize("name", ["ring", "split_rows_swizzled_wide"])
+@pytest.mark.parametrize("name", ["ring", "split_rows_swizzled_wide", "multicast"])
 def test_pair_sums_two_products_in_one_k_loop(name):
     # lhs @ rhs[g] + lhs2 @ rhs2[g]: the ring's steps run over the first pair, then the second
     # (2 + 2 K steps per tile on two slots; the slot wraps inside and across tiles). Groups cut

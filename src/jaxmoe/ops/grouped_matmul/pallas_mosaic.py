@@ -31,6 +31,7 @@ from jaxmoe.ops.grouped_matmul import pallas_mosaic_kernel, pallas_triton, work_
 from jaxmoe.ops.grouped_matmul.pallas_mosaic_tiles import (
     MosaicTileConfig,
     check_tiles,
+    cluster_ctas,
     default_mosaic_gmm_tiles,
     tile_align,
     unsupported_reason,
@@ -191,7 +192,10 @@ def launch_gmm(
     )
     out_type = jax.ShapeDtypeStruct((m, n), out_dtype)
     kernel = common.persistent_kernel(
-        body, out_type if num_outputs == 1 else (out_type,) * num_outputs, interpret_params
+        body,
+        out_type if num_outputs == 1 else (out_type,) * num_outputs,
+        interpret_params,
+        cluster_ctas=cluster_ctas(cfg),
     )
     return kernel(
         work_counts,

@@ -140,23 +140,47 @@ def split_warpgroups(memory, compute) -> None:
         compute(wg)
 
 
-def ring_barriers(stages: int, copies_per_step: int) -> dict:
+def ring_barriers(stages: int, copies_per_step: int, *, cluster_wide: bool = False) -> dict:
     """``loaded`` (one arrival per TMA copy of a step) and ``released`` (one per compute
-    warpgroup) barriers, ``stages`` of each, for ``pl.run_scoped``."""
+    warpgroup) barriers, ``stages`` of each, for ``pl.run_scoped``.
+
+    ``cluster_wide``: ``released`` is a cluster barrier (axis ``CLUSTER_AXIS``): each release
+    arrives in both CTAs of the cluster, so a memory warpgroup reuses a slot only once both
+    CTAs are done with it, as a copy multicast into the partner's slot needs."""
+    if cluster_wide:
+        released = plgpu.ClusterBarrier(
+            collective_axes=(CLUSTER_AXIS,),
+            num_arrivals=NUM_COMPUTE_WARPGROUPS,
+            num_barriers=stages,
+        )
+    else:
+        released = plgpu.Barrier(num_arrivals=NUM_COMPUTE_WARPGROUPS, num_barriers=stages)
     return {
         "loaded": plgpu.Barrier(num_arrivals=copies_per_step, num_barriers=stages),
-        "released": plgpu.Barrier(num_arrivals=NUM_COMPUTE_WARPGROUPS, num_barriers=stages),
+        "released": released,
     }
 
 
-def persistent_kernel(body, out_type, interpret_params):
-    """``body`` as a persistent kernel: one CTA per SM (grid axis ``"sm"``), the compute
-    warpgroups and the memory one (thread axis ``"wg"``), warpgroup lowering semantics."""
+# The cluster axis of a kernel launched with ``cluster_ctas=2`` (:func:`persistent_kernel`):
+# its two CTAs run on neighbouring SMs and can multicast a TMA copy into both shared memories.
+CLUSTER_AXIS = "cluster"
+
+
+def persistent_kernel(body, out_type, interpret_params, *, cluster_ctas: int = 1):
+    """``body`` as a persistent kernel: one CTA per SM, the compute warpgroups and the memory one
+    (thread axis ``"wg"``), warpgroup lowering semantics.
+
+    The grid axis ``"sm"`` numbers the CTAs, or with ``cluster_ctas=2`` the clusters of two CTAs
+    (each CTA's place in its cluster: axis ``CLUSTER_AXIS``)."""
+    clusters = {}
+    if cluster_ctas > 1:
+        clusters = dict(cluster=(cluster_ctas,), cluster_names=(CLUSTER_AXIS,))
     return plgpu.kernel(
         body,
         out_type=out_type,
-        grid=(num_sms(interpret_params),),
+        grid=(max(num_sms(interpret_params) // cluster_ctas, 1),),
         grid_names=("sm",),
+        **clusters,
         num_threads=NUM_COMPUTE_WARPGROUPS + 1,
         thread_name="wg",
         compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Warpgroup),
@@ -164,12 +188,25 @@ def persistent_kernel(body, out_type, interpret_params):
     )
 
 
-def cta_tile_count(num_tiles):
-    """How many of ``num_tiles`` tiles (round-robin over the CTAs) this CTA takes."""
-    cta, num_ctas = lax.axis_index("sm"), lax.axis_size("sm")
-    return jnp.maximum(num_tiles - cta + num_ctas - 1, 0) // num_ctas
+def _worker(per_cta: bool):
+    """``(index, count)`` of the workers sharing a loop: the grid's (CTAs, or clusters whose
+    two CTAs take the same items), or with ``per_cta`` every CTA of a clustered grid."""
+    index, count = lax.axis_index("sm"), lax.axis_size("sm")
+    if per_cta:
+        ctas = lax.axis_size(CLUSTER_AXIS)
+        index, count = index * ctas + lax.axis_index(CLUSTER_AXIS), count * ctas
+    return index, count
 
 
-def cta_tile_index(local_tile):
-    """The global index of this CTA's ``local_tile``-th tile (round-robin)."""
-    return lax.axis_index("sm") + local_tile * lax.axis_size("sm")
+def cta_tile_count(num_tiles, *, per_cta: bool = False):
+    """How many of ``num_tiles`` tiles (round-robin over the grid's CTAs or clusters; over all
+    CTAs with ``per_cta``, in a clustered grid) this CTA takes."""
+    worker, num_workers = _worker(per_cta)
+    return jnp.maximum(num_tiles - worker + num_workers - 1, 0) // num_workers
+
+
+def cta_tile_index(local_tile, *, per_cta: bool = False):
+    """The global index of this CTA's ``local_tile``-th tile (round-robin, as
+    :func:`cta_tile_count`)."""
+    worker, num_workers = _worker(per_cta)
+    return worker + local_tile * num_workers

@@ -8,7 +8,10 @@ Launched by :func:`.pallas_mosaic.launch_gmm`, which builds the work list. Layou
                  (:mod:`.work_list`): tiles on the global ``bm`` grid, or with
                  ``group_start_tiles`` from each group's first row (fewer tiles).
     schedule     one CTA per SM loops over (work item, N tile) pairs (``plgpu.nd_loop``), walking
-                 ``group_swizzle`` neighbouring work items along N for L2 reuse.
+                 ``group_swizzle`` neighbouring work items along N for L2 reuse. With
+                 ``multicast_weights`` the loop is per cluster of two CTAs, over (pair of
+                 neighbouring work items, N tile): the pair's weight block is loaded once,
+                 half by each CTA, multicast into both when the two items share a group.
     one pair     three warpgroups. The memory warpgroup streams ``[bm, bk]`` blocks of ``lhs``
                  and ``[bk, bn]`` blocks of ``rhs[g]`` (``[bn, bk]`` when transposed) into a ring
                  of ``stages`` shared-memory slots by TMA; the two compute warpgroups each
@@ -141,7 +144,13 @@ def mosaic_gmm_body(
                 plgpu.SMEM((cfg.stages, *rhs_block), rhs.dtype, transforms=transforms)
                 for rhs in rhs_gmems
             ],
-            **common.ring_barriers(cfg.stages, copies_per_step=1 + num_rhs),
+            # The interpreter has no cluster barriers (and runs a multicast copy as a local
+            # copy of the whole block, so a CTA's own releases suffice there).
+            **common.ring_barriers(
+                cfg.stages,
+                copies_per_step=1 + num_rhs,
+                cluster_wide=cfg.multicast_weights and not interpreted,
+            ),
         }
     else:
         allocations = make_pipeline(unused, unused).get_allocations(
@@ -165,6 +174,9 @@ def mosaic_gmm_body(
         wg_rows, wg_cols = pl.ds(wg_row, wg_m), pl.ds(wg_col, wg_n)
         stores = EpilogueStores(cfg, out_smem, out_gmems, wg=wg, wg_row=wg_row, wg_col=wg_col)
         num_compute_work = work_counts_gmem[0]
+        # Read here, not in the loops: Mosaic GPU's interpreter (jax 0.10) resolves a cluster
+        # axis index only outside them.
+        cluster_cta = lax.axis_index(common.CLUSTER_AXIS) if cfg.multicast_weights else 0
         num_tail_work = work_counts_gmem[1]
 
         def tile_rows(work):
@@ -178,9 +190,12 @@ def mosaic_gmm_body(
 
         @pl.when(wg < common.NUM_COMPUTE_WARPGROUPS)
         def _zero_tail():  # rows at or past sum(group_sizes): GPU memory is uninitialised.
-            @plgpu.nd_loop((num_tail_work * num_n_tiles,), collective_axes="sm")
-            def _tail_loop(loop_info):
-                (index,) = loop_info.index
+            # Every CTA takes its own tail tiles, also the two of a cluster.
+            per_cta = cfg.multicast_weights
+
+            @pl.loop(0, common.cta_tile_count(num_tail_work * num_n_tiles, per_cta=per_cta))
+            def _tail_loop(local_tile):
+                index = common.cta_tile_index(local_tile, per_cta=per_cta)
                 _, row0, lo, hi = tile_rows(num_compute_work + index // num_n_tiles)
                 col0 = (index % num_n_tiles) * bn
                 zeros = (jnp.zeros((stores.stage_rows, wg_n), out_dtype),) * num_outputs
@@ -257,19 +272,57 @@ def mosaic_gmm_body(
             group, row0, lo, hi = tile_rows(work)
             return group, row0, lo, hi, n_tile * bn
 
+        def cluster_tile_parts(index):
+            """With ``multicast_weights``: the cluster's ``index``-th unit is work items ``2p``
+            (CTA 0) and ``2p + 1`` (CTA 1) at one N tile; ``shared``: both items are of one
+            group, so the weight block is multicast. An odd last item's partner recomputes it."""
+            pair, n_tile = common.swizzle(
+                index, (num_compute_work + 1) // 2, num_n_tiles, cfg.group_swizzle
+            )
+            first = 2 * pair
+            second = jnp.minimum(first + 1, num_compute_work - 1)
+            work = jnp.where(cluster_cta == 0, first, second)
+            group, row0, lo, hi = tile_rows(work)
+            shared = work_group_gmem[first] == work_group_gmem[second]
+            return group, row0, lo, hi, n_tile * bn, shared
+
+        def copy_weights(block, slot_ref, barrier, shared):
+            if not cfg.multicast_weights:
+                plgpu.copy_gmem_to_smem(block, slot_ref, barrier)
+                return
+
+            # Both CTAs of the cluster take the same branch (``shared`` is the pair's), so
+            # each slot's barrier expects one copy of the whole block either way.
+            @pl.when(shared)
+            def _multicast():
+                plgpu.copy_gmem_to_smem(
+                    block, slot_ref, barrier, collective_axes=common.CLUSTER_AXIS
+                )
+
+            @pl.when(jnp.logical_not(shared))
+            def _own():
+                plgpu.copy_gmem_to_smem(block, slot_ref, barrier)
+
         def ring_tiles(ring):
             """The CTA's tiles on :mod:`.pallas_mosaic_common`'s ring: ``k / bk`` steps each
             (per pair: ``paired`` runs the second pair's steps after the first's)."""
             steps = k // bk
-            my_tiles = common.cta_tile_count(num_tiles)
+            if cfg.multicast_weights:
+                my_tiles = common.cta_tile_count((num_compute_work + 1) // 2 * num_n_tiles)
+                unit_parts = cluster_tile_parts
+            else:
+                my_tiles = common.cta_tile_count(num_tiles)
+
+                def unit_parts(index):
+                    return *tile_parts(index), None
 
             def parts(local_tile):
-                return tile_parts(common.cta_tile_index(local_tile)), steps * len(pairs)
+                return unit_parts(common.cta_tile_index(local_tile)), steps * len(pairs)
 
             @pl.when(wg == common.NUM_COMPUTE_WARPGROUPS)
             def _memory_warpgroup():
                 def load_blocks(pair_lhs, pair_rhs, info, i, slot):
-                    group, row0, _, _, col0 = info
+                    group, row0, _, _, col0, shared = info
                     barrier = ring["loaded"].at[slot]
                     k_cols = pl.ds(i * bk, bk)
                     lhs_block = pair_lhs.at[pl.ds(row0, bm), k_cols]
@@ -277,7 +330,7 @@ def mosaic_gmm_body(
                     for rhs, rhs_ring in zip(pair_rhs, ring["rhs"], strict=True):
                         source = rhs_block_source(rhs, group, col0)
                         block = source.at[:, k_cols] if transpose_rhs else source.at[k_cols, :]
-                        plgpu.copy_gmem_to_smem(block, rhs_ring.at[slot], barrier)
+                        copy_weights(block, rhs_ring.at[slot], barrier, shared)
 
                 def load(info, i, slot):
                     if len(pairs) == 1:
@@ -298,7 +351,7 @@ def mosaic_gmm_body(
                 plgpu.set_max_registers(common.COMPUTE_REGISTERS, action="increase")
 
                 def tile(local_tile, carry):
-                    (group, row0, lo, hi, col0), count = parts(local_tile)
+                    (group, row0, lo, hi, col0, _), count = parts(local_tile)
                     mma = make_mma(group, row0, col0)
 
                     def eval_steps(acc):

@@ -62,6 +62,14 @@ class MosaicTileConfig:
     ``block_m`` multiples: no change). Each tile multiplies the same K loop either way, so the
     work drops by that ratio. On in the default tiles (:func:`default_mosaic_gmm_tiles`, the
     fused gated kernel's); the field's own default stays the grid, which the FP8 tiles keep.
+
+    ``multicast_weights`` (on the ``ring`` only): CTAs run in clusters of two, and the two CTAs of
+    a cluster take neighbouring work items of one column tile (items ``2p`` and ``2p + 1``).
+    When both items belong to one group they need the same weight block at every K step: each
+    CTA loads half of it and TMA multicasts that half into both shared memories, so the
+    weights' L2 reads per tile halve (CUTLASS's 2x1 cluster). A pair whose items differ in
+    group loads each its own weights; an odd last item's partner recomputes it (the same
+    values stored twice). A slot is reused only when both CTAs have released it.
     """
 
     block_m: int = 128
@@ -75,6 +83,7 @@ class MosaicTileConfig:
     ring: bool = False
     split_rows: bool = False
     group_start_tiles: bool = False
+    multicast_weights: bool = False
 
 
 # With group_start_tiles a tile starts on this row grid: a TMA copy into a tiled shared buffer
@@ -86,6 +95,11 @@ GROUP_START_ALIGN = 8
 def tile_align(cfg: MosaicTileConfig) -> int | None:
     """The work list's ``tile_align`` (:mod:`.work_list`): ``None`` for the ``block_m`` grid."""
     return GROUP_START_ALIGN if cfg.group_start_tiles else None
+
+
+def cluster_ctas(cfg: MosaicTileConfig) -> int:
+    """CTAs per cluster: two with ``multicast_weights``, else one."""
+    return 2 if cfg.multicast_weights else 1
 
 
 def warpgroup_tile(cfg: MosaicTileConfig) -> tuple[int, int]:
@@ -284,6 +298,8 @@ def check_tiles(cfg: MosaicTileConfig, operand_bytes: int = 2, num_rhs: int = 1)
         problems.append(f"stages={cfg.stages} must be >= 2")
     if cfg.group_swizzle < 1:
         problems.append(f"group_swizzle={cfg.group_swizzle} must be >= 1")
+    if cfg.multicast_weights and not cfg.ring:
+        problems.append("multicast_weights=True needs ring=True (its releases span the cluster)")
     if cfg.split_rows and bm != 128:
         problems.append("split_rows=True needs block_m=128 (one 64-row wgmma M tile per warpgroup)")
     if cfg.epilogue_rows not in (None, bm) and not (
