@@ -171,6 +171,8 @@ def main() -> None:
             "down_dgrad_tiles": dataclasses.replace(base_tiles, block_n=128),
         },
         "unfused_residuals": {"fused_backward": False, "residuals_from_kernel": True},
+        # Both: no elementwise pass left in fwd+bwd (session 19: not measured together before).
+        "fused_residuals": {"fused_backward": True, "residuals_from_kernel": True},
         # The projections' input gradient as one kernel (pallas_mosaic.gmm_pair).
         "input_dgrad": {"fused_backward": False, "fused_input_dgrad": True},
     }

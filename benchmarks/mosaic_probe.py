@@ -44,9 +44,11 @@ def main() -> None:
     parser.add_argument("--time-budget-s", type=float, default=520)
     parser.add_argument(
         "--time-routing",
-        choices=("balanced", "skewed"),
+        choices=("balanced", "skewed", "layer"),
         default="balanced",
-        help="group sizes of the timing phase (skewed: Dirichlet 0.3, as the gemm bench's)",
+        help="group sizes of the timing phase (skewed: Dirichlet 0.3, as the gemm bench's; "
+        "layer: as the MoE layer's, multinomial loads on 7/8 of the rows, each padded to 64, "
+        "the rest tail rows)",
     )
     parser.add_argument(
         "--exact-swizzled",
@@ -410,7 +412,13 @@ def main() -> None:
         return
     for shape_name in shape_names:
         shape = GEMM_SHAPES[shape_name]
-        sizes = group_sizes_for(shape, args.time_routing)
+        if args.time_routing == "layer":
+            loads = np.random.default_rng(0).multinomial(
+                shape.m * 7 // 8, np.full(shape.groups, 1 / shape.groups)
+            )
+            sizes = (-(-loads // 64) * 64).astype(np.int32)
+        else:
+            sizes = group_sizes_for(shape, args.time_routing)
         gs = jnp.asarray(sizes)
         x, dy, w = inputs(shape.m, shape.k, shape.n, shape.groups, 3)
         flops = 2 * shape.m * shape.k * shape.n

@@ -6,6 +6,9 @@ Everything else in jaxmoe uses one spelling of the JAX API; the floor (``jax>=0.
 
 from __future__ import annotations
 
+import contextlib
+import warnings
+
 import jax
 import jax.numpy as jnp
 
@@ -48,3 +51,22 @@ def zeros_like_typed(value):
 def has_explicit_axes(mesh) -> bool:
     """Whether ``mesh`` has an axis of type ``Explicit`` (``jax.make_mesh``'s default on 0.11)."""
     return any(axis_type == jax.sharding.AxisType.Explicit for axis_type in mesh.axis_types)
+
+
+@contextlib.contextmanager
+def quiet_triton_deprecation():
+    """Silences, while inside, jax 0.11's deprecation warning for the Pallas Triton backend.
+
+    jax >= 0.11 marks the Pallas Triton backend deprecated (in favour of Mosaic GPU) and warns in
+    the ``pallas_call``'s lowering. Its kernels here are still the wgrad on non-Hopper GPUs, the
+    FP8 casts and the grouped matmuls' work list, so their calls silence that one message while
+    they run; nothing changes for the rest of the program (no module-level filter). Under an
+    enclosing ``jax.jit`` the lowering happens later, in the caller's compile, where jaxmoe cannot
+    scope a filter: there the warning is a ``DeprecationWarning`` raised from jax's own code,
+    which Python's default filters already hide.
+    """
+    with warnings.catch_warnings():
+        warnings.filterwarnings(
+            "ignore", message=r".*[Tt]riton.*deprecat", category=DeprecationWarning
+        )
+        yield

@@ -39,10 +39,11 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
+from jaxmoe.compat import quiet_triton_deprecation
 from jaxmoe.ops.fp8.columnwise import ALIGN, block_tables, quantize_columnwise
 from jaxmoe.ops.fp8.quantize import E4M3, cast_scaled, scale_from_amax
 from jaxmoe.ops.fp8.weight_quantize_pallas import fit_block
-from jaxmoe.ops.grouped_matmul.pallas_triton import _quiet_triton_deprecation, _use_interpret
+from jaxmoe.ops.grouped_matmul.pallas_triton import _use_interpret
 
 Array = jax.Array
 
@@ -103,7 +104,7 @@ def quantize_columnwise_pallas(
     scalar = pl.BlockSpec((1,), lambda i, j: (i,))
     whole = pl.BlockSpec(memory_space=pl.ANY)
     params = plgpu.CompilerParams(num_warps=NUM_WARPS, num_stages=1)
-    with _quiet_triton_deprecation():
+    with quiet_triton_deprecation():
         block_amax = pl.pallas_call(
             functools.partial(_amax_kernel, block_k=block_k),
             out_shape=jax.ShapeDtypeStruct((num_blocks, width), jnp.float32),

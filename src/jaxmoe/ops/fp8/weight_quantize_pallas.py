@@ -59,8 +59,9 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
+from jaxmoe.compat import quiet_triton_deprecation
 from jaxmoe.ops.fp8.quantize import E4M3, cast_scaled, quantize, scale_from_amax
-from jaxmoe.ops.grouped_matmul.pallas_triton import _quiet_triton_deprecation, _use_interpret
+from jaxmoe.ops.grouped_matmul.pallas_triton import _use_interpret
 
 Array = jax.Array
 
@@ -290,7 +291,7 @@ def quantize_weights_rowwise_pallas(
     amax_bn = fit_block(n, tiles.amax_block_n, n_what)
     cast_bk = fit_block(k, tiles.cast_block_k, k_what)
     cast_bn = fit_block(n, tiles.cast_block_n, n_what)
-    with _quiet_triton_deprecation():
+    with quiet_triton_deprecation():
         row_partials, col_partials = weight_amax_partials(
             w, amax_bk, amax_bn, num_warps=tiles.amax_num_warps, interpret=interpret
         )

@@ -28,10 +28,8 @@ GPU: the same kernel bodies, executed exactly (and slowly) on the CPU, which is 
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
-import warnings
 from typing import ClassVar
 
 import jax
@@ -39,26 +37,11 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from jaxmoe.ops.grouped_matmul import work_list
+from jaxmoe import compat
+from jaxmoe.ops.grouped_matmul import work_list, work_list_pallas
 from jaxmoe.ops.grouped_matmul.base import GroupedMatmulBackend, check_tgmm_operands
 
 Array = jax.Array
-
-# jax >= 0.11 marks the Pallas Triton backend deprecated (in favour of Mosaic GPU) and warns in
-# the pallas_call's lowering. The kernels are still the only wgrad here (see benchmarks/), so
-# the calls below silence that one message while they run; nothing is changed for the rest of the
-# program (no module-level filter). Under an enclosing `jax.jit` the lowering happens later, in the
-# caller's compile, where jaxmoe cannot scope a filter: there the warning is a DeprecationWarning
-# raised from jax's own code, which Python's default filters already hide.
-
-
-@contextlib.contextmanager
-def _quiet_triton_deprecation():
-    with warnings.catch_warnings():
-        warnings.filterwarnings(
-            "ignore", message=r".*[Tt]riton.*deprecat", category=DeprecationWarning
-        )
-        yield
 
 
 # --------------------------------------------------------------------------------------------------
@@ -347,7 +330,9 @@ def gmm(
         return jnp.zeros((m, n), out_dtype)
     cfg = tiles or default_gmm_tiles(m, k, n, num_groups, lhs.dtype)
     cfg = _fit(cfg, m, k, n)
-    work_group, work_first_row, offsets = work_list.work_items(group_sizes, m, cfg.block_m)
+    _, work_group, work_first_row, offsets = work_list_pallas.kernel_work_list(
+        group_sizes, m, cfg.block_m, tile_align=None, on_gpu=not _use_interpret(interpret)
+    )
     num_work = work_group.shape[0]
     num_n_tiles = pl.cdiv(n, cfg.block_n)
     kernel = functools.partial(
@@ -366,7 +351,7 @@ def gmm(
         interpret=_use_interpret(interpret),
         name="jaxmoe_gmm",
     )
-    with _quiet_triton_deprecation():
+    with compat.quiet_triton_deprecation():
         return call(work_group, work_first_row, offsets, lhs, rhs)
 
 
@@ -416,7 +401,7 @@ def tgmm(
         interpret=_use_interpret(interpret),
         name="jaxmoe_tgmm",
     )
-    with _quiet_triton_deprecation():
+    with compat.quiet_triton_deprecation():
         return call(offsets, lhs, rhs)
 
 
