@@ -58,12 +58,12 @@ def quiet_triton_deprecation():
     """Silences, while inside, jax 0.11's deprecation warning for the Pallas Triton backend.
 
     jax >= 0.11 marks the Pallas Triton backend deprecated (in favour of Mosaic GPU) and warns in
-    the ``pallas_call``'s lowering. Its kernels here are still the wgrad on non-Hopper GPUs, the
-    FP8 casts and the grouped matmuls' work list, so their calls silence that one message while
-    they run; nothing changes for the rest of the program (no module-level filter). Under an
-    enclosing ``jax.jit`` the lowering happens later, in the caller's compile, where jaxmoe cannot
-    scope a filter: there the warning is a ``DeprecationWarning`` raised from jax's own code,
-    which Python's default filters already hide.
+    the ``pallas_call``'s lowering. Its kernels here are still the grouped matmuls on non-Hopper
+    GPUs and the FP8 casts, so their calls silence that one message while they run; nothing
+    changes for the rest of the program (no module-level filter). Under an enclosing ``jax.jit``
+    the lowering happens later, in the caller's compile, where jaxmoe cannot scope a filter: there
+    the warning is a ``DeprecationWarning`` raised from jax's own code, which Python's default
+    filters already hide.
     """
     with warnings.catch_warnings():
         warnings.filterwarnings(

@@ -27,7 +27,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxmoe.ops.grouped_matmul import pallas_mosaic_common as common
-from jaxmoe.ops.grouped_matmul import pallas_mosaic_kernel, pallas_triton, work_list_pallas
+from jaxmoe.ops.grouped_matmul import pallas_mosaic_kernel, pallas_triton, work_list
 from jaxmoe.ops.grouped_matmul.pallas_mosaic_tiles import (
     MosaicTileConfig,
     check_tiles,
@@ -171,9 +171,12 @@ def launch_gmm(
     m = lhs.shape[0]
     num_groups = rhs.shape[0]
     n = rhs.shape[1] if transpose_rhs else rhs.shape[2]
-    work_counts, work_group, work_first_row, offsets = work_list_pallas.kernel_work_list(
-        group_sizes, m, cfg.block_m, tile_align=tile_align(cfg), on_gpu=interpret_params is None
+    work_group, work_first_row, offsets = work_list.work_items(
+        group_sizes, m, cfg.block_m, tile_align=tile_align(cfg)
     )
+    work_counts = jnp.stack(
+        [jnp.sum(work_group < num_groups), jnp.sum(work_group == num_groups)]
+    ).astype(jnp.int32)
     body = functools.partial(
         pallas_mosaic_kernel.mosaic_gmm_body,
         cfg=cfg,

@@ -38,7 +38,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 from jaxmoe import compat
-from jaxmoe.ops.grouped_matmul import work_list, work_list_pallas
+from jaxmoe.ops.grouped_matmul import work_list
 from jaxmoe.ops.grouped_matmul.base import GroupedMatmulBackend, check_tgmm_operands
 
 Array = jax.Array
@@ -330,9 +330,7 @@ def gmm(
         return jnp.zeros((m, n), out_dtype)
     cfg = tiles or default_gmm_tiles(m, k, n, num_groups, lhs.dtype)
     cfg = _fit(cfg, m, k, n)
-    _, work_group, work_first_row, offsets = work_list_pallas.kernel_work_list(
-        group_sizes, m, cfg.block_m, tile_align=None, on_gpu=not _use_interpret(interpret)
-    )
+    work_group, work_first_row, offsets = work_list.work_items(group_sizes, m, cfg.block_m)
     num_work = work_group.shape[0]
     num_n_tiles = pl.cdiv(n, cfg.block_n)
     kernel = functools.partial(
