@@ -69,7 +69,14 @@ class MosaicTileConfig:
     CTA loads half of it and TMA multicasts that half into both shared memories, so the
     weights' L2 reads per tile halve (CUTLASS's 2x1 cluster). A pair whose items differ in
     group loads each its own weights; an odd last item's partner recomputes it (the same
-    values stored twice). A slot is reused only when both CTAs have released it.
+    values stored twice). A slot is reused only when both CTAs have released it. torch's grouped
+    GEMM is this arrangement (CUTLASS's cooperative ``128 x 256 x 64`` kernel, 4 stages, a 2x1x1
+    cluster multicasting the weights: its kernel names, H100 run 19 call 2). Off by default:
+    exact on the six gemm shapes, balanced and skewed, fwd and dgrad (run 19 call 1), and
+    0.998-1.031x the default on the balanced Mixtral products, 1.009-1.035x skewed (calls 1-2,
+    settled), but the Mixtral layer took 0.956-0.978x in four measurements (calls 1-2, on every
+    default or the plain gmm's only); with the layer's kind of groups at the gemm shapes,
+    0.95-1.04x (call 3).
     """
 
     block_m: int = 128
