@@ -205,8 +205,6 @@ def main() -> None:
     for swizzle in (8, 4, 16):
         name = "mc" if swizzle == 8 else f"mcg{swizzle}"
         variants[name] = dataclasses.replace(default, multicast_weights=True, group_swizzle=swizzle)
-    # ... and one work item at two neighbouring column tiles, the lhs block multicast.
-    variants["mr"] = dataclasses.replace(default, multicast_rows=True)
     if args.variants != "all":
         variants = {k: variants[k] for k in args.variants.split(",")}
 

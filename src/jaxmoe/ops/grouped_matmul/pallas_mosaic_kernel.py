@@ -136,7 +136,6 @@ def mosaic_gmm_body(
     def unused(*args, **kwargs):
         del args, kwargs
 
-    clustered = cfg.multicast_weights or cfg.multicast_rows
     if cfg.ring:
         rhs_block = (bn, bk) if transpose_rhs else (bk, bn)
         allocations = {
@@ -150,7 +149,7 @@ def mosaic_gmm_body(
             **common.ring_barriers(
                 cfg.stages,
                 copies_per_step=1 + num_rhs,
-                cluster_wide=clustered and not interpreted,
+                cluster_wide=cfg.multicast_weights and not interpreted,
             ),
         }
     else:
@@ -177,7 +176,7 @@ def mosaic_gmm_body(
         num_compute_work = work_counts_gmem[0]
         # Read here, not in the loops: Mosaic GPU's interpreter (jax 0.10) resolves a cluster
         # axis index only outside them.
-        cluster_cta = lax.axis_index(common.CLUSTER_AXIS) if clustered else 0
+        cluster_cta = lax.axis_index(common.CLUSTER_AXIS) if cfg.multicast_weights else 0
         num_tail_work = work_counts_gmem[1]
 
         def tile_rows(work):
@@ -192,7 +191,7 @@ def mosaic_gmm_body(
         @pl.when(wg < common.NUM_COMPUTE_WARPGROUPS)
         def _zero_tail():  # rows at or past sum(group_sizes): GPU memory is uninitialised.
             # Every CTA takes its own tail tiles, also the two of a cluster.
-            per_cta = clustered
+            per_cta = cfg.multicast_weights
 
             @pl.loop(0, common.cta_tile_count(num_tail_work * num_n_tiles, per_cta=per_cta))
             def _tail_loop(local_tile):
@@ -287,17 +286,6 @@ def mosaic_gmm_body(
             shared = work_group_gmem[first] == work_group_gmem[second]
             return group, row0, lo, hi, n_tile * bn, shared
 
-        def row_pair_tile_parts(index):
-            """With ``multicast_rows``: the cluster's ``index``-th unit is one work item at N
-            tiles ``2j`` (CTA 0) and ``2j + 1`` (CTA 1), the ``lhs`` block multicast; an odd last
-            N tile's partner recomputes it."""
-            work, n_pair = common.swizzle(
-                index, num_compute_work, (num_n_tiles + 1) // 2, cfg.group_swizzle
-            )
-            n_tile = jnp.minimum(2 * n_pair + cluster_cta, num_n_tiles - 1)
-            group, row0, lo, hi = tile_rows(work)
-            return group, row0, lo, hi, n_tile * bn, None
-
         def copy_weights(block, slot_ref, barrier, shared):
             if not cfg.multicast_weights:
                 plgpu.copy_gmem_to_smem(block, slot_ref, barrier)
@@ -322,9 +310,6 @@ def mosaic_gmm_body(
             if cfg.multicast_weights:
                 my_tiles = common.cta_tile_count((num_compute_work + 1) // 2 * num_n_tiles)
                 unit_parts = cluster_tile_parts
-            elif cfg.multicast_rows:
-                my_tiles = common.cta_tile_count(num_compute_work * ((num_n_tiles + 1) // 2))
-                unit_parts = row_pair_tile_parts
             else:
                 my_tiles = common.cta_tile_count(num_tiles)
 
@@ -341,11 +326,7 @@ def mosaic_gmm_body(
                     barrier = ring["loaded"].at[slot]
                     k_cols = pl.ds(i * bk, bk)
                     lhs_block = pair_lhs.at[pl.ds(row0, bm), k_cols]
-                    # With multicast_rows both CTAs hold the same rows: always shared.
-                    rows_axes = common.CLUSTER_AXIS if cfg.multicast_rows else ()
-                    plgpu.copy_gmem_to_smem(
-                        lhs_block, ring["lhs"].at[slot], barrier, collective_axes=rows_axes
-                    )
+                    plgpu.copy_gmem_to_smem(lhs_block, ring["lhs"].at[slot], barrier)
                     for rhs, rhs_ring in zip(pair_rhs, ring["rhs"], strict=True):
                         source = rhs_block_source(rhs, group, col0)
                         block = source.at[:, k_cols] if transpose_rhs else source.at[k_cols, :]

@@ -77,11 +77,6 @@ class MosaicTileConfig:
     settled), but the Mixtral layer took 0.956-0.978x in four measurements (calls 1-2, on every
     default or the plain gmm's only); with the layer's kind of groups at the gemm shapes,
     0.95-1.04x (call 3).
-
-    ``multicast_rows`` (on the ``ring`` only; not with ``multicast_weights``): clusters of two
-    CTAs take one work item at neighbouring column tiles (``2j``, ``2j + 1``), so the ``lhs``
-    block is always shared and multicast (jax's dense kernel's cluster along N); an odd last
-    column tile's partner recomputes it.
     """
 
     block_m: int = 128
@@ -96,7 +91,6 @@ class MosaicTileConfig:
     split_rows: bool = False
     group_start_tiles: bool = False
     multicast_weights: bool = False
-    multicast_rows: bool = False
 
 
 # With group_start_tiles a tile starts on this row grid: a TMA copy into a tiled shared buffer
@@ -112,7 +106,7 @@ def tile_align(cfg: MosaicTileConfig) -> int | None:
 
 def cluster_ctas(cfg: MosaicTileConfig) -> int:
     """CTAs per cluster: two with ``multicast_weights``, else one."""
-    return 2 if cfg.multicast_weights or cfg.multicast_rows else 1
+    return 2 if cfg.multicast_weights else 1
 
 
 def warpgroup_tile(cfg: MosaicTileConfig) -> tuple[int, int]:
@@ -311,13 +305,8 @@ def check_tiles(cfg: MosaicTileConfig, operand_bytes: int = 2, num_rhs: int = 1)
         problems.append(f"stages={cfg.stages} must be >= 2")
     if cfg.group_swizzle < 1:
         problems.append(f"group_swizzle={cfg.group_swizzle} must be >= 1")
-    if (cfg.multicast_weights or cfg.multicast_rows) and not cfg.ring:
-        problems.append(
-            "multicast_weights=True or multicast_rows=True needs ring=True (its releases span "
-            "the cluster)"
-        )
-    if cfg.multicast_weights and cfg.multicast_rows:
-        problems.append("multicast_weights and multicast_rows cannot both be True")
+    if cfg.multicast_weights and not cfg.ring:
+        problems.append("multicast_weights=True needs ring=True (its releases span the cluster)")
     if cfg.split_rows and bm != 128:
         problems.append("split_rows=True needs block_m=128 (one 64-row wgmma M tile per warpgroup)")
     if cfg.epilogue_rows not in (None, bm) and not (
