@@ -90,7 +90,7 @@ def main() -> None:
         "--variants",
         default='{"grid": {"group_start_tiles": false}, '
         '"group_start": {"group_start_tiles": true}}',
-        help="JSON: variant name -> MosaicTileConfig changes applied to every default",
+        help="JSON: variant name -> MosaicTileConfig changes applied to the --sites' defaults",
     )
     args = parser.parse_args()
     variants = json.loads(args.variants)

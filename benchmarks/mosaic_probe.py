@@ -200,11 +200,13 @@ def main() -> None:
     }
     # Clusters of two CTAs multicasting the weight block (session 19), on the default, walking
     # 8 (the default's group_swizzle: 16 work items), 4 or 16 pairs along N.
-    default = pallas_mosaic_tiles.default_mosaic_gmm_tiles(0, 0, 0)
-    variants["default"] = default
+    default_tiles = pallas_mosaic_tiles.default_mosaic_gmm_tiles(0, 0, 0)
+    variants["default"] = default_tiles
     for swizzle in (8, 4, 16):
         name = "mc" if swizzle == 8 else f"mcg{swizzle}"
-        variants[name] = dataclasses.replace(default, multicast_weights=True, group_swizzle=swizzle)
+        variants[name] = dataclasses.replace(
+            default_tiles, multicast_weights=True, group_swizzle=swizzle
+        )
     if args.variants != "all":
         variants = {k: variants[k] for k in args.variants.split(",")}
 
