@@ -369,7 +369,28 @@ def mosaic_gmm_body(
                             released=ring["released"],
                         )
 
-                    make_context(group, row0, lo, hi, col0)(eval_steps)
+                    if not cfg.skip_empty_warpgroups:
+                        make_context(group, row0, lo, hi, col0)(eval_steps)
+                        return carry
+
+                    # A warpgroup none of whose rows the item owns (with split rows: a group's
+                    # last tile of at most 64 rows) leaves the tensor cores to the other one.
+                    owns_rows = work_list.owns_any(lo, hi, wg_row, wg_m)
+
+                    @pl.when(owns_rows)
+                    def _multiply():
+                        make_context(group, row0, lo, hi, col0)(eval_steps)
+
+                    @pl.when(jnp.logical_not(owns_rows))
+                    def _pass():
+                        common.ring_skip(
+                            local_tile * count,
+                            count,
+                            stages=cfg.stages,
+                            loaded=ring["loaded"],
+                            released=ring["released"],
+                        )
+
                     return carry
 
                 lax.fori_loop(0, my_tiles, tile, jnp.int32(0))
