@@ -93,6 +93,13 @@ CONFIGS = {
     "skip_empty": dataclasses.replace(
         default_mosaic_gmm_tiles(M, K, N), stages=3, group_swizzle=2, skip_empty_warpgroups=True
     ),
+    "skip_per_step": dataclasses.replace(
+        default_mosaic_gmm_tiles(M, K, N),
+        stages=3,
+        group_swizzle=2,
+        skip_empty_warpgroups=True,
+        skip_per_step=True,
+    ),
 }
 TRITON_TILES = TileConfig(block_m=32, block_n=32, block_k=32, num_warps=4, num_stages=2)
 
@@ -147,8 +154,9 @@ def test_skip_empty_warpgroups_either_half():
     # at M, own rows [64, 72) and [72, 128) of the last 128 (the first warpgroup skips them).
     # Each multiplied half must be stored.
     sizes = [64, 136, 56]
-    got, want = mosaic_forward(sizes, CONFIGS["skip_empty"], seed=8)
-    assert np.max(np.abs(got - want)) / np.max(np.abs(want)) <= 1.6e-2
+    for name in ("skip_empty", "skip_per_step"):
+        got, want = mosaic_forward(sizes, CONFIGS[name], seed=8)
+        assert np.max(np.abs(got - want)) / np.max(np.abs(want)) <= 1.6e-2, name
 
 
 @pytest.mark.parametrize("name", ["swizzled", "swizzled_half_slab"])
@@ -248,6 +256,9 @@ LOWERED = {
     # A warpgroup owning no rows of an item passes its ring steps without a wgmma.
     "skip_empty": dataclasses.replace(
         default_mosaic_gmm_tiles(M, 2048, N), skip_empty_warpgroups=True
+    ),
+    "skip_per_step": dataclasses.replace(
+        default_mosaic_gmm_tiles(M, 2048, N), skip_empty_warpgroups=True, skip_per_step=True
     ),
 }
 

@@ -201,7 +201,7 @@ def mosaic_gmm_body(
                 zeros = (jnp.zeros((stores.stage_rows, wg_n), out_dtype),) * num_outputs
                 stores.store(lambda first_row: zeros, row0, col0, lo, hi)  # each its half
 
-        def make_context(group, row0, lo, hi, col0):
+        def make_context(group, row0, lo, hi, col0, active=None):
             def context(eval_pipeline):
                 if k_step_scale is not None:  # the main accumulator is the pipeline's carry
                     acc = eval_pipeline(jnp.zeros((wg_m, wg_n), jnp.float32))
@@ -221,7 +221,13 @@ def mosaic_gmm_body(
                         slab_results = stores.epilogue_slabs(
                             epilogue, epilogue_gmem, acc, group, row0, col0
                         )
-                    stores.store(slab_results, row0, col0, lo, hi)
+                    if active is None:
+                        stores.store(slab_results, row0, col0, lo, hi)
+                        return
+
+                    @pl.when(active)
+                    def _store():
+                        stores.store(slab_results, row0, col0, lo, hi)
 
                 pl.run_scoped(acc_scope, *[plgpu.ACC((wg_m, wg_n), jnp.float32)] * num_rhs)
 
@@ -354,10 +360,20 @@ def mosaic_gmm_body(
                     (group, row0, lo, hi, col0, _), count = parts(local_tile)
                     mma = make_mma(group, row0, col0)
 
+                    owns_rows = work_list.owns_any(lo, hi, wg_row, wg_m)
+                    per_step = cfg.skip_empty_warpgroups and cfg.skip_per_step
+
                     def eval_steps(acc):
                         def step(i, slot, acc):
                             rhs_smems = [rhs_ring.at[slot] for rhs_ring in ring["rhs"]]
-                            return mma((i,), ring["lhs"].at[slot], *rhs_smems, acc)
+                            if not per_step:
+                                return mma((i,), ring["lhs"].at[slot], *rhs_smems, acc)
+
+                            @pl.when(owns_rows)
+                            def _issue():
+                                mma((i,), ring["lhs"].at[slot], *rhs_smems, acc)
+
+                            return acc
 
                         return common.ring_consume(
                             local_tile * count,
@@ -369,13 +385,15 @@ def mosaic_gmm_body(
                             released=ring["released"],
                         )
 
+                    if per_step:
+                        make_context(group, row0, lo, hi, col0, owns_rows)(eval_steps)
+                        return carry
                     if not cfg.skip_empty_warpgroups:
                         make_context(group, row0, lo, hi, col0)(eval_steps)
                         return carry
 
                     # A warpgroup none of whose rows the item owns (with split rows: a group's
                     # last tile of at most 64 rows) leaves the tensor cores to the other one.
-                    owns_rows = work_list.owns_any(lo, hi, wg_row, wg_m)
 
                     @pl.when(owns_rows)
                     def _multiply():
