@@ -15,14 +15,13 @@ declare -A CH=([default]='{}' [skip]='{"skip_empty_warpgroups": true}' \
 for kernel in gmm pair gated; do
   shape=mixtral-down; [ $kernel = gated ] && shape=mixtral-up
   for v in default skip step; do
-    MOSAIC_GPU_DUMP_PTXAS=1 MOSAIC_GPU_DUMP_TO=$W/dump/$kernel-$v timeout 60 \
+    MOSAIC_GPU_DUMP_PTXAS=1 timeout 60 \
       python3 benchmarks/ptxas_probe.py --kernel $kernel --shape $shape --changes "${CH[$v]}" \
       > $W/ptxas-$kernel-$v.log 2>&1; echo "$kernel $v rc=$?"
     grep -a '"rel_err"' $W/ptxas-$kernel-$v.log | cut -c1-60,400-
-    grep -a -h -i -E "registers|spill|serializ|warning|Performance" $W/ptxas-$kernel-$v.log $W/dump/$kernel-$v/* 2>/dev/null | sort | uniq -c | head -12
+    grep -a -h -i -E "registers|spill|serializ|warning|Performance" $W/ptxas-$kernel-$v.log | sort | uniq -c | head -12
   done
 done
-ls $W/dump/gmm-default | head
 timeout 240 python3 benchmarks/group_start_probe.py --out-dir $W/layer --rounds 10 --presets mixtral \
   --stem skip-modes --variants '{"default": {}, "step": {"skip_empty_warpgroups": true, "skip_per_step": true}, "skip": {"skip_empty_warpgroups": true}}' \
   --time-budget-s 230 > $W/layer.log 2>&1; echo "layer rc=$?"
