@@ -210,6 +210,9 @@ def main() -> None:
     # A compute warpgroup owning no rows of a work item skips it (session 20): a group's last
     # tile of at most 64 rows runs one warpgroup.
     variants["skip"] = dataclasses.replace(default_tiles, skip_empty_warpgroups=True)
+    variants["skipstep"] = dataclasses.replace(
+        default_tiles, skip_empty_warpgroups=True, skip_per_step=True
+    )
     if args.variants != "all":
         variants = {k: variants[k] for k in args.variants.split(",")}
 
