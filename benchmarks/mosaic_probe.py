@@ -213,6 +213,12 @@ def main() -> None:
     variants["skipstep"] = dataclasses.replace(
         default_tiles, skip_empty_warpgroups=True, skip_per_step=True
     )
+    # Timing only (its results are wrong): the second compute warpgroup never multiplies, so
+    # the first has the tensor cores alone on every tile (skip / per step).
+    variants["idle1"] = dataclasses.replace(variants["skip"], experiment_idle_second_warpgroup=True)
+    variants["idle1step"] = dataclasses.replace(
+        variants["skipstep"], experiment_idle_second_warpgroup=True
+    )
     if args.variants != "all":
         variants = {k: variants[k] for k in args.variants.split(",")}
 

@@ -100,9 +100,10 @@ class MosaicTileConfig:
     group_start_tiles: bool = False
     multicast_weights: bool = False
     skip_empty_warpgroups: bool = False
-    skip_per_step: bool = (
-        False  # experiment (run 20): the wgmma and stores predicated, not the tile
-    )
+    # Experiments (run 20): the wgmma and stores predicated instead of the tile; the second
+    # warpgroup never multiplying (wrong results, timing only).
+    skip_per_step: bool = False
+    experiment_idle_second_warpgroup: bool = False
 
 
 # With group_start_tiles a tile starts on this row grid: a TMA copy into a tiled shared buffer
