@@ -219,6 +219,9 @@ def main() -> None:
     variants["idle1step"] = dataclasses.replace(
         variants["skipstep"], experiment_idle_second_warpgroup=True
     )
+    # The compute warpgroups synchronized at each tile's start, alone and with skip.
+    variants["sync"] = dataclasses.replace(default_tiles, sync_warpgroups=True)
+    variants["skipsync"] = dataclasses.replace(variants["skip"], sync_warpgroups=True)
     if args.variants != "all":
         variants = {k: variants[k] for k in args.variants.split(",")}
 

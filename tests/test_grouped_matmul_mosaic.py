@@ -93,6 +93,13 @@ CONFIGS = {
     "skip_empty": dataclasses.replace(
         default_mosaic_gmm_tiles(M, K, N), stages=3, group_swizzle=2, skip_empty_warpgroups=True
     ),
+    "skip_sync": dataclasses.replace(
+        default_mosaic_gmm_tiles(M, K, N),
+        stages=3,
+        group_swizzle=2,
+        skip_empty_warpgroups=True,
+        sync_warpgroups=True,
+    ),
     "skip_per_step": dataclasses.replace(
         default_mosaic_gmm_tiles(M, K, N),
         stages=3,
@@ -154,7 +161,7 @@ def test_skip_empty_warpgroups_either_half():
     # at M, own rows [64, 72) and [72, 128) of the last 128 (the first warpgroup skips them).
     # Each multiplied half must be stored.
     sizes = [64, 136, 56]
-    for name in ("skip_empty", "skip_per_step"):
+    for name in ("skip_empty", "skip_per_step", "skip_sync"):
         got, want = mosaic_forward(sizes, CONFIGS[name], seed=8)
         assert np.max(np.abs(got - want)) / np.max(np.abs(want)) <= 1.6e-2, name
 
@@ -259,6 +266,9 @@ LOWERED = {
     ),
     "skip_per_step": dataclasses.replace(
         default_mosaic_gmm_tiles(M, 2048, N), skip_empty_warpgroups=True, skip_per_step=True
+    ),
+    "skip_sync": dataclasses.replace(
+        default_mosaic_gmm_tiles(M, 2048, N), skip_empty_warpgroups=True, sync_warpgroups=True
     ),
 }
 

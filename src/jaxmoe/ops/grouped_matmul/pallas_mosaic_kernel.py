@@ -151,6 +151,8 @@ def mosaic_gmm_body(
                 copies_per_step=1 + num_rhs,
                 cluster_wide=cfg.multicast_weights and not interpreted,
             ),
+            # Both compute warpgroups arrive and wait at each tile's start (experiment).
+            "tile_sync": plgpu.Barrier(num_arrivals=common.NUM_COMPUTE_WARPGROUPS),
         }
     else:
         allocations = make_pipeline(unused, unused).get_allocations(
@@ -357,6 +359,9 @@ def mosaic_gmm_body(
                 plgpu.set_max_registers(common.COMPUTE_REGISTERS, action="increase")
 
                 def tile(local_tile, carry):
+                    if cfg.sync_warpgroups:
+                        plgpu.barrier_arrive(ring["tile_sync"])
+                        plgpu.barrier_wait(ring["tile_sync"])
                     (group, row0, lo, hi, col0, _), count = parts(local_tile)
                     mma = make_mma(group, row0, col0)
 

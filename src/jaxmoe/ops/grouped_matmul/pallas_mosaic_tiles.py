@@ -104,6 +104,7 @@ class MosaicTileConfig:
     # warpgroup never multiplying (wrong results, timing only).
     skip_per_step: bool = False
     experiment_idle_second_warpgroup: bool = False
+    sync_warpgroups: bool = False
 
 
 # With group_start_tiles a tile starts on this row grid: a TMA copy into a tiled shared buffer
