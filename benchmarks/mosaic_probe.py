@@ -207,21 +207,6 @@ def main() -> None:
         variants[name] = dataclasses.replace(
             default_tiles, multicast_weights=True, group_swizzle=swizzle
         )
-    # A compute warpgroup owning no rows of a work item skips it (session 20): a group's last
-    # tile of at most 64 rows runs one warpgroup.
-    variants["skip"] = dataclasses.replace(default_tiles, skip_empty_warpgroups=True)
-    variants["skipstep"] = dataclasses.replace(
-        default_tiles, skip_empty_warpgroups=True, skip_per_step=True
-    )
-    # Timing only (its results are wrong): the second compute warpgroup never multiplies, so
-    # the first has the tensor cores alone on every tile (skip / per step).
-    variants["idle1"] = dataclasses.replace(variants["skip"], experiment_idle_second_warpgroup=True)
-    variants["idle1step"] = dataclasses.replace(
-        variants["skipstep"], experiment_idle_second_warpgroup=True
-    )
-    # The compute warpgroups synchronized at each tile's start, alone and with skip.
-    variants["sync"] = dataclasses.replace(default_tiles, sync_warpgroups=True)
-    variants["skipsync"] = dataclasses.replace(variants["skip"], sync_warpgroups=True)
     if args.variants != "all":
         variants = {k: variants[k] for k in args.variants.split(",")}
 

@@ -3,9 +3,9 @@ warnings (``wgmma`` serialization among them), printed by Mosaic GPU when the pr
 ``MOSAIC_GPU_DUMP_PTXAS=1`` (jaxlib's CUDA build; ``MOSAIC_GPU_DUMP_TO`` a directory for the
 files). One kernel and one variant per process, so that each dump is that kernel's alone::
 
-    MOSAIC_GPU_DUMP_PTXAS=1 MOSAIC_GPU_DUMP_SASS=1 MOSAIC_GPU_DUMP_TO=$OUT/gmm-skip \\
+    MOSAIC_GPU_DUMP_PTXAS=1 MOSAIC_GPU_DUMP_SASS=1 MOSAIC_GPU_DUMP_TO=$OUT/gmm-multicast \\
       PYTHONPATH=src python benchmarks/ptxas_probe.py --kernel gmm \\
-      --changes '{"skip_empty_warpgroups": true}'
+      --changes '{"multicast_weights": true}'
 
 Kernels (``--shape``'s ``[M, K] x [G, K, N]``, groups padded to 64 as the layer's): ``gmm``,
 ``dgrad`` (the transposed weights), ``pair`` (the gated FFN's input gradient, transposed),

@@ -70,12 +70,6 @@ def _relative(got, want):
             "bfloat16",
             dataclasses.replace(SPLIT_ROWS, group_start_tiles=True, multicast_weights=True),
         ),
-        # A warpgroup owning no rows of an item skips it (group 0's tile: the second's half).
-        (
-            "swiglu",
-            "bfloat16",
-            dataclasses.replace(SPLIT_ROWS, group_start_tiles=True, skip_empty_warpgroups=True),
-        ),
     ],
 )
 def test_forward_empty_groups_straddling_tiles_and_tail(activation, dtype, cfg):

@@ -210,26 +210,6 @@ def test_work_items_cover_every_row_once(tile_align):
     )
 
 
-def test_warpgroup_halves_owned_by_each_work_item():
-    # 128-row tiles of the layer's kind of groups (64-row padding, tiles from each group's
-    # first row): a group's last tile of 64 rows owns only the first warpgroup's half; the
-    # last tile moved back to end at M owns only the second's; a cut tile owns both halves.
-    sizes, m, bm = np.array([64, 136, 56, 100, 28]), 384, 128
-    work_group, first_row, offsets = (
-        np.asarray(a) for a in work_list.work_items(jnp.asarray(sizes), m, bm, tile_align=8)
-    )
-    items = work_group < len(sizes)
-    group, first = work_group[items], first_row[items]
-    row0 = np.asarray(work_list.tile_first_row(first, bm, m, tile_align=8))
-    lo, hi = (np.asarray(v) for v in work_list.rows_in_tile(first, row0, offsets[group + 1], bm))
-    halves = [
-        [bool(work_list.owns_any(low, high, half * 64, 64)) for half in (0, 1)]
-        for low, high in zip(lo, hi, strict=True)
-    ]
-    assert list(row0) == [0, 64, 192, 200, 256, 256]
-    assert halves == [[1, 0], [1, 1], [1, 0], [1, 0], [1, 1], [0, 1]]
-
-
 @pytest.mark.parametrize("tile_align", [None, 8], ids=["grid", "group_start"])
 def test_work_items_fit_the_list_for_any_sizes(tile_align):
     # Random sizes, many small groups (each can cost a cut tile) and sizes just under a tile.

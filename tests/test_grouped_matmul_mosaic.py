@@ -89,24 +89,6 @@ CONFIGS = {
     "multicast": dataclasses.replace(
         default_mosaic_gmm_tiles(M, K, N), stages=3, group_swizzle=2, multicast_weights=True
     ),
-    # The default's layout with a warpgroup that owns no rows of an item skipping it.
-    "skip_empty": dataclasses.replace(
-        default_mosaic_gmm_tiles(M, K, N), stages=3, group_swizzle=2, skip_empty_warpgroups=True
-    ),
-    "skip_sync": dataclasses.replace(
-        default_mosaic_gmm_tiles(M, K, N),
-        stages=3,
-        group_swizzle=2,
-        skip_empty_warpgroups=True,
-        sync_warpgroups=True,
-    ),
-    "skip_per_step": dataclasses.replace(
-        default_mosaic_gmm_tiles(M, K, N),
-        stages=3,
-        group_swizzle=2,
-        skip_empty_warpgroups=True,
-        skip_per_step=True,
-    ),
 }
 TRITON_TILES = TileConfig(block_m=32, block_n=32, block_k=32, num_warps=4, num_stages=2)
 
@@ -153,17 +135,6 @@ def test_multicast_pairs_share_a_group_or_load_their_own():
     got, want = mosaic_forward(sizes, CONFIGS["multicast"], m=512, seed=5)
     assert np.max(np.abs(got - want)) / np.max(np.abs(want)) <= 1.6e-2
     assert np.all(got[sum(sizes) :] == 0)
-
-
-def test_skip_empty_warpgroups_either_half():
-    # Items (128-row tiles from each group's first row): group 0's one tile owns rows [0, 64)
-    # (the second warpgroup skips it); group 1's second tile and group 2's, moved back to end
-    # at M, own rows [64, 72) and [72, 128) of the last 128 (the first warpgroup skips them).
-    # Each multiplied half must be stored.
-    sizes = [64, 136, 56]
-    for name in ("skip_empty", "skip_per_step", "skip_sync"):
-        got, want = mosaic_forward(sizes, CONFIGS[name], seed=8)
-        assert np.max(np.abs(got - want)) / np.max(np.abs(want)) <= 1.6e-2, name
 
 
 @pytest.mark.parametrize("name", ["swizzled", "swizzled_half_slab"])
@@ -260,16 +231,6 @@ LOWERED = {
     "grid": dataclasses.replace(default_mosaic_gmm_tiles(M, 2048, N), group_start_tiles=False),
     # Clusters of two CTAs: cluster barriers for the slots' releases, multicast weight copies.
     "multicast": dataclasses.replace(default_mosaic_gmm_tiles(M, 2048, N), multicast_weights=True),
-    # A warpgroup owning no rows of an item passes its ring steps without a wgmma.
-    "skip_empty": dataclasses.replace(
-        default_mosaic_gmm_tiles(M, 2048, N), skip_empty_warpgroups=True
-    ),
-    "skip_per_step": dataclasses.replace(
-        default_mosaic_gmm_tiles(M, 2048, N), skip_empty_warpgroups=True, skip_per_step=True
-    ),
-    "skip_sync": dataclasses.replace(
-        default_mosaic_gmm_tiles(M, 2048, N), skip_empty_warpgroups=True, sync_warpgroups=True
-    ),
 }
 
 
@@ -346,7 +307,6 @@ def test_unsupported_operands_raise_not_implemented():
         ("block_m", 256),
         ("stages", 1),
         ("multicast_weights", True),  # off the ring
-        ("skip_empty_warpgroups", True),  # off the ring
     ],
 )
 def test_bad_tiles_raise_value_error(field, value):
@@ -420,7 +380,7 @@ def test_a_gpu_other_than_hopper_is_refused(monkeypatch):
     )
 
 
-@pytest.mark.parametrize("name", ["ring", "split_rows_swizzled_wide", "multicast", "skip_empty"])
+@pytest.mark.parametrize("name", ["ring", "split_rows_swizzled_wide", "multicast"])
 def test_pair_sums_two_products_in_one_k_loop(name):
     # lhs @ rhs[g] + lhs2 @ rhs2[g]: the ring's steps run over the first pair, then the second
     # (2 + 2 K steps per tile on two slots; the slot wraps inside and across tiles). Groups cut

@@ -124,18 +124,6 @@ def ring_consume(step, count, mma, carry, *, stages: int, loaded, released):
     return carry
 
 
-def ring_skip(step, count, *, stages: int, loaded, released) -> None:
-    """A compute warpgroup's side for a tile it multiplies nothing of (``count`` steps from
-    global ``step``): it waits for each slot's loads and releases the slot at once, so that its
-    barrier phases and the ring's slot order stay those of :func:`ring_consume`."""
-
-    @pl.loop(step, step + count)
-    def _pass(step):
-        slot = lax.rem(step, stages)
-        plgpu.barrier_wait(loaded.at[slot])
-        plgpu.barrier_arrive(released.at[slot])
-
-
 def split_warpgroups(memory, compute) -> None:
     """Inside a CTA of :func:`persistent_kernel`: the memory warpgroup (the last) runs
     ``memory()`` (its :func:`ring_produce`), each compute warpgroup ``compute(wg)`` with the

@@ -151,8 +151,6 @@ def mosaic_gmm_body(
                 copies_per_step=1 + num_rhs,
                 cluster_wide=cfg.multicast_weights and not interpreted,
             ),
-            # Both compute warpgroups arrive and wait at each tile's start (experiment).
-            "tile_sync": plgpu.Barrier(num_arrivals=common.NUM_COMPUTE_WARPGROUPS),
         }
     else:
         allocations = make_pipeline(unused, unused).get_allocations(
@@ -203,7 +201,7 @@ def mosaic_gmm_body(
                 zeros = (jnp.zeros((stores.stage_rows, wg_n), out_dtype),) * num_outputs
                 stores.store(lambda first_row: zeros, row0, col0, lo, hi)  # each its half
 
-        def make_context(group, row0, lo, hi, col0, active=None):
+        def make_context(group, row0, lo, hi, col0):
             def context(eval_pipeline):
                 if k_step_scale is not None:  # the main accumulator is the pipeline's carry
                     acc = eval_pipeline(jnp.zeros((wg_m, wg_n), jnp.float32))
@@ -223,13 +221,7 @@ def mosaic_gmm_body(
                         slab_results = stores.epilogue_slabs(
                             epilogue, epilogue_gmem, acc, group, row0, col0
                         )
-                    if active is None:
-                        stores.store(slab_results, row0, col0, lo, hi)
-                        return
-
-                    @pl.when(active)
-                    def _store():
-                        stores.store(slab_results, row0, col0, lo, hi)
+                    stores.store(slab_results, row0, col0, lo, hi)
 
                 pl.run_scoped(acc_scope, *[plgpu.ACC((wg_m, wg_n), jnp.float32)] * num_rhs)
 
@@ -359,28 +351,13 @@ def mosaic_gmm_body(
                 plgpu.set_max_registers(common.COMPUTE_REGISTERS, action="increase")
 
                 def tile(local_tile, carry):
-                    if cfg.sync_warpgroups:
-                        plgpu.barrier_arrive(ring["tile_sync"])
-                        plgpu.barrier_wait(ring["tile_sync"])
                     (group, row0, lo, hi, col0, _), count = parts(local_tile)
                     mma = make_mma(group, row0, col0)
-
-                    owns_rows = work_list.owns_any(lo, hi, wg_row, wg_m)
-                    if cfg.experiment_idle_second_warpgroup:  # run 20 probe: timing only
-                        owns_rows = wg == 0
-                    per_step = cfg.skip_empty_warpgroups and cfg.skip_per_step
 
                     def eval_steps(acc):
                         def step(i, slot, acc):
                             rhs_smems = [rhs_ring.at[slot] for rhs_ring in ring["rhs"]]
-                            if not per_step:
-                                return mma((i,), ring["lhs"].at[slot], *rhs_smems, acc)
-
-                            @pl.when(owns_rows)
-                            def _issue():
-                                mma((i,), ring["lhs"].at[slot], *rhs_smems, acc)
-
-                            return acc
+                            return mma((i,), ring["lhs"].at[slot], *rhs_smems, acc)
 
                         return common.ring_consume(
                             local_tile * count,
@@ -392,30 +369,7 @@ def mosaic_gmm_body(
                             released=ring["released"],
                         )
 
-                    if per_step:
-                        make_context(group, row0, lo, hi, col0, owns_rows)(eval_steps)
-                        return carry
-                    if not cfg.skip_empty_warpgroups:
-                        make_context(group, row0, lo, hi, col0)(eval_steps)
-                        return carry
-
-                    # A warpgroup none of whose rows the item owns (with split rows: a group's
-                    # last tile of at most 64 rows) leaves the tensor cores to the other one.
-
-                    @pl.when(owns_rows)
-                    def _multiply():
-                        make_context(group, row0, lo, hi, col0)(eval_steps)
-
-                    @pl.when(jnp.logical_not(owns_rows))
-                    def _pass():
-                        common.ring_skip(
-                            local_tile * count,
-                            count,
-                            stages=cfg.stages,
-                            loaded=ring["loaded"],
-                            released=ring["released"],
-                        )
-
+                    make_context(group, row0, lo, hi, col0)(eval_steps)
                     return carry
 
                 lax.fori_loop(0, my_tiles, tile, jnp.int32(0))

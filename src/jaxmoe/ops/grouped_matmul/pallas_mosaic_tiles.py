@@ -77,14 +77,6 @@ class MosaicTileConfig:
     settled), but the Mixtral layer took 0.956-0.978x in four measurements (calls 1-2, on every
     default or the plain gmm's only); with the layer's kind of groups at the gemm shapes,
     0.95-1.04x (call 3).
-
-    ``skip_empty_warpgroups`` (on the ``ring`` only): a compute warpgroup none of whose rows
-    (with ``split_rows``, its half of the tile) the work item owns skips its ``wgmma`` and its
-    stores, and only keeps the ring's barriers in step; the other warpgroup then has the
-    tensor cores to itself. With split rows that is every group's last tile of at most 64
-    rows: about half the groups of the MoE layer, whose groups are padded to 64 rows (Mixtral
-    on the layer bench: 6 of 69 tiles), and of any skewed sizes. With the column split both
-    warpgroups own every row of an item, so nothing is skipped.
     """
 
     block_m: int = 128
@@ -99,12 +91,6 @@ class MosaicTileConfig:
     split_rows: bool = False
     group_start_tiles: bool = False
     multicast_weights: bool = False
-    skip_empty_warpgroups: bool = False
-    # Experiments (run 20): the wgmma and stores predicated instead of the tile; the second
-    # warpgroup never multiplying (wrong results, timing only).
-    skip_per_step: bool = False
-    experiment_idle_second_warpgroup: bool = False
-    sync_warpgroups: bool = False
 
 
 # With group_start_tiles a tile starts on this row grid: a TMA copy into a tiled shared buffer
@@ -321,8 +307,6 @@ def check_tiles(cfg: MosaicTileConfig, operand_bytes: int = 2, num_rhs: int = 1)
         problems.append(f"group_swizzle={cfg.group_swizzle} must be >= 1")
     if cfg.multicast_weights and not cfg.ring:
         problems.append("multicast_weights=True needs ring=True (its releases span the cluster)")
-    if cfg.skip_empty_warpgroups and not cfg.ring:
-        problems.append("skip_empty_warpgroups=True needs ring=True (jax's pipeline has no skip)")
     if cfg.split_rows and bm != 128:
         problems.append("split_rows=True needs block_m=128 (one 64-row wgmma M tile per warpgroup)")
     if cfg.epilogue_rows not in (None, bm) and not (

@@ -85,9 +85,3 @@ def rows_in_tile(first_row, row0, end, block_m: int):
     """``(lo, hi)``: the rows ``[lo, hi)`` of the tile starting at ``row0`` that the work item
     owns (``first_row`` to its interval's ``end``, within the tile)."""
     return first_row - row0, jnp.clip(end - row0, 0, block_m)
-
-
-def owns_any(lo, hi, first, count: int):
-    """Whether a work item owning rows ``[lo, hi)`` of its tile owns any of the tile's rows
-    ``[first, first + count)`` (a compute warpgroup's share, with split rows)."""
-    return jnp.maximum(lo, first) < jnp.minimum(hi, first + count)
