@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import functools
 
+import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
@@ -212,16 +213,20 @@ def mosaic_gmm_body(
                     return
 
                 def acc_scope(*acc_refs):
-                    eval_pipeline(acc_refs)
-                    accs = [acc_ref[...] for acc_ref in acc_refs]
-                    if combine is not None:
-                        slab_results = stores.slabs_of(combine(*accs))
-                    else:
-                        (acc,) = accs
-                        slab_results = stores.epilogue_slabs(
-                            epilogue, epilogue_gmem, acc, group, row0, col0
-                        )
-                    stores.store(slab_results, row0, col0, lo, hi)
+                    # The scopes name the regions of Mosaic GPU's on-device profiler (when a
+                    # kernel is compiled with a profile_space; otherwise they cost nothing).
+                    with jax.named_scope("main_loop"):
+                        eval_pipeline(acc_refs)
+                    with jax.named_scope("epilogue"):
+                        accs = [acc_ref[...] for acc_ref in acc_refs]
+                        if combine is not None:
+                            slab_results = stores.slabs_of(combine(*accs))
+                        else:
+                            (acc,) = accs
+                            slab_results = stores.epilogue_slabs(
+                                epilogue, epilogue_gmem, acc, group, row0, col0
+                            )
+                        stores.store(slab_results, row0, col0, lo, hi)
 
                 pl.run_scoped(acc_scope, *[plgpu.ACC((wg_m, wg_n), jnp.float32)] * num_rhs)
 

@@ -1,0 +1,171 @@
+"""Probe (issue 15): where a Mosaic GPU ``gmm`` kernel's time goes inside the kernel, from Mosaic
+GPU's on-device profiler: each compute warpgroup's ``main_loop`` (its ``wgmma`` over a tile's K
+steps, waits for the ring included) and ``epilogue`` (cast, stage, TMA store) per tile, with
+timestamps, for every CTA. The kernel names those regions with ``jax.named_scope``; they are
+recorded only when it is compiled with a ``profile_space`` (here: ``plgpu.CompilerParams`` patched
+while the case is traced). The profiler keeps its events in shared memory (``4 * profile_space``
+32-bit entries per warpgroup), so ``--profile-space`` must cover two regions per tile of a CTA
+and fit beside the 4-slot ring::
+
+    PYTHONPATH=src python benchmarks/kernel_trace_probe.py --out-dir $OUT
+
+Per case (``shape:routing``, routing ``balanced`` or ``layer``: multinomial loads on 7/8 of the
+rows, each padded to 64, as the MoE layer's), the trace of the last of ``--calls`` calls is kept
+(``<case>/...-trace.json``, Perfetto's format) and summarised in ``kernel-trace.json``: the
+kernel's span, each compute warpgroup's time in ``main_loop``, ``epilogue`` and neither (between
+tiles, the tail's zeros), per-tile durations, and how far apart the two compute warpgroups of a
+CTA start each tile's main loop.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import glob
+import json
+import os
+from unittest import mock
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxmoe.bench.presets import GEMM_SHAPES
+from jaxmoe.ops.grouped_matmul import pallas_mosaic, pallas_mosaic_common
+
+COMPUTE_WARPGROUPS = pallas_mosaic_common.NUM_COMPUTE_WARPGROUPS
+WARPGROUPS = COMPUTE_WARPGROUPS + 1
+
+
+def group_sizes(shape, routing: str) -> np.ndarray:
+    if routing == "balanced":
+        return np.full(shape.groups, shape.m // shape.groups, np.int32)
+    loads = np.random.default_rng(0).multinomial(
+        shape.m * 7 // 8, np.full(shape.groups, 1 / shape.groups)
+    )
+    return (-(-loads // 64) * 64).astype(np.int32)
+
+
+def regions(trace: dict) -> dict:
+    """``{(block, warpgroup): [(name, start_us, end_us), ...]}`` from a Perfetto trace."""
+    open_events, out = {}, {}
+    for event in trace["traceEvents"]:
+        tid = event["tid"] - 1
+        key = (tid // WARPGROUPS, tid % WARPGROUPS)
+        if event["ph"] == "B":
+            open_events[key] = (event["name"], event["ts"])
+        else:
+            name, start = open_events.pop(key)
+            out.setdefault(key, []).append((name, start, event["ts"]))
+    return out
+
+
+def summarize(trace: dict) -> dict:
+    by_warpgroup = regions(trace)
+    starts = [r[1] for rs in by_warpgroup.values() for r in rs]
+    ends = [r[2] for rs in by_warpgroup.values() for r in rs]
+    shares = {"main_loop": [], "epilogue": [], "neither": []}
+    durations = {"main_loop": [], "epilogue": []}
+    for spans in by_warpgroup.values():
+        span = spans[-1][2] - spans[0][1]
+        for name in ("main_loop", "epilogue"):
+            times = [end - start for n, start, end in spans if n == name]
+            durations[name] += times
+            shares[name].append(sum(times) / span)
+        shares["neither"].append(1 - shares["main_loop"][-1] - shares["epilogue"][-1])
+    skews = []
+    blocks = {block for block, _ in by_warpgroup}
+    for block in blocks:
+        loops = [
+            [start for n, start, _ in by_warpgroup.get((block, wg), []) if n == "main_loop"]
+            for wg in range(COMPUTE_WARPGROUPS)
+        ]
+        skews += [abs(a - b) for a, b in zip(*loops, strict=False)]
+
+    def stats(values):
+        values = np.asarray(values)
+        return {
+            "mean": float(values.mean()),
+            "p50": float(np.median(values)),
+            "p90": float(np.percentile(values, 90)),
+            "max": float(values.max()),
+        }
+
+    return {
+        "kernel_span_us": max(ends) - min(starts),
+        "warpgroups": len(by_warpgroup),
+        "tiles_per_warpgroup": len(durations["main_loop"]) / max(len(by_warpgroup), 1),
+        "share": {name: float(np.mean(v)) for name, v in shares.items()},
+        "main_loop_us": stats(durations["main_loop"]),
+        "epilogue_us": stats(durations["epilogue"]),
+        "warpgroup_start_skew_us": stats(skews) if skews else None,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--out-dir", default=os.environ.get("OUT", "/tmp"))
+    parser.add_argument(
+        "--cases", default="mixtral-down:balanced,mixtral-down:layer,dsv3-up:balanced"
+    )
+    parser.add_argument("--transpose", action="store_true", help="the dgrad (transposed rhs)")
+    parser.add_argument("--profile-space", type=int, default=40)
+    parser.add_argument("--calls", type=int, default=3)
+    parser.add_argument(
+        "--lower-only", action="store_true", help="lower for CUDA (no GPU needed) and stop"
+    )
+    args = parser.parse_args()
+    results = []
+    original = pallas_mosaic_common.plgpu.CompilerParams
+    for case in args.cases.split(","):
+        shape_name, routing = case.split(":")
+        shape = GEMM_SHAPES[shape_name]
+        case_dir = os.path.join(args.out_dir, case.replace(":", "-"))
+        os.makedirs(case_dir, exist_ok=True)
+        profiled = functools.partial(
+            original, profile_space=args.profile_space, profile_dir=case_dir
+        )
+        n_out = shape.k if args.transpose else shape.n
+        contract = shape.n if args.transpose else shape.k
+        rhs_shape = (
+            (shape.groups, n_out, contract) if args.transpose else (shape.groups, contract, n_out)
+        )
+        fn = jax.jit(
+            functools.partial(pallas_mosaic.gmm, transpose_rhs=args.transpose, interpret=False)
+        )
+        row = {"case": case, "transpose": args.transpose, "profile_space": args.profile_space}
+        try:
+            with mock.patch.object(pallas_mosaic_common.plgpu, "CompilerParams", profiled):
+                if args.lower_only:
+                    fn.trace(
+                        jax.ShapeDtypeStruct((shape.m, contract), jnp.bfloat16),
+                        jax.ShapeDtypeStruct(rhs_shape, jnp.bfloat16),
+                        jax.ShapeDtypeStruct((shape.groups,), jnp.int32),
+                    ).lower(lowering_platforms=("cuda",))
+                    row["lowered"] = True
+                    results.append(row)
+                    print(row, flush=True)
+                    continue
+                keys = jax.random.split(jax.random.key(0), 2)
+                lhs = jax.random.normal(keys[0], (shape.m, contract), jnp.float32)
+                rhs = jax.random.normal(keys[1], rhs_shape, jnp.float32) / np.sqrt(contract)
+                sizes = jnp.asarray(group_sizes(shape, routing))
+                for _ in range(args.calls):
+                    jax.block_until_ready(
+                        fn(lhs.astype(jnp.bfloat16), rhs.astype(jnp.bfloat16), sizes)
+                    )
+            jax.effects_barrier()  # the profile is written by a host callback
+            newest = max(glob.glob(os.path.join(case_dir, "*-trace.json")), key=os.path.getmtime)
+            with open(newest) as f:
+                row.update(summarize(json.load(f)))
+            row["trace"] = os.path.relpath(newest, args.out_dir)
+        except Exception as error:  # noqa: BLE001 - the probe records failures and goes on
+            row["error"] = f"{type(error).__name__}: {error}"[:1500]
+        results.append(row)
+        print(json.dumps(row), flush=True)
+    with open(os.path.join(args.out_dir, "kernel-trace.json"), "w") as f:
+        json.dump({"device": str(jax.devices()[0]), "rows": results}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
