@@ -46,18 +46,24 @@ def group_sizes(shape, routing: str) -> np.ndarray:
     return (-(-loads // 64) * 64).astype(np.int32)
 
 
+REGIONS = ("main_loop", "epilogue")
+
+
 def regions(trace: dict) -> dict:
-    """``{(block, warpgroup): [(name, start_us, end_us), ...]}`` from a Perfetto trace."""
+    """``{(block, warpgroup): [(name, start_us, end_us), ...]}``, the ``REGIONS`` only, in order,
+    from a Perfetto trace (regions nest: any enclosing named scope is one too)."""
     open_events, out = {}, {}
     for event in trace["traceEvents"]:
         tid = event["tid"] - 1
         key = (tid // WARPGROUPS, tid % WARPGROUPS)
+        stack = open_events.setdefault(key, [])
         if event["ph"] == "B":
-            open_events[key] = (event["name"], event["ts"])
-        else:
-            name, start = open_events.pop(key)
+            stack.append((event["name"], event["ts"]))
+            continue
+        name, start = stack.pop()
+        if name in REGIONS:
             out.setdefault(key, []).append((name, start, event["ts"]))
-    return out
+    return {key: sorted(spans, key=lambda span: span[1]) for key, spans in out.items()}
 
 
 def summarize(trace: dict) -> dict:
@@ -68,7 +74,7 @@ def summarize(trace: dict) -> dict:
     durations = {"main_loop": [], "epilogue": []}
     for spans in by_warpgroup.values():
         span = spans[-1][2] - spans[0][1]
-        for name in ("main_loop", "epilogue"):
+        for name in REGIONS:
             times = [end - start for n, start, end in spans if n == name]
             durations[name] += times
             shares[name].append(sum(times) / span)
