@@ -30,20 +30,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxmoe.bench.gemm import group_sizes_for, layer_group_sizes
 from jaxmoe.bench.presets import GEMM_SHAPES
 from jaxmoe.ops.grouped_matmul import pallas_mosaic, pallas_mosaic_common
 
 COMPUTE_WARPGROUPS = pallas_mosaic_common.NUM_COMPUTE_WARPGROUPS
 WARPGROUPS = COMPUTE_WARPGROUPS + 1
-
-
-def group_sizes(shape, routing: str) -> np.ndarray:
-    if routing == "balanced":
-        return np.full(shape.groups, shape.m // shape.groups, np.int32)
-    loads = np.random.default_rng(0).multinomial(
-        shape.m * 7 // 8, np.full(shape.groups, 1 / shape.groups)
-    )
-    return (-(-loads // 64) * 64).astype(np.int32)
 
 
 REGIONS = ("main_loop", "epilogue")
@@ -155,7 +147,10 @@ def main() -> None:
                 keys = jax.random.split(jax.random.key(0), 2)
                 lhs = jax.random.normal(keys[0], (shape.m, contract), jnp.float32)
                 rhs = jax.random.normal(keys[1], rhs_shape, jnp.float32) / np.sqrt(contract)
-                sizes = jnp.asarray(group_sizes(shape, routing))
+                if routing == "layer":
+                    sizes = jnp.asarray(layer_group_sizes(shape))
+                else:
+                    sizes = jnp.asarray(group_sizes_for(shape, routing))
                 for _ in range(args.calls):
                     jax.block_until_ready(
                         fn(lhs.astype(jnp.bfloat16), rhs.astype(jnp.bfloat16), sizes)

@@ -79,7 +79,7 @@ def main() -> None:
     import jax.numpy as jnp
     from jax import lax
 
-    from jaxmoe.bench.gemm import group_sizes_for
+    from jaxmoe.bench.gemm import group_sizes_for, layer_group_sizes
     from jaxmoe.bench.harness import row_emitter
     from jaxmoe.bench.presets import GEMM_SHAPES
     from jaxmoe.bench.timing import (
@@ -415,10 +415,7 @@ def main() -> None:
     for shape_name in shape_names:
         shape = GEMM_SHAPES[shape_name]
         if args.time_routing == "layer":
-            loads = np.random.default_rng(0).multinomial(
-                shape.m * 7 // 8, np.full(shape.groups, 1 / shape.groups)
-            )
-            sizes = (-(-loads // 64) * 64).astype(np.int32)
+            sizes = layer_group_sizes(shape)
         else:
             sizes = group_sizes_for(shape, args.time_routing)
         gs = jnp.asarray(sizes)

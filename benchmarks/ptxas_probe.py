@@ -23,15 +23,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxmoe.bench.gemm import layer_group_sizes
 from jaxmoe.bench.presets import GEMM_SHAPES
 from jaxmoe.ops.gated_grouped_matmul import pallas_mosaic as gated_mosaic
 from jaxmoe.ops.grouped_matmul import pallas_mosaic, pallas_mosaic_tiles
-
-
-def layer_like_sizes(m: int, groups: int) -> np.ndarray:
-    """Multinomial loads on 7/8 of the rows, each padded to 64 (the rest are tail rows)."""
-    loads = np.random.default_rng(0).multinomial(m * 7 // 8, np.full(groups, 1 / groups))
-    return (-(-loads // 64) * 64).astype(np.int32)
 
 
 def grouped_reference(lhs, rhs, sizes) -> jax.Array:
@@ -54,7 +49,7 @@ def main() -> None:
     m, k, n, g = shape.m, shape.k, shape.n, shape.groups
     changes = json.loads(args.changes)
     keys = jax.random.split(jax.random.key(0), 4)
-    host_sizes = layer_like_sizes(m, g)
+    host_sizes = layer_group_sizes(shape)
     sizes = jnp.asarray(host_sizes)
     x = jax.random.normal(keys[0], (m, k), jnp.float32).astype(jnp.bfloat16)
     w = (jax.random.normal(keys[1], (g, k, n)) / np.sqrt(k)).astype(jnp.bfloat16)

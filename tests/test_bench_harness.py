@@ -5,7 +5,7 @@ import json
 
 import numpy as np
 
-from jaxmoe.bench.gemm import group_sizes_for, hard_group_sizes
+from jaxmoe.bench.gemm import group_sizes_for, hard_group_sizes, layer_group_sizes
 from jaxmoe.bench.harness import row_emitter
 from jaxmoe.bench.presets import GEMM_SHAPES
 
@@ -33,3 +33,7 @@ def test_group_sizes_for_the_benches_and_the_exactness_checks():
     assert np.ptp(group_sizes_for(shape, "balanced")) == 0
     hard = hard_group_sizes(shape.m, shape.groups)
     assert hard.sum() == shape.m - 77 and np.all(hard[:2] == 0) and np.all(hard >= 0)
+    layer = layer_group_sizes(shape)
+    assert layer.dtype == np.int32 and len(layer) == shape.groups and np.all(layer % 64 == 0)
+    assert shape.m * 7 // 8 <= layer.sum() <= shape.m * 7 // 8 + 63 * shape.groups
+    np.testing.assert_array_equal(layer, layer_group_sizes(shape))

@@ -23,6 +23,7 @@ from jaxmoe.bench import gemm_cases, timing
 from jaxmoe.bench.harness import fill_ratios, release_torch_memory
 from jaxmoe.bench.presets import GEMM_SHAPES, LAYER_PRESETS, GemmShape
 from jaxmoe.bench.timing import Timing
+from jaxmoe.stages import MOSAIC_ALIGNMENT
 
 IMPLS = ("torch", "jaxmoe", "jaxmoe_pallas", "jaxmoe_triton", "xla_ragged_dot", "jax_mosaic")
 IMPL_LABELS = {
@@ -87,6 +88,16 @@ def hard_group_sizes(m: int, groups: int, seed: int = 0) -> np.ndarray:
     sizes[2] += sizes[:2].sum()
     sizes[:2] = 0
     return sizes.astype(np.int32)
+
+
+def layer_group_sizes(shape: GemmShape, seed: int = 0) -> np.ndarray:
+    """``[G]`` int32 sizes of the MoE layer's kind: multinomial loads on 7/8 of the ``M`` rows,
+    each padded to the layer's alignment for the Mosaic kernels (``MOSAIC_ALIGNMENT``, 64); the
+    rows past their sum are tail rows. The probes time the kernels on these (about half the
+    groups end in a 64-row tile)."""
+    g = shape.groups
+    loads = np.random.default_rng(seed).multinomial(shape.m * 7 // 8, np.full(g, 1 / g))
+    return (-(-loads // MOSAIC_ALIGNMENT) * MOSAIC_ALIGNMENT).astype(np.int32)
 
 
 def shapes_for_presets(presets: Iterable[str], tokens: int | None = None) -> list[GemmShape]:
