@@ -31,6 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxmoe.bench.gemm import group_sizes_for, layer_group_sizes
+from jaxmoe.bench.gemm_cases import jax_inputs
 from jaxmoe.bench.presets import GEMM_SHAPES
 from jaxmoe.ops.grouped_matmul import pallas_mosaic, pallas_mosaic_common
 
@@ -109,9 +110,6 @@ def main() -> None:
     parser.add_argument("--transpose", action="store_true", help="the dgrad (transposed rhs)")
     parser.add_argument("--profile-space", type=int, default=40)
     parser.add_argument("--calls", type=int, default=3)
-    parser.add_argument(
-        "--lower-only", action="store_true", help="lower for CUDA (no GPU needed) and stop"
-    )
     args = parser.parse_args()
     results = []
     original = pallas_mosaic_common.plgpu.CompilerParams
@@ -123,38 +121,23 @@ def main() -> None:
         profiled = functools.partial(
             original, profile_space=args.profile_space, profile_dir=case_dir
         )
-        n_out = shape.k if args.transpose else shape.n
-        contract = shape.n if args.transpose else shape.k
-        rhs_shape = (
-            (shape.groups, n_out, contract) if args.transpose else (shape.groups, contract, n_out)
-        )
+        # Traced afresh per case, so that its kernel is compiled with this case's profile_dir.
+        jax.clear_caches()
         fn = jax.jit(
             functools.partial(pallas_mosaic.gmm, transpose_rhs=args.transpose, interpret=False)
         )
         row = {"case": case, "transpose": args.transpose, "profile_space": args.profile_space}
         try:
+            # The gemm bench's operands: x @ w[g], or dy @ w[g]^T for the dgrad.
+            x, w, dy = jax_inputs(shape, jnp.bfloat16, 0)
+            lhs = dy if args.transpose else x
+            if routing == "layer":
+                sizes = jnp.asarray(layer_group_sizes(shape))
+            else:
+                sizes = jnp.asarray(group_sizes_for(shape, routing))
             with mock.patch.object(pallas_mosaic_common.plgpu, "CompilerParams", profiled):
-                if args.lower_only:
-                    fn.trace(
-                        jax.ShapeDtypeStruct((shape.m, contract), jnp.bfloat16),
-                        jax.ShapeDtypeStruct(rhs_shape, jnp.bfloat16),
-                        jax.ShapeDtypeStruct((shape.groups,), jnp.int32),
-                    ).lower(lowering_platforms=("cuda",))
-                    row["lowered"] = True
-                    results.append(row)
-                    print(row, flush=True)
-                    continue
-                keys = jax.random.split(jax.random.key(0), 2)
-                lhs = jax.random.normal(keys[0], (shape.m, contract), jnp.float32)
-                rhs = jax.random.normal(keys[1], rhs_shape, jnp.float32) / np.sqrt(contract)
-                if routing == "layer":
-                    sizes = jnp.asarray(layer_group_sizes(shape))
-                else:
-                    sizes = jnp.asarray(group_sizes_for(shape, routing))
                 for _ in range(args.calls):
-                    jax.block_until_ready(
-                        fn(lhs.astype(jnp.bfloat16), rhs.astype(jnp.bfloat16), sizes)
-                    )
+                    jax.block_until_ready(fn(lhs, w, sizes))
             jax.effects_barrier()  # the profile is written by a host callback
             newest = max(glob.glob(os.path.join(case_dir, "*-trace.json")), key=os.path.getmtime)
             with open(newest) as f:

@@ -10,7 +10,8 @@ files). One kernel and one variant per process, so that each dump is that kernel
 Kernels (``--shape``'s ``[M, K] x [G, K, N]``, groups padded to 64 as the layer's): ``gmm``,
 ``dgrad`` (the transposed weights), ``pair`` (the gated FFN's input gradient, transposed),
 ``gated`` (the fused gate/up forward, ``N`` columns per weight). ``--changes`` (JSON) applies to
-the kernel's default tiles. The call is run once and checked against XLA's product.
+the kernel's default tiles. The call is run once and checked against the gemm bench's float32
+per-group reference (``gemm_cases.jax_reference``).
 """
 
 from __future__ import annotations
@@ -21,22 +22,12 @@ import json
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from jaxmoe.bench.gemm import layer_group_sizes
+from jaxmoe.bench.gemm_cases import jax_inputs, jax_reference
 from jaxmoe.bench.presets import GEMM_SHAPES
 from jaxmoe.ops.gated_grouped_matmul import pallas_mosaic as gated_mosaic
 from jaxmoe.ops.grouped_matmul import pallas_mosaic, pallas_mosaic_tiles
-
-
-def grouped_reference(lhs, rhs, sizes) -> jax.Array:
-    """``lhs[rows of g] @ rhs[g]`` in float32, one XLA dot per group (``sizes`` on the host)."""
-    starts = np.concatenate([[0], np.cumsum(sizes)])
-    out = jnp.zeros((lhs.shape[0], rhs.shape[2]), jnp.float32)
-    for group, (start, end) in enumerate(zip(starts[:-1], starts[1:], strict=True)):
-        block = jnp.dot(lhs[start:end], rhs[group], preferred_element_type=jnp.float32)
-        out = out.at[start:end].set(block)
-    return out
 
 
 def main() -> None:
@@ -46,48 +37,42 @@ def main() -> None:
     parser.add_argument("--changes", default="{}")
     args = parser.parse_args()
     shape = GEMM_SHAPES[args.shape]
-    m, k, n, g = shape.m, shape.k, shape.n, shape.groups
+    m, k, n = shape.m, shape.k, shape.n
     changes = json.loads(args.changes)
-    keys = jax.random.split(jax.random.key(0), 4)
     host_sizes = layer_group_sizes(shape)
     sizes = jnp.asarray(host_sizes)
-    x = jax.random.normal(keys[0], (m, k), jnp.float32).astype(jnp.bfloat16)
-    w = (jax.random.normal(keys[1], (g, k, n)) / np.sqrt(k)).astype(jnp.bfloat16)
+    # The gemm bench's inputs and its float32 per-group reference (out = x @ w[g], dx = dy @
+    # w[g]^T, zeros past the groups).
+    x, w, dy = jax_inputs(shape, jnp.bfloat16, 0)
+    out, dx, _ = jax_reference(x, w, dy, host_sizes)
     if args.kernel == "gated":
         tiles = dataclasses.replace(gated_mosaic.default_gated_tiles(m, k, n), **changes)
-        w2 = (jax.random.normal(keys[2], (g, k, n)) / np.sqrt(k)).astype(jnp.bfloat16)
+        _, w2, _ = jax_inputs(shape, jnp.bfloat16, 1)
         fn = jax.jit(
             lambda x, w, w2, s: gated_mosaic.fused_gmm(
                 x, w, w2, s, activation="swiglu", tiles=tiles
             )[0]
         )
         got = fn(x, w, w2, sizes)
-        gate = grouped_reference(x, w, host_sizes)
-        want = jax.nn.silu(gate) * grouped_reference(x, w2, host_sizes)
+        want = jax.nn.silu(out) * jax_reference(x, w2, dy, host_sizes)[0]
     else:
-        transpose = args.kernel in ("dgrad", "pair")
         tiles = dataclasses.replace(
             pallas_mosaic_tiles.default_mosaic_gmm_tiles(m, k, n), **changes
         )
-        # Transposed: lhs [M, N] against w[g]^T; w is [G, K, N] either way.
-        lhs = (
-            jax.random.normal(keys[3], (m, n), jnp.float32).astype(jnp.bfloat16) if transpose else x
-        )
-        rhs_t = jnp.swapaxes(w, 1, 2)
+        # Transposed (dgrad, pair): dy [M, N] against w[g]^T; w is [G, K, N] either way.
         if args.kernel == "pair":
             fn = jax.jit(
                 lambda a, b, s: pallas_mosaic.gmm_pair(
                     a, b, a, b, s, transpose_rhs=True, tiles=tiles
                 )
             )
-            got = fn(lhs, w, sizes)
-            want = 2 * grouped_reference(lhs, rhs_t, host_sizes)
+            got, want = fn(dy, w, sizes), 2 * dx
         else:
+            transpose = args.kernel == "dgrad"
             fn = jax.jit(
                 lambda a, b, s: pallas_mosaic.gmm(a, b, s, transpose_rhs=transpose, tiles=tiles)
             )
-            got = fn(lhs, w, sizes)
-            want = grouped_reference(lhs, rhs_t if transpose else w, host_sizes)
+            got, want = fn(dy if transpose else x, w, sizes), dx if transpose else out
     got = jnp.asarray(got, jnp.float32)
     end = int(host_sizes.sum())
     err = float(jnp.max(jnp.abs(got[:end] - want[:end])) / jnp.max(jnp.abs(want[:end])))
