@@ -20,6 +20,7 @@ CTA start each tile's main loop.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import glob
 import json
@@ -33,13 +34,14 @@ import numpy as np
 from jaxmoe.bench.gemm import group_sizes_for, layer_group_sizes
 from jaxmoe.bench.gemm_cases import jax_inputs
 from jaxmoe.bench.presets import GEMM_SHAPES
-from jaxmoe.ops.grouped_matmul import pallas_mosaic, pallas_mosaic_common
+from jaxmoe.ops.grouped_matmul import pallas_mosaic, pallas_mosaic_common, pallas_mosaic_tiles
 
 COMPUTE_WARPGROUPS = pallas_mosaic_common.NUM_COMPUTE_WARPGROUPS
 WARPGROUPS = COMPUTE_WARPGROUPS + 1
 
 
-REGIONS = ("main_loop", "epilogue")
+# "skipped": a ring pass without a wgmma, in experiments that skip a tile.
+REGIONS = ("main_loop", "epilogue", "skipped")
 
 
 def regions(trace: dict) -> dict:
@@ -63,15 +65,15 @@ def summarize(trace: dict) -> dict:
     by_warpgroup = regions(trace)
     starts = [r[1] for rs in by_warpgroup.values() for r in rs]
     ends = [r[2] for rs in by_warpgroup.values() for r in rs]
-    shares = {"main_loop": [], "epilogue": [], "neither": []}
-    durations = {"main_loop": [], "epilogue": []}
+    shares = {name: [] for name in (*REGIONS, "neither")}
+    durations = {name: [] for name in REGIONS}
     for spans in by_warpgroup.values():
         span = spans[-1][2] - spans[0][1]
         for name in REGIONS:
             times = [end - start for n, start, end in spans if n == name]
             durations[name] += times
             shares[name].append(sum(times) / span)
-        shares["neither"].append(1 - shares["main_loop"][-1] - shares["epilogue"][-1])
+        shares["neither"].append(1 - sum(shares[name][-1] for name in REGIONS))
     skews = []
     blocks = {block for block, _ in by_warpgroup}
     for block in blocks:
@@ -95,8 +97,7 @@ def summarize(trace: dict) -> dict:
         "warpgroups": len(by_warpgroup),
         "tiles_per_warpgroup": len(durations["main_loop"]) / max(len(by_warpgroup), 1),
         "share": {name: float(np.mean(v)) for name, v in shares.items()},
-        "main_loop_us": stats(durations["main_loop"]),
-        "epilogue_us": stats(durations["epilogue"]),
+        **{f"{name}_us": stats(durations[name]) for name in REGIONS if durations[name]},
         "warpgroup_start_skew_us": stats(skews) if skews else None,
     }
 
@@ -110,12 +111,19 @@ def main() -> None:
     parser.add_argument("--transpose", action="store_true", help="the dgrad (transposed rhs)")
     parser.add_argument("--profile-space", type=int, default=40)
     parser.add_argument("--calls", type=int, default=3)
+    parser.add_argument(
+        "--changes", default="{}", help="JSON: fields of the default tiles to change"
+    )
     args = parser.parse_args()
     results = []
     original = pallas_mosaic_common.plgpu.CompilerParams
     for case in args.cases.split(","):
         shape_name, routing = case.split(":")
         shape = GEMM_SHAPES[shape_name]
+        tiles = dataclasses.replace(
+            pallas_mosaic_tiles.default_mosaic_gmm_tiles(shape.m, shape.k, shape.n),
+            **json.loads(args.changes),
+        )
         case_dir = os.path.join(args.out_dir, case.replace(":", "-"))
         os.makedirs(case_dir, exist_ok=True)
         profiled = functools.partial(
@@ -124,9 +132,16 @@ def main() -> None:
         # Traced afresh per case, so that its kernel is compiled with this case's profile_dir.
         jax.clear_caches()
         fn = jax.jit(
-            functools.partial(pallas_mosaic.gmm, transpose_rhs=args.transpose, interpret=False)
+            functools.partial(
+                pallas_mosaic.gmm, transpose_rhs=args.transpose, tiles=tiles, interpret=False
+            )
         )
-        row = {"case": case, "transpose": args.transpose, "profile_space": args.profile_space}
+        row = {
+            "case": case,
+            "transpose": args.transpose,
+            "changes": args.changes,
+            "profile_space": args.profile_space,
+        }
         try:
             # The gemm bench's operands: x @ w[g], or dy @ w[g]^T for the dgrad.
             x, w, dy = jax_inputs(shape, jnp.bfloat16, 0)
