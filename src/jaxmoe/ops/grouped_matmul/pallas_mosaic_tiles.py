@@ -99,6 +99,7 @@ class MosaicTileConfig:
     group_start_tiles: bool = False
     multicast_weights: bool = False
     stagger_steps: int = 0
+    direct_stores: bool = False
 
 
 # With group_start_tiles a tile starts on this row grid: a TMA copy into a tiled shared buffer
