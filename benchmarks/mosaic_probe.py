@@ -207,13 +207,6 @@ def main() -> None:
         variants[name] = dataclasses.replace(
             default_tiles, multicast_weights=True, group_swizzle=swizzle
         )
-    # The second compute warpgroup one to three K steps behind the first (session 21), so
-    # that the two warpgroups' epilogues run under each other's wgmma.
-    for lag in (1, 2, 3):
-        variants[f"stagger{lag}"] = dataclasses.replace(default_tiles, stagger_steps=lag)
-    # Whole slabs stored straight from the registers to HBM (session 21): no shared memory,
-    # no TMA, nothing to wait for in the epilogue.
-    variants["direct"] = dataclasses.replace(default_tiles, direct_stores=True)
     if args.variants != "all":
         variants = {k: variants[k] for k in args.variants.split(",")}
 

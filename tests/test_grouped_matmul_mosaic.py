@@ -89,11 +89,6 @@ CONFIGS = {
     "multicast": dataclasses.replace(
         default_mosaic_gmm_tiles(M, K, N), stages=3, group_swizzle=2, multicast_weights=True
     ),
-    # The default's layout with the second compute warpgroup a step behind the first (the
-    # lead is cut to the tile's 2 K steps minus one).
-    "stagger": dataclasses.replace(
-        default_mosaic_gmm_tiles(M, K, N), stages=3, group_swizzle=2, stagger_steps=2
-    ),
 }
 TRITON_TILES = TileConfig(block_m=32, block_n=32, block_k=32, num_warps=4, num_stages=2)
 
@@ -236,8 +231,6 @@ LOWERED = {
     "grid": dataclasses.replace(default_mosaic_gmm_tiles(M, 2048, N), group_start_tiles=False),
     # Clusters of two CTAs: cluster barriers for the slots' releases, multicast weight copies.
     "multicast": dataclasses.replace(default_mosaic_gmm_tiles(M, 2048, N), multicast_weights=True),
-    # The second compute warpgroup starting two steps behind the first.
-    "stagger": dataclasses.replace(default_mosaic_gmm_tiles(M, 2048, N), stagger_steps=2),
 }
 
 

@@ -99,20 +99,17 @@ def ring_produce(num_tiles, tile_steps, load, *, stages: int, released) -> None:
         plgpu.barrier_wait(released.at[lax.rem(step, stages)])
 
 
-def ring_consume(step, count, mma, carry, *, stages: int, loaded, released, issued=None):
+def ring_consume(step, count, mma, carry, *, stages: int, loaded, released):
     """A compute warpgroup's side for one tile of ``count >= 1`` steps from global ``step``:
     waits for each slot's loads, ``carry = mma(i, slot, carry)`` issues the step's ``wgmma``
     (without waiting), keeps one ``wgmma`` in flight and releases each slot one step late.
-    Returns ``carry`` once the tile's ``wgmma`` are done and all its slots released.
-    ``issued(step)``, if given, runs after each step's ``wgmma`` is issued."""
+    Returns ``carry`` once the tile's ``wgmma`` are done and all its slots released."""
 
     def one(i, state):
         step, carry = state
         slot = lax.rem(step, stages)
         plgpu.barrier_wait(loaded.at[slot])
         carry = mma(i, slot, carry)
-        if issued is not None:
-            issued(step)
         plgpu.wgmma_wait(1)  # the previous step's wgmma is done: its slot can go
 
         @pl.when(i > 0)

@@ -172,19 +172,6 @@ class EpilogueStores:
         part_hi = jnp.clip(hi - first_row, 0, rows)
         dst = out_gmem.at[pl.ds(row0 + first_row, rows), pl.ds(col0 + self.wg_col, wg_n)]
         whole = (part_lo == 0) & (part_hi == rows)
-        if self.cfg.direct_stores:
-            # Experiment: a whole slab straight from the registers to HBM (no shared memory,
-            # no TMA, nothing to wait for); cut slabs take the unswizzled runs.
-            @pl.when(whole)
-            def _store_direct():
-                dst[...] = value
-
-            @pl.when(jnp.logical_not(whole))
-            def _store_cut():
-                for stage, part_dst in self.staged_parts(value, dst):
-                    self.store_runs(stage, part_dst, part_lo, part_hi)
-
-            return
         if not self.cfg.swizzled_epilogue:
             for stage, part_dst in self.staged_parts(value, dst):
 

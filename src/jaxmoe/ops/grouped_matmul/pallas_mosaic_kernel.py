@@ -153,8 +153,6 @@ def mosaic_gmm_body(
                 cluster_wide=cfg.multicast_weights and not interpreted,
             ),
         }
-        if cfg.stagger_steps:
-            allocations["lead"] = plgpu.Barrier(num_arrivals=1)
     else:
         allocations = make_pipeline(unused, unused).get_allocations(
             lhs_gmem.at[pl.ds(0, bm), :], *(rhs_block_source(rhs, 0, 0) for rhs in rhs_gmems)
@@ -353,25 +351,9 @@ def mosaic_gmm_body(
                     my_tiles, parts, load, stages=cfg.stages, released=ring["released"]
                 )
 
-            # With stagger_steps the first compute warpgroup leads by ``lag`` steps (the
-            # ring's first ``stages`` slots load without a release, so it cannot block).
-            lag = min(cfg.stagger_steps, steps * len(pairs) - 1)
-            issued = None
-            if lag:
-
-                def issued(step):
-                    @pl.when((wg == 0) & (step == lag))
-                    def _lead():
-                        plgpu.barrier_arrive(ring["lead"])
-
             @pl.when(wg < common.NUM_COMPUTE_WARPGROUPS)
             def _compute_warpgroups():
                 plgpu.set_max_registers(common.COMPUTE_REGISTERS, action="increase")
-                if lag:
-
-                    @pl.when((wg == 1) & (my_tiles > 0))
-                    def _follow():
-                        plgpu.barrier_wait(ring["lead"])
 
                 def tile(local_tile, carry):
                     (group, row0, lo, hi, col0, _), count = parts(local_tile)
@@ -390,7 +372,6 @@ def mosaic_gmm_body(
                             stages=cfg.stages,
                             loaded=ring["loaded"],
                             released=ring["released"],
-                            issued=issued,
                         )
 
                     make_context(group, row0, lo, hi, col0)(eval_steps)

@@ -77,13 +77,6 @@ class MosaicTileConfig:
     settled), but the Mixtral layer took 0.956-0.978x in four measurements (calls 1-2, on every
     default or the plain gmm's only); with the layer's kind of groups at the gemm shapes,
     0.95-1.04x (call 3).
-
-    ``stagger_steps`` (on the ``ring`` only; experiment): the second compute warpgroup starts
-    its first tile once the first has issued that many K steps' ``wgmma`` (fewer if the tile
-    has fewer steps), so that the two warpgroups' epilogues (a tile's result out of the
-    registers, through shared memory, to HBM; the tensor cores idle in the cooperative
-    arrangement while both store) fall at different times and each runs under the other's
-    ``wgmma``. Both keep walking the same ring, so the lag is at most ``stages - 1`` steps.
     """
 
     block_m: int = 128
@@ -98,8 +91,6 @@ class MosaicTileConfig:
     split_rows: bool = False
     group_start_tiles: bool = False
     multicast_weights: bool = False
-    stagger_steps: int = 0
-    direct_stores: bool = False
 
 
 # With group_start_tiles a tile starts on this row grid: a TMA copy into a tiled shared buffer
@@ -316,13 +307,6 @@ def check_tiles(cfg: MosaicTileConfig, operand_bytes: int = 2, num_rhs: int = 1)
         problems.append(f"group_swizzle={cfg.group_swizzle} must be >= 1")
     if cfg.multicast_weights and not cfg.ring:
         problems.append("multicast_weights=True needs ring=True (its releases span the cluster)")
-    if cfg.stagger_steps and not cfg.ring:
-        problems.append("stagger_steps needs ring=True (the lag lives on the ring)")
-    if not 0 <= cfg.stagger_steps < cfg.stages:
-        problems.append(
-            f"stagger_steps={cfg.stagger_steps} must be in [0, stages={cfg.stages}): the first"
-            " warpgroup can run at most stages - 1 steps ahead on the ring"
-        )
     if cfg.split_rows and bm != 128:
         problems.append("split_rows=True needs block_m=128 (one 64-row wgmma M tile per warpgroup)")
     if cfg.epilogue_rows not in (None, bm) and not (
