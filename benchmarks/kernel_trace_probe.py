@@ -34,14 +34,18 @@ import numpy as np
 from jaxmoe.bench.gemm import group_sizes_for, layer_group_sizes
 from jaxmoe.bench.gemm_cases import jax_inputs
 from jaxmoe.bench.presets import GEMM_SHAPES
-from jaxmoe.ops.grouped_matmul import pallas_mosaic, pallas_mosaic_common, pallas_mosaic_tiles
+from jaxmoe.ops.grouped_matmul import (
+    pallas_mosaic,
+    pallas_mosaic_common,
+    pallas_mosaic_tiles,
+    work_list,
+)
 
 COMPUTE_WARPGROUPS = pallas_mosaic_common.NUM_COMPUTE_WARPGROUPS
 WARPGROUPS = COMPUTE_WARPGROUPS + 1
 
 
-# "skipped": a ring pass without a wgmma, in experiments that skip a tile.
-REGIONS = ("main_loop", "epilogue", "skipped")
+REGIONS = ("main_loop", "epilogue")
 
 
 def regions(trace: dict) -> dict:
@@ -102,6 +106,19 @@ def summarize(trace: dict) -> dict:
     }
 
 
+def profile_space_needed(sizes, num_rows: int, out_cols: int, tiles) -> int:
+    """Profiler ranges one compute warpgroup records: its ``REGIONS`` per tile of the CTA with
+    the most tiles, and the profiler's own ``Init``. More than ``profile_space`` is undefined
+    behaviour in Mosaic GPU's profiler (H100 run 21: an illegal memory access)."""
+    work_group, _, _ = work_list.work_items(
+        sizes, num_rows, tiles.block_m, tile_align=pallas_mosaic_tiles.tile_align(tiles)
+    )
+    items = int(jnp.sum(work_group < sizes.shape[0]))
+    num_tiles = items * -(-out_cols // tiles.block_n)
+    sms = pallas_mosaic_common.num_sms(None)
+    return len(REGIONS) * -(-num_tiles // sms) + 1
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--out-dir", default=os.environ.get("OUT", "/tmp"))
@@ -150,6 +167,15 @@ def main() -> None:
                 sizes = jnp.asarray(layer_group_sizes(shape))
             else:
                 sizes = jnp.asarray(group_sizes_for(shape, routing))
+            needed = profile_space_needed(
+                sizes, shape.m, shape.k if args.transpose else shape.n, tiles
+            )
+            if args.profile_space < needed:
+                raise ValueError(
+                    f"--profile-space {args.profile_space} is too small for this case: its "
+                    f"busiest CTA records {needed} ranges per warpgroup (pass at least that; "
+                    "each range takes 16 bytes of shared memory per warpgroup)"
+                )
             with mock.patch.object(pallas_mosaic_common.plgpu, "CompilerParams", profiled):
                 for _ in range(args.calls):
                     jax.block_until_ready(fn(lhs, w, sizes))
