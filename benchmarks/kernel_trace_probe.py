@@ -106,7 +106,9 @@ def summarize(trace: dict) -> dict:
     }
 
 
-def profile_space_needed(sizes, num_rows: int, out_cols: int, tiles) -> int:
+def profile_space_needed(
+    sizes, num_rows: int, out_cols: int, tiles, ranges_per_tile: int = len(REGIONS)
+) -> int:
     """Profiler ranges one compute warpgroup records: its ``REGIONS`` per tile of the CTA with
     the most tiles, and the profiler's own ``Init``. More than ``profile_space`` is undefined
     behaviour in Mosaic GPU's profiler (H100 run 21: an illegal memory access)."""
@@ -116,7 +118,7 @@ def profile_space_needed(sizes, num_rows: int, out_cols: int, tiles) -> int:
     items = int(jnp.sum(work_group < sizes.shape[0]))
     num_tiles = items * -(-out_cols // tiles.block_n)
     sms = pallas_mosaic_common.num_sms(None)
-    return len(REGIONS) * -(-num_tiles // sms) + 1
+    return ranges_per_tile * -(-num_tiles // sms) + 1
 
 
 def main() -> None:
@@ -131,12 +133,21 @@ def main() -> None:
     parser.add_argument(
         "--changes", default="{}", help="JSON: fields of the default tiles to change"
     )
+    parser.add_argument("--rows", type=int, default=0, help="M for the shape (0: the shape's)")
+    parser.add_argument(
+        "--ranges-per-tile",
+        type=int,
+        default=len(REGIONS),
+        help="profiler ranges a warpgroup records per tile (more with experimental scopes)",
+    )
     args = parser.parse_args()
     results = []
     original = pallas_mosaic_common.plgpu.CompilerParams
     for case in args.cases.split(","):
         shape_name, routing = case.split(":")
         shape = GEMM_SHAPES[shape_name]
+        if args.rows:
+            shape = dataclasses.replace(shape, m=args.rows)
         tiles = dataclasses.replace(
             pallas_mosaic_tiles.default_mosaic_gmm_tiles(shape.m, shape.k, shape.n),
             **json.loads(args.changes),
@@ -167,9 +178,8 @@ def main() -> None:
                 sizes = jnp.asarray(layer_group_sizes(shape))
             else:
                 sizes = jnp.asarray(group_sizes_for(shape, routing))
-            needed = profile_space_needed(
-                sizes, shape.m, shape.k if args.transpose else shape.n, tiles
-            )
+            out_cols = shape.k if args.transpose else shape.n
+            needed = profile_space_needed(sizes, shape.m, out_cols, tiles, args.ranges_per_tile)
             if args.profile_space < needed:
                 raise ValueError(
                     f"--profile-space {args.profile_space} is too small for this case: its "
