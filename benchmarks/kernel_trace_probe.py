@@ -109,8 +109,8 @@ def summarize(trace: dict) -> dict:
 def profile_space_needed(
     sizes, num_rows: int, out_cols: int, tiles, ranges_per_tile: int = len(REGIONS)
 ) -> int:
-    """Profiler ranges one compute warpgroup records: its ``REGIONS`` per tile of the CTA with
-    the most tiles, and the profiler's own ``Init``. More than ``profile_space`` is undefined
+    """Profiler ranges one compute warpgroup needs room for: its ``REGIONS`` per tile of the
+    CTA with the most tiles, the profiler's own ``Init`` and its header. More than ``profile_space`` is undefined
     behaviour in Mosaic GPU's profiler (H100 run 21: an illegal memory access)."""
     work_group, _, _ = work_list.work_items(
         sizes, num_rows, tiles.block_m, tile_align=pallas_mosaic_tiles.tile_align(tiles)
@@ -118,7 +118,8 @@ def profile_space_needed(
     items = int(jnp.sum(work_group < sizes.shape[0]))
     num_tiles = items * -(-out_cols // tiles.block_n)
     sms = pallas_mosaic_common.num_sms(None)
-    return ranges_per_tile * -(-num_tiles // sms) + 1
+    # One range more for the profiler's Init, and one for its 3-entry header (a range is 4).
+    return ranges_per_tile * -(-num_tiles // sms) + 2
 
 
 def main() -> None:

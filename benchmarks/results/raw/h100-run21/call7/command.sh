@@ -8,7 +8,7 @@ set -u
 export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
 W=/tmp/s21c7; rm -rf $W; mkdir -p $W
 nvidia-smi --query-gpu=name,power.limit --format=csv > $W/gpu.csv; cat $W/gpu.csv
-for spec in mixtral-up:1024:61 dsv3-up:4096:31; do
+for spec in mixtral-up:1024:62 dsv3-up:4096:33; do
   shape=${spec%%:*}; rest=${spec#*:}; rows=${rest%%:*}; space=${rest##*:}; d=$W/$shape; mkdir -p $d
   PYTHONPATH=exp21/src timeout 90 python3 benchmarks/kernel_trace_probe.py --out-dir $d --cases $shape:balanced \
     --rows $rows --profile-space $space --ranges-per-tile 15 > $d/probe.log 2>&1; echo "$shape rc=$?"
