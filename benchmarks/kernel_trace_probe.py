@@ -110,8 +110,9 @@ def profile_space_needed(
     sizes, num_rows: int, out_cols: int, tiles, ranges_per_tile: int = len(REGIONS)
 ) -> int:
     """Profiler ranges one compute warpgroup needs room for: its ``REGIONS`` per tile of the
-    CTA with the most tiles, the profiler's own ``Init`` and its header. More than ``profile_space`` is undefined
-    behaviour in Mosaic GPU's profiler (H100 run 21: an illegal memory access)."""
+    CTA with the most tiles, the profiler's own ``Init`` and its header. More than
+    ``profile_space`` is undefined behaviour in Mosaic GPU's profiler (H100 run 21: an illegal
+    memory access)."""
     work_group, _, _ = work_list.work_items(
         sizes, num_rows, tiles.block_m, tile_align=pallas_mosaic_tiles.tile_align(tiles)
     )
