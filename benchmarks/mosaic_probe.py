@@ -207,9 +207,6 @@ def main() -> None:
         variants[name] = dataclasses.replace(
             default_tiles, multicast_weights=True, group_swizzle=swizzle
         )
-    # The compute warpgroups read the next tile's work-list entries under this tile's main
-    # loop (session 21).
-    variants["prefetch"] = dataclasses.replace(default_tiles, prefetch_tile_info=True)
     if args.variants != "all":
         variants = {k: variants[k] for k in args.variants.split(",")}
 

@@ -180,22 +180,14 @@ def mosaic_gmm_body(
         cluster_cta = lax.axis_index(common.CLUSTER_AXIS) if cfg.multicast_weights else 0
         num_tail_work = work_counts_gmem[1]
 
-        def work_entries(work):
-            """A work item's entries in the list (loads from global memory): its group, its
-            first row, its interval's end."""
+        def tile_rows(work):
             group = work_group_gmem[work]
-            end = offsets_gmem[jnp.minimum(group + 1, num_groups + 1)]
-            return group, work_first_row_gmem[work], end
-
-        def rows_of(group, first_row, end):
-            """``(group, row0, lo, hi)`` from a work item's entries (arithmetic only)."""
+            first_row = work_first_row_gmem[work]
             row0 = work_list.tile_first_row(
                 first_row, bm, lhs_gmem.shape[0], tile_align=tile_align(cfg)
             )
+            end = offsets_gmem[jnp.minimum(group + 1, num_groups + 1)]
             return group, row0, *work_list.rows_in_tile(first_row, row0, end, bm)
-
-        def tile_rows(work):
-            return rows_of(*work_entries(work))
 
         @pl.when(wg < common.NUM_COMPUTE_WARPGROUPS)
         def _zero_tail():  # rows at or past sum(group_sizes): GPU memory is uninitialised.
@@ -279,39 +271,25 @@ def mosaic_gmm_body(
             return mma
 
         num_tiles = num_compute_work * num_n_tiles
-        # At least one item, so that a tile index clamped into an empty list still names a real
-        # entry (item 0 always exists) for a prefetch nobody uses.
-        listed_work = jnp.maximum(num_compute_work, 1)
-
-        def tile_work(index):
-            """``(work item, N tile)`` of this CTA's unit ``index`` (arithmetic only)."""
-            return common.swizzle(index, listed_work, num_n_tiles, cfg.group_swizzle)
 
         def tile_parts(index):
-            work, n_tile = tile_work(index)
-            return *tile_rows(work), n_tile * bn
-
-        def cluster_pair(index):
-            """With ``multicast_weights``: the cluster's ``index``-th unit is work items ``2p``
-            (CTA 0) and ``2p + 1`` (CTA 1) at one N tile; an odd last item's partner recomputes
-            it. ``(first, second, N tile)``."""
-            pair, n_tile = common.swizzle(
-                index, (listed_work + 1) // 2, num_n_tiles, cfg.group_swizzle
-            )
-            first = 2 * pair
-            return first, jnp.minimum(first + 1, listed_work - 1), n_tile
-
-        def cluster_tile_work(index):
-            first, second, n_tile = cluster_pair(index)
-            return jnp.where(cluster_cta == 0, first, second), n_tile
+            work, n_tile = common.swizzle(index, num_compute_work, num_n_tiles, cfg.group_swizzle)
+            group, row0, lo, hi = tile_rows(work)
+            return group, row0, lo, hi, n_tile * bn
 
         def cluster_tile_parts(index):
-            """:func:`cluster_pair`'s unit as this CTA's tile; ``shared``: both items are of one
-            group, so the weight block is multicast."""
-            first, second, n_tile = cluster_pair(index)
+            """With ``multicast_weights``: the cluster's ``index``-th unit is work items ``2p``
+            (CTA 0) and ``2p + 1`` (CTA 1) at one N tile; ``shared``: both items are of one
+            group, so the weight block is multicast. An odd last item's partner recomputes it."""
+            pair, n_tile = common.swizzle(
+                index, (num_compute_work + 1) // 2, num_n_tiles, cfg.group_swizzle
+            )
+            first = 2 * pair
+            second = jnp.minimum(first + 1, num_compute_work - 1)
             work = jnp.where(cluster_cta == 0, first, second)
+            group, row0, lo, hi = tile_rows(work)
             shared = work_group_gmem[first] == work_group_gmem[second]
-            return *tile_rows(work), n_tile * bn, shared
+            return group, row0, lo, hi, n_tile * bn, shared
 
         def copy_weights(block, slot_ref, barrier, shared):
             if not cfg.multicast_weights:
@@ -334,21 +312,17 @@ def mosaic_gmm_body(
             """The CTA's tiles on :mod:`.pallas_mosaic_common`'s ring: ``k / bk`` steps each
             (per pair: ``paired`` runs the second pair's steps after the first's)."""
             steps = k // bk
-            count = steps * len(pairs)
             if cfg.multicast_weights:
-                num_units = (num_compute_work + 1) // 2 * num_n_tiles
-                unit_parts, unit_work = cluster_tile_parts, cluster_tile_work
+                my_tiles = common.cta_tile_count((num_compute_work + 1) // 2 * num_n_tiles)
+                unit_parts = cluster_tile_parts
             else:
-                num_units = num_tiles
-                unit_work = tile_work
+                my_tiles = common.cta_tile_count(num_tiles)
 
                 def unit_parts(index):
                     return *tile_parts(index), None
 
-            my_tiles = common.cta_tile_count(num_units)
-
             def parts(local_tile):
-                return unit_parts(common.cta_tile_index(local_tile)), count
+                return unit_parts(common.cta_tile_index(local_tile)), steps * len(pairs)
 
             @pl.when(wg == common.NUM_COMPUTE_WARPGROUPS)
             def _memory_warpgroup():
@@ -381,25 +355,8 @@ def mosaic_gmm_body(
             def _compute_warpgroups():
                 plgpu.set_max_registers(common.COMPUTE_REGISTERS, action="increase")
 
-                def upcoming_entries(local_tile):
-                    # Clamped: past a CTA's last tile the entries are read but never used.
-                    last = jnp.maximum(num_units - 1, 0)
-                    index = jnp.minimum(common.cta_tile_index(local_tile), last)
-                    return work_entries(unit_work(index)[0])
-
-                def tile(local_tile, entries):
-                    if cfg.prefetch_tile_info:
-                        # The next tile's work-list entries (dependent loads from global memory)
-                        # are read now, under this tile's main loop, not between the tiles.
-                        # (Only loaded values are carried: Mosaic GPU's layout inference takes
-                        # no index computed before the loop into this tile's TMA slices.)
-                        upcoming = upcoming_entries(local_tile + 1)
-                        group, row0, lo, hi = rows_of(*entries)
-                        _, n_tile = unit_work(common.cta_tile_index(local_tile))
-                        col0 = n_tile * bn
-                    else:
-                        upcoming = entries
-                        (group, row0, lo, hi, col0, _), _ = parts(local_tile)
+                def tile(local_tile, carry):
+                    (group, row0, lo, hi, col0, _), count = parts(local_tile)
                     mma = make_mma(group, row0, col0)
 
                     def eval_steps(acc):
@@ -418,10 +375,9 @@ def mosaic_gmm_body(
                         )
 
                     make_context(group, row0, lo, hi, col0)(eval_steps)
-                    return upcoming
+                    return carry
 
-                first = upcoming_entries(0) if cfg.prefetch_tile_info else jnp.int32(0)
-                lax.fori_loop(0, my_tiles, tile, first)
+                lax.fori_loop(0, my_tiles, tile, jnp.int32(0))
 
         if cfg.ring:
             ring_tiles(pipeline_allocs)
