@@ -3,11 +3,16 @@ GPU's on-device profiler: each compute warpgroup's ``main_loop`` (its ``wgmma`` 
 steps, waits for the ring included) and ``epilogue`` (cast, stage, TMA store) per tile, with
 timestamps, for every CTA. The kernel names those regions with ``jax.named_scope``; they are
 recorded only when it is compiled with a ``profile_space`` (here: ``plgpu.CompilerParams`` patched
-while the case is traced). The profiler keeps its events in shared memory (``4 * profile_space``
-32-bit entries per warpgroup), so ``--profile-space`` must cover two regions per tile of a CTA
-and fit beside the 4-slot ring::
+while the case is traced). The profiler keeps its ranges in shared memory (16 bytes each per
+warpgroup), so ``--profile-space`` must cover two per tile of the busiest CTA, plus two (the
+probe refuses less: an overflow is an illegal memory access on the device), and fit beside the
+4-slot ring (~60 ranges at most). ``--rows`` shrinks a shape's ``M`` so that fewer tiles per
+CTA leave room for more ranges per tile (``--ranges-per-tile``, with scopes added to the kernel
+for an experiment); ``--changes`` (JSON) sets fields of the default tiles::
 
     PYTHONPATH=src python benchmarks/kernel_trace_probe.py --out-dir $OUT
+    PYTHONPATH=src python benchmarks/kernel_trace_probe.py --out-dir $OUT \
+      --cases mixtral-down:layer --changes '{"multicast_weights": true}'
 
 Per case (``shape:routing``, routing ``balanced`` or ``layer``: multinomial loads on 7/8 of the
 rows, each padded to 64, as the MoE layer's), the trace of the last of ``--calls`` calls is kept
@@ -117,10 +122,12 @@ def profile_space_needed(
         sizes, num_rows, tiles.block_m, tile_align=pallas_mosaic_tiles.tile_align(tiles)
     )
     items = int(jnp.sum(work_group < sizes.shape[0]))
-    num_tiles = items * -(-out_cols // tiles.block_n)
-    sms = pallas_mosaic_common.num_sms(None)
+    workers = pallas_mosaic_common.num_sms(None)
+    if tiles.multicast_weights:  # a cluster of two CTAs takes a pair of items per unit
+        items, workers = -(-items // 2), workers // 2
+    units = items * -(-out_cols // tiles.block_n)
     # One range more for the profiler's Init, and one for its 3-entry header (a range is 4).
-    return ranges_per_tile * -(-num_tiles // sms) + 2
+    return ranges_per_tile * -(-units // workers) + 2
 
 
 def main() -> None:
