@@ -3,6 +3,7 @@
 # (session 20's skip_empty_warpgroups, commit 02012f9, rebuilt on this commit's src in exp21/ with
 # a "skipped" profiler scope), against the default, both traced by kernel_trace_probe.py on the
 # layer's kind of groups (padded to 64 rows), Mixtral down and DeepSeek up.
+# exp21/ (untracked): rm -rf exp21 && mkdir exp21 && cp -r src exp21/ && (cd exp21 && patch -p1 < ../benchmarks/results/raw/h100-run21/call2/exp21-skip.patch)
 # Run from the repository root: bash benchmarks/results/raw/h100-run21/call2/command.sh
 set -u
 export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false

@@ -3,6 +3,7 @@
 # the epilogue (ep_cast; per 64-column chunk ep_wait, ep_smem, ep_issue), built from this commit's
 # src copied into an untracked exp21/ with those scopes added; Mixtral up and DeepSeek up at
 # few rows (2-4 tiles per CTA, so that 15 ranges a tile fit the profiler's shared memory).
+# exp21/ (untracked): rm -rf exp21 && mkdir exp21 && cp -r src exp21/ && (cd exp21 && patch -p1 < ../benchmarks/results/raw/h100-run21/call7/exp21-epilogue-scopes.patch)
 # Run from the repository root: bash benchmarks/results/raw/h100-run21/call7/command.sh
 set -u
 export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
