@@ -14,12 +14,12 @@ for an experiment); ``--changes`` (JSON) sets fields of the default tiles::
     PYTHONPATH=src python benchmarks/kernel_trace_probe.py --out-dir $OUT \
       --cases mixtral-down:layer --changes '{"multicast_weights": true}'
 
-Per case (``shape:routing``, routing ``balanced`` or ``layer``: multinomial loads on 7/8 of the
-rows, each padded to 64, as the MoE layer's), the trace of the last of ``--calls`` calls is kept
-(``<case>/...-trace.json``, Perfetto's format) and summarised in ``kernel-trace.json``: the
-kernel's span, each compute warpgroup's time in ``main_loop``, ``epilogue`` and neither (between
-tiles, the tail's zeros), per-tile durations, and how far apart the two compute warpgroups of a
-CTA start each tile's main loop.
+Per case (``shape:routing``, routing ``balanced``, ``layer``: multinomial loads on 7/8 of the
+rows, each padded to 64, as the MoE layer's, or explicit sizes ``s0/s1/...``), the trace of
+the last of ``--calls`` calls is kept (``<case>/...-trace.json``, Perfetto's format) and
+summarised in ``kernel-trace.json``: the kernel's span, each compute warpgroup's time in
+``main_loop``, ``epilogue`` and neither (between tiles, the tail's zeros), per-tile durations,
+and how far apart the two compute warpgroups of a CTA start each tile's main loop.
 """
 
 from __future__ import annotations
@@ -183,7 +183,9 @@ def main() -> None:
             # The gemm bench's operands: x @ w[g], or dy @ w[g]^T for the dgrad.
             x, w, dy = jax_inputs(shape, jnp.bfloat16, 0)
             lhs = dy if args.transpose else x
-            if routing == "layer":
+            if "/" in routing:  # explicit sizes, e.g. a layer bench's padded groups
+                sizes = jnp.asarray([int(size) for size in routing.split("/")], jnp.int32)
+            elif routing == "layer":
                 sizes = jnp.asarray(layer_group_sizes(shape))
             else:
                 sizes = jnp.asarray(group_sizes_for(shape, routing))
