@@ -161,7 +161,7 @@ def main() -> None:
             pallas_mosaic_tiles.default_mosaic_gmm_tiles(shape.m, shape.k, shape.n),
             **json.loads(args.changes),
         )
-        case_dir = os.path.join(args.out_dir, case.replace(":", "-"))
+        case_dir = os.path.join(args.out_dir, case.replace(":", "-").replace("/", "_"))
         os.makedirs(case_dir, exist_ok=True)
         profiled = functools.partial(
             original, profile_space=args.profile_space, profile_dir=case_dir
