@@ -30,6 +30,7 @@ import functools
 import glob
 import json
 import os
+import time
 from unittest import mock
 
 import jax
@@ -144,6 +145,13 @@ def main() -> None:
     )
     parser.add_argument("--rows", type=int, default=0, help="M for the shape (0: the shape's)")
     parser.add_argument(
+        "--settle-ms",
+        type=float,
+        default=0,
+        help="run the kernel without the profiler this long, then trace one more call (the "
+        "settled, power-limited clock; 0: trace the last of --calls)",
+    )
+    parser.add_argument(
         "--ranges-per-tile",
         type=int,
         default=len(REGIONS),
@@ -168,11 +176,11 @@ def main() -> None:
         )
         # Traced afresh per case, so that its kernel is compiled with this case's profile_dir.
         jax.clear_caches()
-        fn = jax.jit(
-            functools.partial(
-                pallas_mosaic.gmm, transpose_rhs=args.transpose, tiles=tiles, interpret=False
-            )
+        kernel = functools.partial(
+            pallas_mosaic.gmm, transpose_rhs=args.transpose, tiles=tiles, interpret=False
         )
+        fn = jax.jit(kernel)
+        plain = jax.jit(functools.partial(kernel))  # its own cache: traced without the profiler
         row = {
             "case": case,
             "transpose": args.transpose,
@@ -200,6 +208,16 @@ def main() -> None:
             with mock.patch.object(pallas_mosaic_common.plgpu, "CompilerParams", profiled):
                 for _ in range(args.calls):
                     jax.block_until_ready(fn(lhs, w, sizes))
+            if args.settle_ms:
+                # The kernel without the profiler, back to back until the GPU's clock has
+                # settled under the load (power-limited), then one profiled call at that clock.
+                jax.effects_barrier()
+                jax.block_until_ready(plain(lhs, w, sizes))
+                deadline = time.perf_counter() + args.settle_ms / 1e3
+                while time.perf_counter() < deadline:
+                    outs = [plain(lhs, w, sizes) for _ in range(4)]
+                jax.block_until_ready(outs)
+                jax.block_until_ready(fn(lhs, w, sizes))
             jax.effects_barrier()  # the profile is written by a host callback
             newest = max(glob.glob(os.path.join(case_dir, "*-trace.json")), key=os.path.getmtime)
             with open(newest) as f:
