@@ -25,9 +25,6 @@ weight block multicast in clusters of two CTAs::
 from __future__ import annotations
 
 import argparse
-import contextlib
-import dataclasses
-import functools
 import json
 import os
 import sys
@@ -40,37 +37,8 @@ import jaxmoe
 from jaxmoe.bench.harness import relative_error, results_header, row_emitter
 from jaxmoe.bench.layer import expert_flops, forward_backward, layer_inputs
 from jaxmoe.bench.presets import LAYER_PRESETS
+from jaxmoe.bench.tile_variants import default_tiles_with, tile_sites
 from jaxmoe.bench.timing import jax_sync, time_interleaved, warm_up
-from jaxmoe.ops.gated_grouped_matmul import pallas_mosaic as gated_mosaic
-from jaxmoe.ops.grouped_matmul import pallas_mosaic, pallas_mosaic_backend, pallas_mosaic_tiles
-
-# Every place the layer's kernels read their default tiles from.
-DEFAULT_TILE_SITES = (
-    (pallas_mosaic_tiles, "default_mosaic_gmm_tiles"),
-    (pallas_mosaic, "default_mosaic_gmm_tiles"),
-    (pallas_mosaic_backend, "default_mosaic_gmm_tiles"),
-    (gated_mosaic, "default_gated_tiles"),
-)
-
-
-@contextlib.contextmanager
-def default_tiles_with(calls: list, sites=DEFAULT_TILE_SITES, **changes):
-    """The default tiles of every site (of ``sites``) with ``changes`` applied, while inside; each
-    call of one appends its result to ``calls`` (proof that the variant was traced, not taken
-    from a cache)."""
-    saved = [(module, name, getattr(module, name)) for module, name in sites]
-
-    def patched(*shape, default):
-        calls.append(dataclasses.replace(default(*shape), **changes))
-        return calls[-1]
-
-    try:
-        for module, name, default in saved:
-            setattr(module, name, functools.partial(patched, default=default))
-        yield
-    finally:
-        for module, name, default in saved:
-            setattr(module, name, default)
 
 
 def main() -> None:
@@ -94,9 +62,7 @@ def main() -> None:
     )
     args = parser.parse_args()
     variants = json.loads(args.variants)
-    site_names = {"gmm": "default_mosaic_gmm_tiles", "gated": "default_gated_tiles"}
-    chosen = {site_names[site] for site in args.sites.split(",")}
-    sites = [(module, name) for module, name in DEFAULT_TILE_SITES if name in chosen]
+    sites = tile_sites(args.sites)
     base_name, variant_name = list(variants)[:2]
     start = time.time()
     os.makedirs(args.out_dir, exist_ok=True)

@@ -7,11 +7,20 @@ command buffers (CUDA graphs) hide which op launched a kernel: turn them off to 
 
     XLA_FLAGS=--xla_gpu_enable_command_buffer= PYTHONPATH=src \
       python3 benchmarks/layer_profile.py --presets mixtral --out-dir /tmp/w
+
+``--settle-s`` runs each function that long before profiling it (the clock of a GPU settled
+under the load; an idle H100 boosts higher). ``--variants`` profiles tile variants after the
+default, each traced with the default tiles of ``--sites``' kernels changed
+(:mod:`jaxmoe.bench.tile_variants`), e.g. the weight multicast on the plain gmm::
+
+    ... layer_profile.py --presets mixtral --passes fwd+bwd --settle-s 1 --sites gmm \
+      --variants '{"multicast": {"multicast_weights": true}}'
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import pathlib
@@ -24,6 +33,7 @@ from jaxmoe.bench.harness import results_header
 from jaxmoe.bench.kernel_profile import format_breakdown, kernel_breakdown, summarize
 from jaxmoe.bench.layer import forward_backward, layer_inputs
 from jaxmoe.bench.presets import LAYER_PRESETS
+from jaxmoe.bench.tile_variants import default_tiles_with, tile_sites
 
 
 def jax_functions(cfg):
@@ -83,6 +93,21 @@ def main():
     )
     parser.add_argument("--top", type=int, default=25, help="jaxmoe only: rows (ops) listed")
     parser.add_argument(
+        "--settle-s",
+        type=float,
+        default=0.0,
+        help="jaxmoe only: run each function this long before profiling it (the settled clock)",
+    )
+    parser.add_argument(
+        "--variants",
+        default="{}",
+        help="jaxmoe only: JSON, variant name -> MosaicTileConfig changes to the default tiles of "
+        "--sites' kernels; each variant profiled after the default",
+    )
+    parser.add_argument(
+        "--sites", default="gmm,gated", help="kernels whose tiles --variants change"
+    )
+    parser.add_argument(
         "--dump-hlo",
         action="store_true",
         help="jaxmoe only: also write each function's optimized HLO (hlo-<preset>-<pass>.txt)",
@@ -92,6 +117,8 @@ def main():
     if recipe and args.fp8_wgrad == "fp8":
         recipe = jaxmoe.ops.fp8.Fp8Recipe(recipe, wgrad="fp8")
         args.fp8_recipe += "-fp8wgrad"
+    variants = json.loads(args.variants)
+    sites = tile_sites(args.sites)
     out_dir = pathlib.Path(args.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     results, text = [], ["# MoE layer: kernel time per op", ""]
@@ -100,23 +127,44 @@ def main():
         cfg, params, x, dy = layer_inputs(preset, jnp.bfloat16)
         if args.fp8_recipe:
             cfg = dataclasses.replace(cfg, fp8_recipe=recipe)
-        functions = jax_functions(cfg)
         for pass_ in args.passes.split(","):
-            if args.impl == "jaxmoe":
-                operands = (params, x) if pass_ == "fwd" else (params, x, dy)
-                breakdown = kernel_breakdown(functions[pass_], *operands, top=args.top)
-                if args.dump_hlo:
-                    hlo = functions[pass_].lower(*operands).compile().as_text()
-                    (out_dir / f"hlo-{name}-{pass_}.txt").write_text(hlo)
-            else:
-                breakdown = torch_breakdown(params, x, dy, preset.top_k, pass_)
-            title = f"{name} {pass_} {args.impl}" + (
-                f" fp8 {args.fp8_recipe}" * bool(args.fp8_recipe)
-            )
-            row = {"preset": name, "pass": pass_, "impl": args.impl, "fp8_recipe": args.fp8_recipe}
-            results.append({**row, **breakdown})
-            text += [format_breakdown(title, breakdown), ""]
-            print(format_breakdown(title, breakdown), flush=True)
+            for variant, changes in {"default": None, **variants}.items():
+                if args.impl == "jaxmoe":
+                    operands = (params, x) if pass_ == "fwd" else (params, x, dy)
+                    # The kernels read their default tiles when traced: trace afresh, inside.
+                    jax.clear_caches()
+                    tiles_read = []
+                    patch = default_tiles_with(tiles_read, sites, **(changes or {}))
+                    with patch if changes is not None else contextlib.nullcontext():
+                        functions = jax_functions(cfg)
+                        jax.block_until_ready(functions[pass_](*operands))
+                    if changes is not None and not tiles_read:
+                        raise RuntimeError(f"{variant}: no kernel read the patched default tiles")
+                    breakdown = kernel_breakdown(
+                        functions[pass_], *operands, top=args.top, settle_s=args.settle_s
+                    )
+                    if args.dump_hlo:
+                        hlo = functions[pass_].lower(*operands).compile().as_text()
+                        (out_dir / f"hlo-{name}-{pass_}-{variant}.txt").write_text(hlo)
+                else:
+                    breakdown = torch_breakdown(params, x, dy, preset.top_k, pass_)
+                title = f"{name} {pass_} {args.impl}" + (
+                    f" fp8 {args.fp8_recipe}" * bool(args.fp8_recipe)
+                )
+                if variants:
+                    title += f" ({variant})"
+                row = {
+                    "preset": name,
+                    "pass": pass_,
+                    "impl": args.impl,
+                    "variant": variant,
+                    "fp8_recipe": args.fp8_recipe,
+                }
+                results.append({**row, **breakdown})
+                text += [format_breakdown(title, breakdown), ""]
+                print(format_breakdown(title, breakdown), flush=True)
+                if args.impl != "jaxmoe":
+                    break
     header = results_header("benchmarks/layer_profile.py")
     stem = f"layer-profile-{args.impl}" + (f"-fp8-{args.fp8_recipe}" * bool(args.fp8_recipe))
     (out_dir / f"{stem}.json").write_text(json.dumps({"header": header, "rows": results}, indent=1))

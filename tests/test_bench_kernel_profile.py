@@ -48,6 +48,23 @@ def test_kernel_breakdown_runs_under_the_profiler_on_a_cpu():
     assert set(got) == {"total_ms", "span_ms", "kernels", "rows"}
 
 
+def test_traced_events_settles_first_for_the_time_asked():
+    # settle_s: the function runs back to back for that long before the profiled calls.
+    calls = []
+
+    def fn(x):
+        calls.append(1)
+        return x + 1
+
+    kernel_profile.traced_events(fn, jnp.ones(4), calls=2, settle_s=0.0)
+    unsettled = len(calls)
+    calls.clear()
+    kernel_profile.traced_events(fn, jnp.ones(4), calls=2, settle_s=0.2)
+    assert len(calls) >= unsettled + 4
+    with pytest.raises(ValueError, match="settle_s"):
+        kernel_profile.traced_events(fn, jnp.ones(4), calls=2, settle_s=-1.0)
+
+
 def test_idle_gaps_measures_the_device_idle_between_kernels_per_call():
     # Two streams overlap (no gap between them); then 2 ms idle before fusion.2, and 0.5 ms
     # before the second call's gemm. Times in ns.

@@ -15,6 +15,7 @@ import collections
 import glob
 import os
 import tempfile
+import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -123,13 +124,22 @@ def device_events(xplane_path: str) -> list[tuple[str, str, float, float]]:
 
 
 def traced_events(
-    fn: Callable[..., Any], *args: Any, calls: int = 5
+    fn: Callable[..., Any], *args: Any, calls: int = 5, settle_s: float = 0.0
 ) -> list[tuple[str, str, float, float]]:
     """The device events of ``calls`` calls of ``fn(*args)`` launched back to back under
-    :func:`jax.profiler.trace` (compiled and warmed up first); see :func:`device_events`."""
+    :func:`jax.profiler.trace` (compiled and warmed up first); see :func:`device_events`.
+
+    ``settle_s``: first run ``fn`` back to back for that many seconds, so that the calls are
+    profiled at the clock a GPU settles to under the load (an H100 at its power limit takes
+    0.1-0.4 s to reach it), not at an idle GPU's boost clock."""
     if calls < 1:
         raise ValueError(f"`calls` must be >= 1; got {calls}.")
-    jax.block_until_ready(fn(*args))
+    if settle_s < 0:
+        raise ValueError(f"`settle_s` must be >= 0; got {settle_s}.")
+    out = jax.block_until_ready(fn(*args))
+    deadline = time.perf_counter() + settle_s
+    while time.perf_counter() < deadline:
+        out = jax.block_until_ready([fn(*args) for _ in range(4)])
     with tempfile.TemporaryDirectory() as log_dir:
         with jax.profiler.trace(log_dir):
             for _ in range(calls):
@@ -140,11 +150,11 @@ def traced_events(
 
 
 def kernel_breakdown(
-    fn: Callable[..., Any], *args: Any, calls: int = 5, top: int = 25
+    fn: Callable[..., Any], *args: Any, calls: int = 5, top: int = 25, settle_s: float = 0.0
 ) -> dict[str, Any]:
-    """Profiles ``calls`` calls of ``fn(*args)`` (compiled and warmed up first); see
-    :func:`summarize`."""
-    return summarize(traced_events(fn, *args, calls=calls), calls, top)
+    """Profiles ``calls`` calls of ``fn(*args)`` (compiled and warmed up first, then run for
+    ``settle_s`` seconds: :func:`traced_events`); see :func:`summarize`."""
+    return summarize(traced_events(fn, *args, calls=calls, settle_s=settle_s), calls, top)
 
 
 def format_breakdown(title: str, breakdown: dict[str, Any]) -> str:

@@ -1,0 +1,55 @@
+"""Tile variants of the MoE layer's Mosaic kernels, for probes that compare them in one process.
+
+The layer's kernels read their default tiles (``default_mosaic_gmm_tiles``,
+``default_gated_tiles``) when traced; :func:`default_tiles_with` swaps those functions for ones
+returning the defaults with some fields changed, so a function traced inside (with jax's
+tracing caches cleared first) runs the variant.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+
+from jaxmoe.ops.gated_grouped_matmul import pallas_mosaic as gated_mosaic
+from jaxmoe.ops.grouped_matmul import pallas_mosaic, pallas_mosaic_backend, pallas_mosaic_tiles
+
+# Every place the layer's kernels read their default tiles from.
+DEFAULT_TILE_SITES = (
+    (pallas_mosaic_tiles, "default_mosaic_gmm_tiles"),
+    (pallas_mosaic, "default_mosaic_gmm_tiles"),
+    (pallas_mosaic_backend, "default_mosaic_gmm_tiles"),
+    (gated_mosaic, "default_gated_tiles"),
+)
+# The sites by kernel: the plain gmm's (``gmm``), the fused gated kernel's (``gated``).
+SITE_NAMES = {"gmm": "default_mosaic_gmm_tiles", "gated": "default_gated_tiles"}
+
+
+def tile_sites(kernels: str) -> list:
+    """The :data:`DEFAULT_TILE_SITES` of ``kernels`` (comma-separated :data:`SITE_NAMES` keys)."""
+    unknown = set(kernels.split(",")) - set(SITE_NAMES)
+    if unknown:
+        raise ValueError(f"unknown kernels {sorted(unknown)}; choose from {sorted(SITE_NAMES)}")
+    chosen = {SITE_NAMES[kernel] for kernel in kernels.split(",")}
+    return [(module, name) for module, name in DEFAULT_TILE_SITES if name in chosen]
+
+
+@contextlib.contextmanager
+def default_tiles_with(calls: list, sites=DEFAULT_TILE_SITES, **changes):
+    """The default tiles of every site (of ``sites``) with ``changes`` applied, while inside; each
+    call of one appends its result to ``calls`` (proof that the variant was traced, not taken
+    from a cache)."""
+    saved = [(module, name, getattr(module, name)) for module, name in sites]
+
+    def patched(*shape, default):
+        calls.append(dataclasses.replace(default(*shape), **changes))
+        return calls[-1]
+
+    try:
+        for module, name, default in saved:
+            setattr(module, name, functools.partial(patched, default=default))
+        yield
+    finally:
+        for module, name, default in saved:
+            setattr(module, name, default)

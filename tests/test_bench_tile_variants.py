@@ -1,0 +1,38 @@
+"""``jaxmoe.bench.tile_variants``: the layer's default Mosaic tiles swapped while inside."""
+
+import dataclasses
+
+import pytest
+
+from jaxmoe.bench import tile_variants
+from jaxmoe.ops.gated_grouped_matmul import pallas_mosaic as gated_mosaic
+from jaxmoe.ops.grouped_matmul import pallas_mosaic, pallas_mosaic_tiles
+
+
+def test_default_tiles_with_changes_every_site_inside_and_restores_them():
+    shape = (4096, 4096, 14336)
+    before = pallas_mosaic_tiles.default_mosaic_gmm_tiles(*shape)
+    gated_before = gated_mosaic.default_gated_tiles(*shape)
+    calls = []
+    with tile_variants.default_tiles_with(calls, multicast_weights=True):
+        # Both modules that the kernels read it through see the change.
+        for module in (pallas_mosaic_tiles, pallas_mosaic):
+            assert module.default_mosaic_gmm_tiles(*shape) == dataclasses.replace(
+                before, multicast_weights=True
+            )
+        assert gated_mosaic.default_gated_tiles(*shape).multicast_weights
+    assert len(calls) == 3  # each read recorded
+    assert pallas_mosaic_tiles.default_mosaic_gmm_tiles(*shape) == before
+    assert pallas_mosaic.default_mosaic_gmm_tiles(*shape) == before
+    assert gated_mosaic.default_gated_tiles(*shape) == gated_before
+
+
+def test_tile_sites_picks_the_kernels_asked_and_refuses_others():
+    gmm_only = tile_variants.tile_sites("gmm")
+    assert {name for _, name in gmm_only} == {"default_mosaic_gmm_tiles"}
+    assert len(tile_variants.tile_sites("gmm,gated")) == len(tile_variants.DEFAULT_TILE_SITES)
+    calls = []
+    with tile_variants.default_tiles_with(calls, gmm_only, multicast_weights=True):
+        assert not gated_mosaic.default_gated_tiles(4096, 4096, 14336).multicast_weights
+    with pytest.raises(ValueError, match="unknown kernels"):
+        tile_variants.tile_sites("gmm,wgrad")
