@@ -1,0 +1,127 @@
+"""Probe (issue 15): the SM clock and power of the MoE layer under tile variants, phase by phase.
+
+At the 700 W limit a kernel's speed is its energy per unit of work: a variant that draws more
+power runs every kernel of the layer at a lower clock, also those it did not change (run 21
+call 13: with the weight multicast on the plain gmm, the profiled fwd+bwd had all its Mosaic
+kernels 5-10% slower, the memory-bound XLA fusions not). Here each variant (its default tiles
+changed on ``--sites``' kernels, :mod:`jaxmoe.bench.tile_variants`) runs the layer alone in
+phases of ``--phase-s`` seconds, alternating (A, B, A, B, ...), while ``nvidia-smi`` is read
+every ``--smi-period-s``: per phase, ms per call over its last two thirds, and the median SM
+clock and power draw over the same span. Rows go to ``<out-dir>/variant-clock-probe.json``::
+
+    PYTHONPATH=src python benchmarks/variant_clock_probe.py --out-dir $OUT \\
+        --variants '{"multicast": {"multicast_weights": true}}' --sites gmm
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import threading
+import time
+
+import jax
+
+import jaxmoe
+from jaxmoe.bench.harness import results_header, row_emitter
+from jaxmoe.bench.layer import forward_backward, layer_inputs
+from jaxmoe.bench.presets import LAYER_PRESETS
+from jaxmoe.bench.tile_variants import default_tiles_with, tile_sites
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from idle_probe import gpu_clock  # noqa: E402 - the probes' one clock reader
+
+
+def smi_numbers(line: str) -> tuple[float, float] | None:
+    """``(SM MHz, W)`` from a :func:`gpu_clock` line (``"1755 MHz, 698.12 W, 61"``)."""
+    try:
+        clock, power = line.split(",")[:2]
+        return float(clock.split()[0]), float(power.split()[0])
+    except (ValueError, IndexError):
+        return None
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--out-dir", default=os.environ.get("OUT", "/tmp"))
+    parser.add_argument("--preset", default="mixtral")
+    parser.add_argument("--pass", dest="pass_", choices=("fwd", "fwd+bwd"), default="fwd+bwd")
+    parser.add_argument("--variants", default='{"multicast": {"multicast_weights": true}}')
+    parser.add_argument("--sites", default="gmm")
+    parser.add_argument("--phases", type=int, default=6, help="phases in all, variants alternating")
+    parser.add_argument("--phase-s", type=float, default=3.0)
+    parser.add_argument("--smi-period-s", type=float, default=0.2)
+    args = parser.parse_args()
+    variants = {"default": None, **json.loads(args.variants)}
+    sites = tile_sites(args.sites)
+    os.makedirs(args.out_dir, exist_ok=True)
+    emit = row_emitter(
+        os.path.join(args.out_dir, "variant-clock-probe.json"),
+        results_header(" ".join(sys.argv), device=str(jax.devices()[0])),
+    )
+    cfg, params, x, dy = layer_inputs(LAYER_PRESETS[args.preset], jax.numpy.bfloat16)
+    layer = lambda p, x: jaxmoe.moe(p, x, cfg)[0]  # noqa: E731
+    operands = (params, x) if args.pass_ == "fwd" else (params, x, dy)
+    functions = {}
+    for name, changes in variants.items():
+        jax.clear_caches()  # the kernels read their default tiles when traced
+        tiles_read = []
+        with default_tiles_with(tiles_read, sites, **(changes or {})):
+            fn = jax.jit(layer if args.pass_ == "fwd" else forward_backward(layer))
+            jax.block_until_ready(fn(*operands))
+        if changes is not None and not tiles_read:
+            raise RuntimeError(f"{name}: no kernel read the patched default tiles")
+        functions[name] = fn
+
+    readings, stop = [], threading.Event()
+
+    def read_smi():
+        while not stop.is_set():
+            numbers = smi_numbers(gpu_clock())
+            if numbers:
+                readings.append((time.perf_counter(), *numbers))
+            time.sleep(args.smi_period_s)
+
+    reader = threading.Thread(target=read_smi, daemon=True)
+    reader.start()
+    names = list(variants)
+    try:
+        for phase in range(args.phases):
+            name = names[phase % len(names)]
+            fn = functions[name]
+            start = time.perf_counter()
+            end = start + args.phase_s
+            steady_from = start + args.phase_s / 3
+            calls, steady_calls, steady_start = 0, 0, None
+            while time.perf_counter() < end:
+                jax.block_until_ready([fn(*operands) for _ in range(4)])
+                now = time.perf_counter()
+                calls += 4
+                if now >= steady_from:
+                    if steady_start is None:
+                        steady_start = now
+                    else:
+                        steady_calls += 4
+            steady_end = time.perf_counter()
+            span = [r for r in readings if steady_start <= r[0] <= steady_end]
+            emit(
+                {
+                    "phase": phase,
+                    "variant": name,
+                    "calls": calls,
+                    "ms_per_call": (steady_end - steady_start) * 1e3 / max(steady_calls, 1),
+                    "sm_mhz": statistics.median(r[1] for r in span) if span else None,
+                    "power_w": statistics.median(r[2] for r in span) if span else None,
+                    "smi_readings": len(span),
+                }
+            )
+    finally:
+        stop.set()
+        reader.join()
+
+
+if __name__ == "__main__":
+    main()
