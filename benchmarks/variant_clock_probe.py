@@ -71,10 +71,13 @@ def main() -> None:
         tiles_read = []
         with default_tiles_with(tiles_read, sites, **(changes or {})):
             fn = jax.jit(layer if args.pass_ == "fwd" else forward_backward(layer))
-            jax.block_until_ready(fn(*operands))
+            # Compiled ahead of time: the next variant's clear_caches must not drop it (a
+            # jitted function would then be traced again, outside the patch).
+            compiled = fn.lower(*operands).compile()
         if changes is not None and not tiles_read:
             raise RuntimeError(f"{name}: no kernel read the patched default tiles")
-        functions[name] = fn
+        jax.block_until_ready(compiled(*operands))
+        functions[name] = compiled
 
     readings, stop = [], threading.Event()
 
