@@ -37,7 +37,7 @@ import jaxmoe
 from jaxmoe.bench.harness import relative_error, results_header, row_emitter
 from jaxmoe.bench.layer import expert_flops, forward_backward, layer_inputs
 from jaxmoe.bench.presets import LAYER_PRESETS
-from jaxmoe.bench.tile_variants import default_tiles_with, tile_sites
+from jaxmoe.bench.tile_variants import compile_variant, tile_sites
 from jaxmoe.bench.timing import jax_sync, time_interleaved, warm_up
 
 
@@ -85,17 +85,14 @@ def main() -> None:
                 operands = (params, x) if pass_ == "fwd" else (params, x, dy)
                 calls, outs = {}, {}
                 for name, changes in variants.items():
-                    # The kernels read their default tiles when traced: trace inside, with
-                    # jax's tracing caches cleared (a custom VJP's rule traced for the other
-                    # variant, or the same `layer` under a second jit, would be reused).
-                    jax.clear_caches()
-                    tiles_read = []
-                    with default_tiles_with(tiles_read, sites, **changes):
-                        fn = jax.jit(layer if pass_ == "fwd" else forward_backward(layer))
-                        outs[name] = jax.block_until_ready(fn(*operands))
+                    fn, tiles_read = compile_variant(
+                        layer if pass_ == "fwd" else forward_backward(layer),
+                        operands,
+                        sites,
+                        changes,
+                    )
+                    outs[name] = jax.block_until_ready(fn(*operands))
                     row[f"{name}_tiles_read"] = len(tiles_read)
-                    if not tiles_read:
-                        raise RuntimeError(f"{name}: no kernel read the patched default tiles")
                     call = lambda fn=fn, args=operands: fn(*args)  # noqa: E731
                     calls[name] = (call, jax_sync, warm_up(call, jax_sync))
                 # Every variant's outputs against the first's.

@@ -20,7 +20,6 @@ default, each traced with the default tiles of ``--sites``' kernels changed
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import json
 import pathlib
@@ -33,14 +32,16 @@ from jaxmoe.bench.harness import results_header
 from jaxmoe.bench.kernel_profile import format_breakdown, kernel_breakdown, summarize
 from jaxmoe.bench.layer import forward_backward, layer_inputs
 from jaxmoe.bench.presets import LAYER_PRESETS
-from jaxmoe.bench.tile_variants import default_tiles_with, tile_sites
+from jaxmoe.bench.tile_variants import compile_variant, tile_sites
 
 
-def jax_functions(cfg):
+def layer_function(cfg, pass_):
+    """The layer bench's function of ``pass_`` (not jitted): ``moe``'s output, or its VJP."""
+
     def forward(params, x):
         return jaxmoe.moe(params, x, cfg)[0]
 
-    return {"fwd": jax.jit(forward), "fwd+bwd": jax.jit(forward_backward(forward))}
+    return forward if pass_ == "fwd" else forward_backward(forward)
 
 
 def torch_breakdown(params, x, dy, top_k, pass_, calls=5):
@@ -131,20 +132,14 @@ def main():
             for variant, changes in {"default": None, **variants}.items():
                 if args.impl == "jaxmoe":
                     operands = (params, x) if pass_ == "fwd" else (params, x, dy)
-                    # The kernels read their default tiles when traced: trace afresh, inside.
-                    jax.clear_caches()
-                    tiles_read = []
-                    patch = default_tiles_with(tiles_read, sites, **(changes or {}))
-                    with patch if changes is not None else contextlib.nullcontext():
-                        functions = jax_functions(cfg)
-                        jax.block_until_ready(functions[pass_](*operands))
-                    if changes is not None and not tiles_read:
-                        raise RuntimeError(f"{variant}: no kernel read the patched default tiles")
+                    compiled, _ = compile_variant(
+                        layer_function(cfg, pass_), operands, sites, changes
+                    )
                     breakdown = kernel_breakdown(
-                        functions[pass_], *operands, top=args.top, settle_s=args.settle_s
+                        compiled, *operands, top=args.top, settle_s=args.settle_s
                     )
                     if args.dump_hlo:
-                        hlo = functions[pass_].lower(*operands).compile().as_text()
+                        hlo = compiled.as_text()
                         (out_dir / f"hlo-{name}-{pass_}-{variant}.txt").write_text(hlo)
                 else:
                     breakdown = torch_breakdown(params, x, dy, preset.top_k, pass_)

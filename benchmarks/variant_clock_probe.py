@@ -29,7 +29,7 @@ import jaxmoe
 from jaxmoe.bench.harness import results_header, row_emitter
 from jaxmoe.bench.layer import forward_backward, layer_inputs
 from jaxmoe.bench.presets import LAYER_PRESETS
-from jaxmoe.bench.tile_variants import default_tiles_with, tile_sites
+from jaxmoe.bench.tile_variants import compile_variant, tile_sites
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from idle_probe import gpu_clock  # noqa: E402 - the probes' one clock reader
@@ -65,19 +65,11 @@ def main() -> None:
     cfg, params, x, dy = layer_inputs(LAYER_PRESETS[args.preset], jax.numpy.bfloat16)
     layer = lambda p, x: jaxmoe.moe(p, x, cfg)[0]  # noqa: E731
     operands = (params, x) if args.pass_ == "fwd" else (params, x, dy)
+    function = layer if args.pass_ == "fwd" else forward_backward(layer)
     functions = {}
     for name, changes in variants.items():
-        jax.clear_caches()  # the kernels read their default tiles when traced
-        tiles_read = []
-        with default_tiles_with(tiles_read, sites, **(changes or {})):
-            fn = jax.jit(layer if args.pass_ == "fwd" else forward_backward(layer))
-            # Compiled ahead of time: the next variant's clear_caches must not drop it (a
-            # jitted function would then be traced again, outside the patch).
-            compiled = fn.lower(*operands).compile()
-        if changes is not None and not tiles_read:
-            raise RuntimeError(f"{name}: no kernel read the patched default tiles")
-        jax.block_until_ready(compiled(*operands))
-        functions[name] = compiled
+        functions[name], _ = compile_variant(function, operands, sites, changes)
+        jax.block_until_ready(functions[name](*operands))
 
     readings, stop = [], threading.Event()
 

@@ -2,6 +2,8 @@
 
 import dataclasses
 
+import jax.numpy as jnp
+import numpy as np
 import pytest
 
 from jaxmoe.bench import tile_variants
@@ -36,3 +38,19 @@ def test_tile_sites_picks_the_kernels_asked_and_refuses_others():
         assert not gated_mosaic.default_gated_tiles(4096, 4096, 14336).multicast_weights
     with pytest.raises(ValueError, match="unknown kernels"):
         tile_variants.tile_sites("gmm,wgrad")
+
+
+def test_compile_variant_keeps_its_tiles_after_the_next_variants_cache_clearing():
+    def fn(x):  # reads the default tiles when traced, as the layer's kernels do
+        return x * pallas_mosaic_tiles.default_mosaic_gmm_tiles(256, 256, 256).stages
+
+    x = jnp.ones(3)
+    default_stages = pallas_mosaic_tiles.default_mosaic_gmm_tiles(256, 256, 256).stages
+    two, reads = tile_variants.compile_variant(fn, (x,), changes={"stages": 2})
+    assert len(reads) == 1
+    plain, reads = tile_variants.compile_variant(fn, (x,))  # clears jax's caches again
+    assert reads == []
+    np.testing.assert_array_equal(two(x), 2 * np.ones(3))
+    np.testing.assert_array_equal(plain(x), default_stages * np.ones(3))
+    with pytest.raises(RuntimeError, match="no kernel read"):
+        tile_variants.compile_variant(lambda x: x + 1, (x,), changes={"stages": 2})

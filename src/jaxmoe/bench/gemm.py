@@ -19,6 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxmoe.arrays import round_up
 from jaxmoe.bench import gemm_cases, timing
 from jaxmoe.bench.harness import fill_ratios, release_torch_memory
 from jaxmoe.bench.presets import GEMM_SHAPES, LAYER_PRESETS, GemmShape
@@ -97,7 +98,7 @@ def layer_group_sizes(shape: GemmShape, seed: int = 0) -> np.ndarray:
     groups end in a 64-row tile)."""
     g = shape.groups
     loads = np.random.default_rng(seed).multinomial(shape.m * 7 // 8, np.full(g, 1 / g))
-    return (-(-loads // MOSAIC_ALIGNMENT) * MOSAIC_ALIGNMENT).astype(np.int32)
+    return round_up(loads, MOSAIC_ALIGNMENT).astype(np.int32)
 
 
 def shapes_for_presets(presets: Iterable[str], tokens: int | None = None) -> list[GemmShape]:

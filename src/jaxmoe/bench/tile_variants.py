@@ -3,7 +3,8 @@
 The layer's kernels read their default tiles (``default_mosaic_gmm_tiles``,
 ``default_gated_tiles``) when traced; :func:`default_tiles_with` swaps those functions for ones
 returning the defaults with some fields changed, so a function traced inside (with jax's
-tracing caches cleared first) runs the variant.
+tracing caches cleared first) runs the variant. :func:`compile_variant` does all of it and
+compiles ahead of time, which the next variant's cache clearing cannot undo.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+
+import jax
 
 from jaxmoe.ops.gated_grouped_matmul import pallas_mosaic as gated_mosaic
 from jaxmoe.ops.grouped_matmul import pallas_mosaic, pallas_mosaic_backend, pallas_mosaic_tiles
@@ -53,3 +56,22 @@ def default_tiles_with(calls: list, sites=DEFAULT_TILE_SITES, **changes):
     finally:
         for module, name, default in saved:
             setattr(module, name, default)
+
+
+def compile_variant(fn, operands, sites=DEFAULT_TILE_SITES, changes: dict | None = None):
+    """``(compiled, tiles_read)``: ``jax.jit(fn)`` compiled ahead of time for ``operands``, traced
+    with the default tiles of ``sites`` changed by ``changes`` (``None``: not patched, no reads
+    recorded), after clearing jax's tracing caches (a custom VJP's rule traced for another
+    variant would be reused). Compiled ahead of time because a jitted function is traced again
+    after the next variant's :func:`jax.clear_caches`, then outside the patch, i.e. as the
+    default. ``RuntimeError`` if ``changes`` were given and no kernel read the tiles."""
+    jax.clear_caches()
+    tiles_read = []
+    patch = contextlib.nullcontext()
+    if changes is not None:
+        patch = default_tiles_with(tiles_read, sites, **changes)
+    with patch:
+        compiled = jax.jit(fn).lower(*operands).compile()
+    if changes is not None and not tiles_read:
+        raise RuntimeError(f"no kernel read the patched default tiles ({changes})")
+    return compiled, tiles_read

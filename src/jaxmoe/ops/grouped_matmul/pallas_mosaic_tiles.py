@@ -76,7 +76,10 @@ class MosaicTileConfig:
     0.998-1.031x the default on the balanced Mixtral products, 1.009-1.035x skewed (calls 1-2,
     settled), but the Mixtral layer took 0.956-0.978x in four measurements (calls 1-2, on every
     default or the plain gmm's only); with the layer's kind of groups at the gemm shapes,
-    0.95-1.04x (call 3).
+    0.95-1.04x (call 3). Those layer figures are the benches' short interleaved samples: the
+    layer's fwd+bwd alone in alternating 3 s phases, multicast on the plain gmm, measured
+    1.002x and 1.0006x at the same clock and power (H200 run 21 calls 14-15), so the next
+    candidate default, pending both tables re-measured.
     """
 
     block_m: int = 128
