@@ -1,11 +1,13 @@
-"""Builds ``results/grouped_matmul-h100.json`` from the raw gemm files of one H100 run; no number is
+"""Builds ``results/grouped_matmul-h100.json`` from the raw gemm files of H100 runs; no number is
 edited, rows are only selected and labelled with the call they come from (``run14/call2``).
 
 The files are given in the order they ran: a later file's case (shape, routing, pass, impl)
-supersedes an earlier one's. The latest call of each case is ``"current": true`` and makes the
-main table and the geometric means (``geomean_ratio_vs_torch``); ``geomean_first_measure`` uses
-the first call of each case instead (they differ when a case was measured again, chosen by its
-outcome). With ``--layer-call`` that call's ``layer.json`` joins ``layer-h100.json`` too.
+supersedes an earlier one's. A file of another run is named from the run's folder
+(``../h100-run22/call3/gemm-balanced-mixtral.json``) and labelled with its own run. The
+latest call of each case is ``"current": true`` and makes the main table and the geometric
+means (``geomean_ratio_vs_torch``); ``geomean_first_measure`` uses the first call of each case
+instead (they differ when a case was measured again, chosen by its outcome). With
+``--layer-call`` that call's ``layer.json`` joins ``layer-h100.json`` too.
 
 Usage: python benchmarks/assemble_gemm_run.py h100-run14 call2/gemm-balanced.json \\
            call2/gemm-skewed-qwen3.json call3/gemm-skewed.json --layer-call call3
@@ -21,6 +23,8 @@ import pathlib
 from add_layer_run import add_layer_run
 from assemble_run10_results import gemm_markdown, geomean
 
+from jaxmoe.bench.presets import GEMM_SHAPES
+
 RESULTS = pathlib.Path(__file__).resolve().parent / "results"
 
 
@@ -34,13 +38,14 @@ def _case(row) -> tuple:
 
 def gemm_rows(run: str, files: list[str]) -> list[dict]:
     """Every row of ``files`` (paths under ``results/raw/<run>``), labelled, ``current`` set."""
-    label = run.split("h100-", 1)[-1]
     rows = []
     for name in files:
-        call = f"{label}/{name.split('/')[0]}"
+        path = (RESULTS / "raw" / run / name).resolve()
+        run_dir, call_dir = path.relative_to(RESULTS.resolve() / "raw").parts[:2]
+        call = f"{run_dir.split('h100-', 1)[-1]}/{call_dir}"
         rows += [
             {**row, "run": call}
-            for row in _load(RESULTS / "raw" / run / name)["rows"]
+            for row in _load(path)["rows"]
             if row.get("ms") is not None  # a row skipped for the time budget measured nothing
         ]
     latest = {_case(row): index for index, row in enumerate(rows)}
@@ -86,7 +91,8 @@ def assemble(run: str, files: list[str], layer_call: str | None = None, **layer_
     if layer_call is not None:
         add_layer_run(f"{run}/{layer_call}", **layer_kwargs)
     order = {"balanced": 0, "skewed": 1}
-    current.sort(key=lambda row: order[row["routing"]])
+    shapes = list(GEMM_SHAPES)
+    current.sort(key=lambda row: (order[row["routing"]], shapes.index(row["shape"])))
     print(gemm_markdown(current))
     print(json.dumps({k: out[k] for k in ("geomean_ratio_vs_torch", "geomean_first_measure")}))
 

@@ -198,9 +198,13 @@ def main() -> None:
             group_start_tiles=True,
         ),
     }
-    # Clusters of two CTAs multicasting the weight block (session 19), on the default, walking
-    # 8 (the default's group_swizzle: 16 work items), 4 or 16 pairs along N.
-    default_tiles = pallas_mosaic_tiles.default_mosaic_gmm_tiles(0, 0, 0)
+    # Clusters of two CTAs multicasting the weight block (session 19; the default on large
+    # experts since session 22), on the default without it ("default", the default on small
+    # experts; on every shape in run 22 call 1, multicast on every shape then), walking 8 (the
+    # default's group_swizzle: 16 work items), 4 or 16 pairs along N.
+    default_tiles = dataclasses.replace(
+        pallas_mosaic_tiles.default_mosaic_gmm_tiles(0, 0, 0), multicast_weights=False
+    )
     variants["default"] = default_tiles
     for swizzle in (8, 4, 16):
         name = "mc" if swizzle == 8 else f"mcg{swizzle}"

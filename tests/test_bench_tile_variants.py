@@ -16,13 +16,14 @@ def test_default_tiles_with_changes_every_site_inside_and_restores_them():
     before = pallas_mosaic_tiles.default_mosaic_gmm_tiles(*shape)
     gated_before = gated_mosaic.default_gated_tiles(*shape)
     calls = []
-    with tile_variants.default_tiles_with(calls, multicast_weights=True):
+    assert before.stages != 3 and gated_before.stages != 3  # so that the change shows
+    with tile_variants.default_tiles_with(calls, stages=3):
         # Both modules that the kernels read it through see the change.
         for module in (pallas_mosaic_tiles, pallas_mosaic):
-            assert module.default_mosaic_gmm_tiles(*shape) == dataclasses.replace(
-                before, multicast_weights=True
-            )
-        assert gated_mosaic.default_gated_tiles(*shape).multicast_weights
+            assert module.default_mosaic_gmm_tiles(*shape) == dataclasses.replace(before, stages=3)
+        assert gated_mosaic.default_gated_tiles(*shape) == dataclasses.replace(
+            gated_before, stages=3
+        )
     assert len(calls) == 3  # each read recorded
     assert pallas_mosaic_tiles.default_mosaic_gmm_tiles(*shape) == before
     assert pallas_mosaic.default_mosaic_gmm_tiles(*shape) == before
@@ -34,8 +35,9 @@ def test_tile_sites_picks_the_kernels_asked_and_refuses_others():
     assert {name for _, name in gmm_only} == {"default_mosaic_gmm_tiles"}
     assert len(tile_variants.tile_sites("gmm,gated")) == len(tile_variants.DEFAULT_TILE_SITES)
     calls = []
-    with tile_variants.default_tiles_with(calls, gmm_only, multicast_weights=True):
-        assert not gated_mosaic.default_gated_tiles(4096, 4096, 14336).multicast_weights
+    with tile_variants.default_tiles_with(calls, gmm_only, stages=3):
+        assert pallas_mosaic_tiles.default_mosaic_gmm_tiles(4096, 4096, 14336).stages == 3
+        assert gated_mosaic.default_gated_tiles(4096, 4096, 14336).stages == 4
     with pytest.raises(ValueError, match="unknown kernels"):
         tile_variants.tile_sites("gmm,wgrad")
 

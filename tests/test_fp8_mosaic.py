@@ -182,10 +182,11 @@ def test_default_tiles_are_the_bf16_kernels_with_128_wide_k_blocks():
             fp8_mosaic.pallas_mosaic.default_mosaic_gmm_tiles(m, k, n),
         )
         # The same schedule (ring, swizzled epilogue, slab, depth) with 128 FP8 elements per K
-        # step; the compute warpgroups split the columns and tiles stay on the global grid
-        # (split rows and group-start tiles are measured in bf16 only).
+        # step; the compute warpgroups split the columns, tiles stay on the global grid and
+        # CTAs are not clustered (split rows, group-start tiles and the weight multicast are
+        # measured in bf16 only).
         assert cfg.block_k == 128 and cfg == dataclasses.replace(
-            bf16, block_k=128, split_rows=False, group_start_tiles=False
+            bf16, block_k=128, split_rows=False, group_start_tiles=False, multicast_weights=False
         )
         pallas_mosaic_tiles.check_tiles(cfg, operand_bytes=1)
         blockwise = fp8_mosaic.default_fp8_tiles(m, k, n, BLOCKWISE)  # two accumulators: bm 64

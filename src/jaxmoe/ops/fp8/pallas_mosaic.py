@@ -90,9 +90,10 @@ def default_fp8_tiles(m: int, k: int, n: int, recipe: Fp8Recipe | None = None) -
     """Rowwise: the bf16 kernel's default schedule (the hand-written ring across a CTA's tiles,
     a 4-deep ring, the swizzled 64-row epilogue slab) with ``block_k`` widened to 128 FP8
     elements, the same bytes per ring stage. The compute warpgroups split the columns and the
-    tiles stay on the global ``block_m`` grid: the bf16 kernel's split rows (H100 run 16) and
-    tiles from each group's first row (run 18) are not measured with FP8 yet (the FP8 layer
-    pads its groups to 128 rows, where the two work lists are the same).
+    tiles stay on the global ``block_m`` grid: the bf16 kernel's split rows (H100 run 16),
+    tiles from each group's first row (run 18) and weight multicast (run 22) are not measured
+    with FP8 yet (the FP8 layer pads its groups to 128 rows, where the two work lists are the
+    same).
 
     H100, forward, balanced, ``torch._scaled_grouped_mm`` interleaved in the same rounds
     (``benchmarks/results/raw/h100-run10``): these tiles 1.05-1.22x torch on the six shapes

@@ -71,15 +71,10 @@ class MosaicTileConfig:
     group loads each its own weights; an odd last item's partner recomputes it (the same
     values stored twice). A slot is reused only when both CTAs have released it. torch's grouped
     GEMM is this arrangement (CUTLASS's cooperative ``128 x 256 x 64`` kernel, 4 stages, a 2x1x1
-    cluster multicasting the weights: its kernel names, H100 run 19 call 2). Off by default:
-    exact on the six gemm shapes, balanced and skewed, fwd and dgrad (run 19 call 1), and
-    0.998-1.031x the default on the balanced Mixtral products, 1.009-1.035x skewed (calls 1-2,
-    settled), but the Mixtral layer took 0.956-0.978x in four measurements (calls 1-2, on every
-    default or the plain gmm's only); with the layer's kind of groups at the gemm shapes,
-    0.95-1.04x (call 3). Those layer figures are the benches' short interleaved samples: the
-    layer's fwd+bwd alone in alternating 3 s phases, multicast on the plain gmm, measured
-    1.002x and 1.0006x at the same clock and power (H200 run 21 calls 14-15), so the next
-    candidate default, pending both tables re-measured.
+    cluster multicasting the weights: its kernel names, H100 run 19 call 2). On in
+    :func:`default_mosaic_gmm_tiles` where an expert's weight matrix is large (the plain
+    ``gmm`` and its input gradients), off in the fused gated kernel's tiles and the field's own
+    default; see there for the measurements.
     """
 
     block_m: int = 128
@@ -181,6 +176,11 @@ def smem_bytes(cfg: MosaicTileConfig, operand_bytes: int = 2, num_rhs: int = 1) 
     return ring + epilogue_smem_bytes(cfg)
 
 
+# The default multicasts the weights from this many elements per expert (K * N) up: between
+# DeepSeek's 14.7 M (no gain, H100 run 22 call 1) and Mixtral's 58.7 M (3-5%).
+MULTICAST_MIN_WEIGHT_ELEMENTS = 32 * 1024 * 1024
+
+
 def default_mosaic_gmm_tiles(m: int, k: int, n: int) -> MosaicTileConfig:
     """Block sizes of the Mosaic ``gmm``: ``128 x 256 x 64`` tiles, a 4-deep ring made to fit in
     shared memory by a 64-row epilogue slab, the hand-written ring across a CTA's tiles and the
@@ -201,8 +201,19 @@ def default_mosaic_gmm_tiles(m: int, k: int, n: int) -> MosaicTileConfig:
     group's first row (``group_start_tiles``) 1.02-1.10x the global grid on skewed groups (8 of
     8 cases: DeepSeek up, Mixtral up and down, Qwen3 up, fwd and dgrad); on balanced groups of
     ``block_m`` multiples the work list is the grid's.
+
+    Session 22: clusters of two CTAs multicasting the weight block (``multicast_weights``,
+    torch's CUTLASS arrangement) where an expert's weights have at least
+    :data:`MULTICAST_MIN_WEIGHT_ELEMENTS` (``K * N``). Exact on the six shapes, balanced and
+    skewed, fwd and dgrad (``benchmarks/results/raw/h100-run19/call1``). Balanced, settled,
+    against these tiles without it (``h100-run22/call1``): Mixtral (``K * N`` = 58.7 M)
+    1.029-1.054x on its four products; DeepSeek (14.7 M) 0.990-1.008x; Qwen3 (1.6 M)
+    0.964-0.996x, the most on its 768-column products. Skewed Mixtral 1.021x / 1.033x (run 19
+    call 2). In the Mixtral layer (multicast on these tiles only) the fwd+bwd alone in
+    alternating 3 s phases measured 1.002x and 1.0006x at the same clock and power (H200
+    ``h100-run21`` calls 14-15).
     """
-    del m, k, n
+    del m
     return MosaicTileConfig(
         stages=4,
         epilogue_rows=64,
@@ -210,6 +221,7 @@ def default_mosaic_gmm_tiles(m: int, k: int, n: int) -> MosaicTileConfig:
         ring=True,
         split_rows=True,
         group_start_tiles=True,
+        multicast_weights=k * n >= MULTICAST_MIN_WEIGHT_ELEMENTS,
     )
 
 
