@@ -117,6 +117,10 @@ def main() -> None:  # noqa: PLR0915 - one straight-line probe
         "m64k128n256s4e64g16": cfg(64, 128, 256, 4, 16, epilogue_rows=64),
         # The compute warpgroups split the output tile's rows (session 15; the gmm's default).
         "m64k128n256s4e64split": cfg(64, 128, 256, 4, epilogue_rows=64, split_rows=True),
+        # Clusters of two CTAs at neighbouring K tiles, the rhs block multicast (session 22).
+        "m64k128n256s4e64splitmc": cfg(
+            64, 128, 256, 4, epilogue_rows=64, split_rows=True, multicast_rhs=True
+        ),
     }
     if args.variants != "all":
         variants = {k: variants[k] for k in args.variants.split(",")}
@@ -307,7 +311,12 @@ def main() -> None:  # noqa: PLR0915 - one straight-line probe
 
 def layer_phase(args, variants, emit, record_error, start) -> None:
     """The layer's fwd+bwd with each tile variant as the wgrad's default, timed in the same
-    rounds; gradients compared with the first variant's."""
+    rounds; gradients compared with the first variant's. Each variant is compiled ahead of
+    time inside its patch (``compile_variant``; before session 22 this phase jitted each
+    variant without clearing jax's caches, where a custom VJP rule traced for the first
+    variant could serve the others)."""
+    import dataclasses
+
     import jax
     import jax.numpy as jnp
 
@@ -315,10 +324,9 @@ def layer_phase(args, variants, emit, record_error, start) -> None:
     from jaxmoe.bench.harness import relative_error
     from jaxmoe.bench.layer import expert_flops, forward_backward, layer_inputs
     from jaxmoe.bench.presets import LAYER_PRESETS
+    from jaxmoe.bench.tile_variants import compile_variant, tile_sites
     from jaxmoe.bench.timing import jax_sync, time_interleaved, warm_up
-    from jaxmoe.ops.grouped_matmul import pallas_mosaic_wgrad
 
-    default_tiles = pallas_mosaic_wgrad.default_mosaic_tgmm_tiles
     for preset_name in args.presets.split(","):
         if time.time() - start > args.time_budget_s:
             emit({"budget": "stopped", "at": ["layer", preset_name]})
@@ -330,9 +338,15 @@ def layer_phase(args, variants, emit, record_error, start) -> None:
             layer = lambda p, x, cfg=cfg: jaxmoe.moe(p, x, cfg)[0]  # noqa: E731
             calls, grads = {}, {}
             for name, tiles in variants.items():
-                # The wgrad reads its default tiles when traced: each jit traces its own.
-                pallas_mosaic_wgrad.default_mosaic_tgmm_tiles = lambda m, k, n, t=tiles: t
-                fn = jax.jit(forward_backward(layer))
+                # The wgrad reads its default tiles when traced: every field set to the
+                # variant's.
+                fn, reads = compile_variant(
+                    forward_backward(layer),
+                    (params, x, dy),
+                    tile_sites("wgrad"),
+                    dataclasses.asdict(tiles),
+                )
+                row[f"{name}_tile_reads"] = len(reads)
                 grads[name] = jax.block_until_ready(fn(params, x, dy))
                 call = lambda fn=fn, args=(params, x, dy): fn(*args)  # noqa: E731
                 calls[name] = (call, jax_sync, warm_up(call, jax_sync))
@@ -349,8 +363,6 @@ def layer_phase(args, variants, emit, record_error, start) -> None:
                 row[f"{name}_speedup"] = row[f"{first}_ms"] / timing.median_ms
         except Exception as e:  # noqa: BLE001
             row["error"] = record_error(f"layer {preset_name}", e)
-        finally:
-            pallas_mosaic_wgrad.default_mosaic_tgmm_tiles = default_tiles
         emit(row)
 
 

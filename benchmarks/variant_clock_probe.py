@@ -10,7 +10,10 @@ every ``--smi-period-s``: per phase, ms per call over its last two thirds, and t
 clock and power draw over the same span. Rows go to ``<out-dir>/variant-clock-probe.json``::
 
     PYTHONPATH=src python benchmarks/variant_clock_probe.py --out-dir $OUT \\
-        --variants '{"multicast": {"multicast_weights": true}}' --sites gmm
+        --variants '{"multicast": {"multicast_weights": true}}' --sites gated
+
+(the plain gmm's default multicasts on Mixtral since session 22; ``--sites wgrad`` with
+``{"multicast_rhs": true}`` the wgrad's clusters).
 """
 
 from __future__ import annotations
@@ -50,7 +53,7 @@ def main() -> None:
     parser.add_argument("--preset", default="mixtral")
     parser.add_argument("--pass", dest="pass_", choices=("fwd", "fwd+bwd"), default="fwd+bwd")
     parser.add_argument("--variants", default='{"multicast": {"multicast_weights": true}}')
-    parser.add_argument("--sites", default="gmm")
+    parser.add_argument("--sites", default="gated")
     parser.add_argument("--phases", type=int, default=6, help="phases in all, variants alternating")
     parser.add_argument("--phase-s", type=float, default=3.0)
     parser.add_argument("--smi-period-s", type=float, default=0.2)

@@ -8,7 +8,7 @@ import pytest
 
 from jaxmoe.bench import tile_variants
 from jaxmoe.ops.gated_grouped_matmul import pallas_mosaic as gated_mosaic
-from jaxmoe.ops.grouped_matmul import pallas_mosaic, pallas_mosaic_tiles
+from jaxmoe.ops.grouped_matmul import pallas_mosaic, pallas_mosaic_tiles, pallas_mosaic_wgrad
 
 
 def test_default_tiles_with_changes_every_site_inside_and_restores_them():
@@ -39,7 +39,25 @@ def test_tile_sites_picks_the_kernels_asked_and_refuses_others():
         assert pallas_mosaic_tiles.default_mosaic_gmm_tiles(4096, 4096, 14336).stages == 3
         assert gated_mosaic.default_gated_tiles(4096, 4096, 14336).stages == 4
     with pytest.raises(ValueError, match="unknown kernels"):
-        tile_variants.tile_sites("gmm,wgrad")
+        tile_variants.tile_sites("gmm,dgrad")
+
+
+def test_the_wgrad_site_is_patched_only_by_name():
+    # Its config type has fields of its own (multicast_rhs), which the gmm's lacks.
+    wgrad_only = tile_variants.tile_sites("wgrad")
+    assert wgrad_only == [(pallas_mosaic_wgrad, "default_mosaic_tgmm_tiles")]
+    assert wgrad_only[0] not in tile_variants.DEFAULT_TILE_SITES
+    shape = (4096, 4096, 14336)
+    before = pallas_mosaic_wgrad.default_mosaic_tgmm_tiles(*shape)
+    gmm_before = pallas_mosaic_tiles.default_mosaic_gmm_tiles(*shape)
+    calls = []
+    with tile_variants.default_tiles_with(calls, wgrad_only, multicast_rhs=True):
+        assert pallas_mosaic_wgrad.default_mosaic_tgmm_tiles(*shape) == dataclasses.replace(
+            before, multicast_rhs=True
+        )
+        assert pallas_mosaic_tiles.default_mosaic_gmm_tiles(*shape) == gmm_before
+    assert len(calls) == 1
+    assert pallas_mosaic_wgrad.default_mosaic_tgmm_tiles(*shape) == before
 
 
 def test_compile_variant_keeps_its_tiles_after_the_next_variants_cache_clearing():

@@ -257,6 +257,11 @@ def test_lowers_for_cuda(transpose_rhs, name):
     assert "mosaic_gpu" in text  # jax 0.11 no longer spells the kernel's name in the text
     # The work list is straight-line XLA ops: no loop (a GPU launches a loop's body per step).
     assert "stablehlo.while" not in text
+    # Clusters: the CTA's place in its cluster, releases arriving in both CTAs' barriers, the
+    # multicast copy's CTA mask (as the wgrad's lowering test).
+    clustered = cfg is not None and cfg.multicast_weights  # None: the default, at K*N 0.5 Mi
+    for marker in ("gpu.cluster_block_id", "mbarrier.arrive.shared::cluster", "cluster_dim_blocks"):
+        assert (marker in text) == clustered, marker
 
 
 def test_default_tiles_follow_the_measured_table():

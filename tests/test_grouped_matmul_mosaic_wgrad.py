@@ -20,6 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from jaxmoe.ops.grouped_matmul import pallas_mosaic_wgrad as wgrad
+from jaxmoe.ops.grouped_matmul import pallas_triton
 from jaxmoe.ops.grouped_matmul.pallas_mosaic_backend import PallasMosaicGroupedMatmul
 from jaxmoe.ops.grouped_matmul.pallas_mosaic_wgrad import MosaicTgmmTileConfig
 from jaxmoe.ops.grouped_matmul.pallas_triton import PallasTritonGroupedMatmul, TileConfig
@@ -97,12 +98,15 @@ def test_row_blocks_of_a_group():
         MosaicTgmmTileConfig(block_m=128, block_k=64, block_n=128, stages=2),
         MosaicTgmmTileConfig(stages=3, epilogue_rows=None),
         MosaicTgmmTileConfig(),
+        MosaicTgmmTileConfig(split_rows=True, multicast_rhs=True),
     ],
-    ids=["default_split_rows", "small", "three_slots_whole_slab", "column_split"],
+    ids=["default_split_rows", "small", "three_slots_whole_slab", "column_split", "multicast"],
 )
 def test_lowers_for_cuda_through_mosaic_to_nvvm(cfg):
     # No GPU needed: Mosaic GPU's layout inference and lowering run on the host, down to NVVM
-    # (the transposed lhs operand, the masks written back to shared memory, the TMA epilogue).
+    # (the transposed lhs operand, the masks written back to shared memory, the TMA epilogue;
+    # with multicast_rhs the cluster grid, the cluster-wide release barriers and the
+    # multicast copies).
     fn = jax.jit(functools.partial(wgrad.tgmm, tiles=cfg, interpret=False))
     lowered = fn.trace(
         jax.ShapeDtypeStruct((1024, 256), jnp.bfloat16),
@@ -111,6 +115,58 @@ def test_lowers_for_cuda_through_mosaic_to_nvvm(cfg):
     ).lower(lowering_platforms=("cuda",))
     text = lowered.as_text()
     assert "mosaic_gpu" in text and "nvvm.wgmma" in text
+    clustered = cfg is not None and cfg.multicast_rhs
+    # Each marker was checked to vanish when its part is dropped: the CTA's place in its
+    # cluster, the releases arriving in both CTAs' barriers, the multicast copy's CTA mask.
+    for marker in ("gpu.cluster_block_id", "mbarrier.arrive.shared::cluster", "cluster_dim_blocks"):
+        assert (marker in text) == clustered, marker
+
+
+@pytest.mark.parametrize("ctas", [1, 2])
+@pytest.mark.parametrize("group_swizzle", [1, 3, 8])
+def test_cluster_units_cover_every_tile_once_in_pairs_sharing_the_rhs_block(ctas, group_swizzle):
+    # 3 groups x 6 K tiles x 5 N tiles: the cluster's units (one per pair of CTAs) hand out
+    # every output tile exactly once, the two CTAs of a unit at neighbouring K tiles of one
+    # (group, N tile) - the same rhs rows and columns, so the block can be multicast. Without
+    # clusters the order is the tile order the kernel always had.
+    num_groups, num_k_tiles, num_n_tiles = 3, 6, 5
+    units = num_groups * num_k_tiles // ctas * num_n_tiles
+    seen = []
+    for index in range(units):
+        tiles = [
+            tuple(
+                int(v)
+                for v in wgrad.unit_tile(index, cta, num_k_tiles, num_n_tiles, group_swizzle, ctas)
+            )
+            for cta in range(ctas)
+        ]
+        if ctas == 2:
+            (g0, k0, n0), (g1, k1, n1) = tiles
+            assert (g0, n0) == (g1, n1) and k0 % 2 == 0 and k1 == k0 + 1
+        else:
+            tiles_per_group = num_k_tiles * num_n_tiles
+            k, n = pallas_triton.swizzle(
+                index % tiles_per_group, num_k_tiles, num_n_tiles, group_swizzle
+            )
+            assert tiles == [(index // tiles_per_group, int(k), int(n))]
+        seen += tiles
+    assert sorted(seen) == [
+        (g, k, n) for g in range(num_groups) for k in range(num_k_tiles) for n in range(num_n_tiles)
+    ]
+
+
+def test_multicast_needs_an_even_number_of_k_tiles():
+    cfg = MosaicTgmmTileConfig(split_rows=True, multicast_rhs=True)
+    # K = 384: three 128-row K tiles, one left without a partner.
+    why = wgrad.unsupported_tgmm_reason((1024, 384), (1024, 512), jnp.bfloat16, jnp.bfloat16, cfg)
+    assert "multicast_rhs" in why and "odd" in why
+    assert (
+        wgrad.unsupported_tgmm_reason((1024, 256), (1024, 512), jnp.bfloat16, jnp.bfloat16, cfg)
+        is None
+    )
+    backend = PallasMosaicGroupedMatmul(tgmm_tiles=cfg, interpret=False)
+    with pytest.raises(NotImplementedError, match="multicast_rhs"):
+        _tgmm_kernel(backend, 1024, 384, 512, "bfloat16")
 
 
 def _tgmm_kernel(backend, m, k, n, dtype):

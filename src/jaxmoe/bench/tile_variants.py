@@ -1,10 +1,11 @@
 """Tile variants of the MoE layer's Mosaic kernels, for probes that compare them in one process.
 
 The layer's kernels read their default tiles (``default_mosaic_gmm_tiles``,
-``default_gated_tiles``) when traced; :func:`default_tiles_with` swaps those functions for ones
-returning the defaults with some fields changed, so a function traced inside (with jax's
-tracing caches cleared first) runs the variant. :func:`compile_variant` does all of it and
-compiles ahead of time, which the next variant's cache clearing cannot undo.
+``default_gated_tiles``, the wgrad's ``default_mosaic_tgmm_tiles``) when traced;
+:func:`default_tiles_with` swaps those functions for ones returning the defaults with some
+fields changed, so a function traced inside (with jax's tracing caches cleared first) runs the
+variant. :func:`compile_variant` does all of it and compiles ahead of time, which the next
+variant's cache clearing cannot undo.
 """
 
 from __future__ import annotations
@@ -16,26 +17,42 @@ import functools
 import jax
 
 from jaxmoe.ops.gated_grouped_matmul import pallas_mosaic as gated_mosaic
-from jaxmoe.ops.grouped_matmul import pallas_mosaic, pallas_mosaic_backend, pallas_mosaic_tiles
+from jaxmoe.ops.grouped_matmul import (
+    pallas_mosaic,
+    pallas_mosaic_backend,
+    pallas_mosaic_tiles,
+    pallas_mosaic_wgrad,
+)
 
-# Every place the layer's kernels read their default tiles from.
+# Every place the layer's forward and input-gradient kernels read their default tiles from
+# (one tile config type, ``MosaicTileConfig``).
 DEFAULT_TILE_SITES = (
     (pallas_mosaic_tiles, "default_mosaic_gmm_tiles"),
     (pallas_mosaic, "default_mosaic_gmm_tiles"),
     (pallas_mosaic_backend, "default_mosaic_gmm_tiles"),
     (gated_mosaic, "default_gated_tiles"),
 )
-# The sites by kernel: the plain gmm's (``gmm``), the fused gated kernel's (``gated``).
-SITE_NAMES = {"gmm": "default_mosaic_gmm_tiles", "gated": "default_gated_tiles"}
+# The wgrad's (``MosaicTgmmTileConfig``: its own fields, so never patched with the others
+# unless asked by name).
+WGRAD_TILE_SITES = ((pallas_mosaic_wgrad, "default_mosaic_tgmm_tiles"),)
+# The sites by kernel: the plain gmm's (``gmm``), the fused gated kernel's (``gated``), the
+# wgrad's (``wgrad``).
+SITE_NAMES = {
+    "gmm": "default_mosaic_gmm_tiles",
+    "gated": "default_gated_tiles",
+    "wgrad": "default_mosaic_tgmm_tiles",
+}
 
 
 def tile_sites(kernels: str) -> list:
-    """The :data:`DEFAULT_TILE_SITES` of ``kernels`` (comma-separated :data:`SITE_NAMES` keys)."""
+    """The sites (:data:`DEFAULT_TILE_SITES`, :data:`WGRAD_TILE_SITES`) of ``kernels``
+    (comma-separated :data:`SITE_NAMES` keys)."""
     unknown = set(kernels.split(",")) - set(SITE_NAMES)
     if unknown:
         raise ValueError(f"unknown kernels {sorted(unknown)}; choose from {sorted(SITE_NAMES)}")
     chosen = {SITE_NAMES[kernel] for kernel in kernels.split(",")}
-    return [(module, name) for module, name in DEFAULT_TILE_SITES if name in chosen]
+    sites = DEFAULT_TILE_SITES + WGRAD_TILE_SITES
+    return [(module, name) for module, name in sites if name in chosen]
 
 
 @contextlib.contextmanager

@@ -164,6 +164,9 @@ def ring_barriers(stages: int, copies_per_step: int, *, cluster_wide: bool = Fal
 # The cluster axis of a kernel launched with ``cluster_ctas=2`` (:func:`persistent_kernel`):
 # its two CTAs run on neighbouring SMs and can multicast a TMA copy into both shared memories.
 CLUSTER_AXIS = "cluster"
+# The CTAs of a cluster in the kernels that multicast an operand (the gmm's weights, the
+# wgrad's ``rhs``): two, CUTLASS's 2x1 cluster.
+MULTICAST_CLUSTER_CTAS = 2
 
 
 def persistent_kernel(body, out_type, interpret_params, *, cluster_ctas: int = 1):

@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxmoe.ops.grouped_matmul.pallas_mosaic_common import (
+    MULTICAST_CLUSTER_CTAS,
     NUM_COMPUTE_WARPGROUPS,
     STAGE_MAX_COLS,
     warpgroup_share,
@@ -104,7 +105,7 @@ def tile_align(cfg: MosaicTileConfig) -> int | None:
 
 def cluster_ctas(cfg: MosaicTileConfig) -> int:
     """CTAs per cluster: two with ``multicast_weights``, else one."""
-    return 2 if cfg.multicast_weights else 1
+    return MULTICAST_CLUSTER_CTAS if cfg.multicast_weights else 1
 
 
 def warpgroup_tile(cfg: MosaicTileConfig) -> tuple[int, int]:
@@ -208,7 +209,7 @@ def default_mosaic_gmm_tiles(m: int, k: int, n: int) -> MosaicTileConfig:
     skewed, fwd and dgrad (``benchmarks/results/raw/h100-run19/call1``). Balanced, settled,
     against these tiles without it (``h100-run22/call1``): Mixtral (``K * N`` = 58.7 M)
     1.029-1.054x on its four products; DeepSeek (14.7 M) 0.990-1.008x; Qwen3 (1.6 M)
-    0.964-0.996x, the most on its 768-column products. Skewed Mixtral 1.021x / 1.033x (run 19
+    0.964-0.996x, the most on its 768-column products. Skewed Mixtral down 1.021x / 1.033x (run 19
     call 2). In the Mixtral layer (multicast on these tiles only) the fwd+bwd alone in
     alternating 3 s phases measured 1.002x and 1.0006x at the same clock and power (H200
     ``h100-run21`` calls 14-15).

@@ -93,6 +93,16 @@ class MosaicTgmmTileConfig:
     warpgroup's result is then staged 128 columns at a time. On in
     :func:`default_mosaic_tgmm_tiles`; off here, so that a config naming ``block_k`` 64 stays
     valid.
+
+    ``multicast_rhs``: CTAs run in clusters of two, and the two CTAs of a cluster take
+    neighbouring K tiles (``2p``, ``2p + 1``) of one (group, N tile). Both then contract the
+    same rows of ``rhs`` at every step: each CTA loads half of the ``[block_m, block_n]`` block
+    and TMA multicasts it into both shared memories, so the ``rhs`` reads from L2 halve (the
+    ``gmm``'s ``multicast_weights`` for the wgrad, where the shared operand is the wider one).
+    The two tiles always share their group, so both CTAs take the same number of steps and
+    mask the same rows; a slot is reused only when both CTAs have released it. Needs an even
+    ``K / block_k``. Off by default: built in session 22 without a GPU (lowered for CUDA in the
+    tests; its pairing checked on a CPU), not yet run or timed on one.
     """
 
     block_m: int = 64
@@ -102,6 +112,7 @@ class MosaicTgmmTileConfig:
     group_swizzle: int = 8
     epilogue_rows: int | None = 64
     split_rows: bool = False
+    multicast_rhs: bool = False
 
 
 def default_mosaic_tgmm_tiles(m: int, k: int, n: int) -> MosaicTgmmTileConfig:
@@ -195,9 +206,33 @@ def unsupported_tgmm_reason(
     if jnp.dtype(dtype) not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
         reasons.append(f"operands are {jnp.dtype(dtype)}, not bf16/fp16")
     reasons += tile_shape_reasons(m, k, n, cfg, out_dtype, interpret)
+    k_tiles = k // cfg.block_k
+    if cfg.multicast_rhs and k % cfg.block_k == 0 and k_tiles % cluster_ctas(cfg):
+        reasons.append(
+            f"multicast_rhs=True pairs neighbouring K tiles, and K / block_k = {k_tiles} is odd"
+        )
     if interpret:
         reasons.append("Mosaic GPU's interpreter has no transposed wgmma operand (wgrad)")
     return "; ".join(reasons) or None
+
+
+def cluster_ctas(cfg: MosaicTgmmTileConfig) -> int:
+    """CTAs per cluster: two with ``multicast_rhs``, else one."""
+    return common.MULTICAST_CLUSTER_CTAS if cfg.multicast_rhs else 1
+
+
+def unit_tile(
+    index, cluster_cta, num_k_tiles: int, num_n_tiles: int, group_swizzle: int, ctas: int
+):
+    """The output tile CTA ``cluster_cta`` of a cluster of ``ctas`` takes for the cluster's
+    ``index``-th unit of work: ``(group slot, K tile, N tile)``, the slot indexing the groups'
+    largest-first order. A unit is ``ctas`` neighbouring K tiles (``ctas * u + cluster_cta``) of
+    one (group, N tile), so the cluster's CTAs contract the same ``rhs`` rows; a group's units
+    are swizzled as its tiles are without clusters (``ctas`` 1: the tile order itself)."""
+    k_units = num_k_tiles // ctas
+    units_per_group = k_units * num_n_tiles
+    k_unit, n_tile = common.swizzle(index % units_per_group, k_units, num_n_tiles, group_swizzle)
+    return index // units_per_group, k_unit * ctas + cluster_cta, n_tile
 
 
 def group_row_blocks(start, end, block_m: int):
@@ -223,8 +258,10 @@ def _jaxmoe_mosaic_tgmm(
     num_groups, k, n = out_gmem.shape
     num_row_blocks = lhs_gmem.shape[0] // bm
     num_k_tiles, num_n_tiles = k // bk, n // bn
-    tiles_per_group = num_k_tiles * num_n_tiles
-    my_tiles = common.cta_tile_count(num_groups * tiles_per_group)
+    ctas = cluster_ctas(cfg)
+    # The cluster's units of work (one tile each without clusters), round-robin over the grid.
+    my_tiles = common.cta_tile_count(num_groups * (num_k_tiles // ctas) * num_n_tiles)
+    cluster_cta = lax.axis_index(common.CLUSTER_AXIS) if ctas > 1 else 0
     out_dtype = out_gmem.dtype
     dtype = lhs_gmem.dtype
     itemsize = jnp.dtype(dtype).itemsize
@@ -235,11 +272,15 @@ def _jaxmoe_mosaic_tgmm(
     )
 
     def tile_info(local_tile):
-        index = common.cta_tile_index(local_tile)
-        group = group_order_gmem[index // tiles_per_group]
-        k_tile, n_tile = common.swizzle(
-            index % tiles_per_group, num_k_tiles, num_n_tiles, cfg.group_swizzle
+        group_slot, k_tile, n_tile = unit_tile(
+            common.cta_tile_index(local_tile),
+            cluster_cta,
+            num_k_tiles,
+            num_n_tiles,
+            cfg.group_swizzle,
+            ctas,
         )
+        group = group_order_gmem[group_slot]
         start, end = offsets_gmem[group], offsets_gmem[group + 1]
         first_block, num_blocks = group_row_blocks(start, end, bm)
         # An empty group still takes one (fully masked) step, on a block that exists.
@@ -256,7 +297,7 @@ def _jaxmoe_mosaic_tgmm(
             out_dtype,
             transforms=transforms,
         ),
-        **common.ring_barriers(stages, copies_per_step=2),
+        **common.ring_barriers(stages, copies_per_step=2, cluster_wide=ctas > 1),
         collective_axes="wg",
     )
     def _scope(lhs_ring, rhs_ring, out_smem, loaded, released):
@@ -268,8 +309,13 @@ def _jaxmoe_mosaic_tgmm(
                 plgpu.copy_gmem_to_smem(
                     lhs_gmem.at[rows, pl.ds(k0, bk)], lhs_ring.at[slot], barrier
                 )
+                # With clusters both CTAs take these rows and columns: the copy is multicast
+                # (each loads half; the slot's barrier expects the whole block either way).
                 plgpu.copy_gmem_to_smem(
-                    rhs_gmem.at[rows, pl.ds(col0, bn)], rhs_ring.at[slot], barrier
+                    rhs_gmem.at[rows, pl.ds(col0, bn)],
+                    rhs_ring.at[slot],
+                    barrier,
+                    collective_axes=common.CLUSTER_AXIS if ctas > 1 else None,
                 )
 
             common.ring_produce(my_tiles, tile_info, load, stages=stages, released=released)
@@ -395,6 +441,7 @@ def tgmm(
         functools.partial(_jaxmoe_mosaic_tgmm, cfg=cfg),
         jax.ShapeDtypeStruct((num_groups, k, n), out_dtype),
         interpret_params,
+        cluster_ctas=cluster_ctas(cfg),
     )
     return kernel(group_order, offsets, lhs, rhs)
 
