@@ -198,10 +198,11 @@ def main() -> None:
             group_start_tiles=True,
         ),
     }
-    # Clusters of two CTAs multicasting the weight block (session 19; the default on large
-    # experts since session 22), on the default without it ("default", the default on small
-    # experts; on every shape in run 22 call 1, multicast on every shape then), walking 8 (the
-    # default's group_swizzle: 16 work items), 4 or 16 pairs along N.
+    # "default": the default tiles without the weight multicast (the default on small experts;
+    # in run 22 call 1, before the K * N rule, it was the multicast on every shape). "mc",
+    # "mcg4", "mcg16": with clusters of two CTAs multicasting the weight block (session 19; the
+    # default on large experts since session 22), walking 8 (the default's group_swizzle: 16
+    # work items), 4 or 16 pairs along N.
     default_tiles = dataclasses.replace(
         pallas_mosaic_tiles.default_mosaic_gmm_tiles(0, 0, 0), multicast_weights=False
     )

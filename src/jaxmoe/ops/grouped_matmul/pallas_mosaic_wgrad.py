@@ -130,7 +130,9 @@ def default_mosaic_tgmm_tiles(m: int, k: int, n: int) -> MosaicTgmmTileConfig:
     the same rounds): 1.02-1.04x the column split on all six shapes balanced (Mixtral up 2.83
     against 2.95 ms; 1.04-1.17x torch's wgrad), exact on all six balanced and skewed (empty
     groups, NaN past the sum); the Mixtral layer's fwd+bwd 1.005x with bitwise-equal
-    gradients."""
+    gradients (found in session 22: that probe jitted each variant without clearing jax's
+    caches, so a custom VJP rule traced for the first variant may have served both; the gemm
+    figures stand)."""
     del m, k, n
     return MosaicTgmmTileConfig(split_rows=True)
 
