@@ -10,10 +10,12 @@ every ``--smi-period-s``: per phase, ms per call over its last two thirds, and t
 clock and power draw over the same span. Rows go to ``<out-dir>/variant-clock-probe.json``::
 
     PYTHONPATH=src python benchmarks/variant_clock_probe.py --out-dir $OUT \\
-        --variants '{"multicast": {"multicast_weights": true}}' --sites gated
+        --variants '{"multicast": {"multicast_weights": true}}' --sites gated --pass fwd
 
-(the plain gmm's default multicasts on Mixtral since session 22; ``--sites wgrad`` with
-``{"multicast_rhs": true}`` the wgrad's clusters).
+(the plain gmm's default multicasts on Mixtral since session 22; the fused gated kernel runs
+in the forward only, since under ``jax.grad`` the gate and up projections are plain gmm calls
+that keep their residuals; ``--sites wgrad`` with ``{"multicast_rhs": true}`` the wgrad's
+clusters).
 """
 
 from __future__ import annotations

@@ -9,9 +9,12 @@
 #     the wgrad's default (AOT-compiled per variant), gradients compared. A barrier bug would
 #     hang: each step has its own timeout.
 #  2. The fused gated kernel with the weight multicast (already exact on the GPU, run 19 call 1)
-#     in the Mixtral layer's fwd+bwd, sustained alternating 3 s phases with SM clock and power.
+#     in the Mixtral layer's forward, sustained alternating 3 s phases with SM clock and power.
+#     The forward only: under jax.grad the gate and up projections run as two plain gmm calls
+#     (which multicast already), so that the residuals are kept (residuals_from_kernel=False).
 # Predicted: the multicast wgrad 1.02-1.05x on Mixtral's products (the plain gmm's was
-# 1.03-1.05x, run 22 call 1), ~1% of the layer's fwd+bwd; the gated one ~0.5-1%.
+# 1.03-1.05x, run 22 call 1), ~1% of the layer's fwd+bwd (3 of its 9 products); the gated
+# kernel 1-2% of the layer's forward (2 of its 3 products).
 # Run from the repository root: bash benchmarks/results/raw/h100-run23/call1/command.sh
 set -u
 export PYTHONPATH=src PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
@@ -35,7 +38,7 @@ timeout 250 python3 benchmarks/mosaic_wgrad_probe.py --out-dir $W/time --phases 
   > $W/time.log 2>&1; echo "time rc=$?"
 show $W/time/mosaic-wgrad-probe.json | tail -16
 timeout 120 python3 benchmarks/variant_clock_probe.py --out-dir $W/gated --phases 8 --phase-s 3 \
-  --sites gated --variants '{"multicast": {"multicast_weights": true}}' > $W/gated.log 2>&1
+  --pass fwd --sites gated --variants '{"multicast": {"multicast_weights": true}}' > $W/gated.log 2>&1
 echo "gated rc=$?"
 grep '^{' $W/gated.log | tail -10
 kill $SMI
