@@ -11,10 +11,11 @@ command buffers (CUDA graphs) hide which op launched a kernel: turn them off to 
 ``--settle-s`` runs each function that long before profiling it (the clock of a GPU settled
 under the load; an idle H100 boosts higher). ``--variants`` profiles tile variants after the
 default, each traced with the default tiles of ``--sites``' kernels changed
-(:mod:`jaxmoe.bench.tile_variants`), e.g. the weight multicast on the plain gmm::
+(:mod:`jaxmoe.bench.tile_variants`), e.g. the plain gmm without the weight multicast (its
+default on Mixtral's experts since session 22)::
 
     ... layer_profile.py --presets mixtral --passes fwd+bwd --settle-s 1 --sites gmm \
-      --variants '{"multicast": {"multicast_weights": true}}'
+      --variants '{"no_multicast": {"multicast_weights": false}}'
 """
 
 from __future__ import annotations
