@@ -41,8 +41,10 @@ def gemm_rows(run: str, files: list[str]) -> list[dict]:
     rows = []
     for name in files:
         path = (RESULTS / "raw" / run / name).resolve()
-        run_dir, call_dir = path.relative_to(RESULTS.resolve() / "raw").parts[:2]
-        call = f"{run_dir.split('h100-', 1)[-1]}/{call_dir}"
+        # Labelled by the folders under raw/: run23/call3, or run23/call3/gpu0 for one GPU's
+        # file of a multi-GPU call.
+        run_dir, *call_dirs = path.relative_to(RESULTS.resolve() / "raw").parts[:-1]
+        call = "/".join([run_dir.split("h100-", 1)[-1], *call_dirs])
         rows += [
             {**row, "run": call}
             for row in _load(path)["rows"]
@@ -74,7 +76,13 @@ def first_measures(rows) -> list[dict]:
     return first
 
 
-def assemble(run: str, files: list[str], layer_call: str | None = None, **layer_kwargs) -> None:
+def assemble(
+    run: str,
+    files: list[str],
+    layer_call: str | None = None,
+    stem: str = "grouped_matmul-h100",
+    **layer_kwargs,
+) -> None:
     rows = gemm_rows(run, files)
     current = [row for row in rows if row["current"]]
     header = {
@@ -87,7 +95,7 @@ def assemble(run: str, files: list[str], layer_call: str | None = None, **layer_
         "geomean_ratio_vs_torch": ratios(current),
         "geomean_first_measure": ratios(first_measures(rows)),
     }
-    (RESULTS / "grouped_matmul-h100.json").write_text(json.dumps(out, indent=1) + "\n")
+    (RESULTS / f"{stem}.json").write_text(json.dumps(out, indent=1) + "\n")
     if layer_call is not None:
         add_layer_run(f"{run}/{layer_call}", **layer_kwargs)
     order = {"balanced": 0, "skewed": 1}
@@ -102,5 +110,10 @@ if __name__ == "__main__":
     parser.add_argument("run", help="e.g. h100-run14")
     parser.add_argument("files", nargs="+", help="gemm JSON files under results/raw/<run>")
     parser.add_argument("--layer-call", help="e.g. call3: its layer.json joins layer-h100.json")
+    parser.add_argument(
+        "--stem",
+        default="grouped_matmul-h100",
+        help="the table written, results/<stem>.json (grouped_matmul-h200 for an H200 run)",
+    )
     args = parser.parse_args()
-    assemble(args.run, args.files, args.layer_call)
+    assemble(args.run, args.files, args.layer_call, stem=args.stem)

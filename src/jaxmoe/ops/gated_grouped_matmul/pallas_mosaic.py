@@ -104,7 +104,10 @@ def default_gated_tiles(m: int, k: int, n: int) -> MosaicTileConfig:
     Tiles from each group's first row (``group_start_tiles``), as the plain ``gmm``'s default
     (run 18): fewer tiles on groups padded to 64 rows, the same K order per row (call 2, the
     Mixtral layer, bitwise equal; its timing, 1.022x / 0.996x, compared group start with itself:
-    after the second variant's cache clearing the first was traced again with the defaults)."""
+    after the second variant's cache clearing the first was traced again with the defaults).
+    Without the plain ``gmm``'s weight multicast (``multicast_weights``), which the kernel
+    supports: with it, the Mixtral layer's forward took 5.112 against 5.095 ms a call (H100,
+    ``benchmarks/results/raw/h100-run23/call1``, alternating 3 s phases, medians of four)."""
     del m, k, n
     return MosaicTileConfig(
         block_n=128, stages=4, epilogue_rows=64, ring=True, split_rows=True, group_start_tiles=True
