@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Prepared in session 23 (its device time spent), for the first call of the next session
+# (<= 540 s, one H100: name kind nvidia-h100-x1).
+# The Mixtral layer's forward is issue 15's edge now: 1.21-1.28x torch on six chips (bar 1.25x).
+#  1. The fused gated kernel against the unfused forward on Mixtral. AUTO_FUSED_MAX_K (4096)
+#     was set when the plain gmm had no cluster; since session 22 the plain gmm multicasts its
+#     weights on Mixtral's experts (1.03-1.05x), the fused kernel does not (with it: no gain,
+#     run 23 call 1). `jaxmoe-pallas` (the named Mosaic backend) runs the forward unfused: two
+#     plain gmm calls and XLA's activation pass. Torch, jaxmoe (auto: fused) and jaxmoe-pallas
+#     in the same settled rounds, forward only (under jax.grad both run the unfused forward).
+#     If jaxmoe-pallas wins, `auto` should take the unfused path where the plain gmm multicasts
+#     (K * F >= MULTICAST_MIN_WEIGHT_ELEMENTS), then re-measure the layer table.
+#  2. Where the Mixtral forward's time goes today, settled (layer_profile, 1.5 s of calls
+#     before the profiled one): the kernels, the XLA glue (dispatch gather, argsort, combine).
+# Run from the repository root: bash benchmarks/results/raw/h100-run24/call1/command.sh
+set -u
+export PYTHONPATH=src PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
+W=/tmp/s24c1; rm -rf $W; mkdir -p $W
+nvidia-smi --query-gpu=index,name,power.limit,clocks.max.sm,temperature.gpu --format=csv > $W/smi-start.txt
+cat $W/smi-start.txt
+nvidia-smi --query-gpu=timestamp,index,clocks.sm,power.draw,temperature.gpu,clocks_throttle_reasons.active --format=csv -l 5 > $W/smi-trace.csv &
+SMI=$!
+timeout 200 python3 -m jaxmoe bench layer --preset mixtral --impls torch,jaxmoe,jaxmoe-pallas \
+  --pass fwd --repeats 16 --out $W/layer-fwd.json > $W/layer-fwd.log 2>&1; echo "layer rc=$?"
+timeout 200 python3 benchmarks/layer_profile.py --presets mixtral --passes fwd,fwd+bwd \
+  --settle-s 1.5 --top 30 --out-dir $W/profile > $W/profile.log 2>&1; echo "profile rc=$?"
+kill $SMI
+awk -F, 'NR>1 && $4+0>600 {c+=$3; n++} END {if (n) printf "smi: %d loaded samples, mean SM clock %.0f MHz\n", n, c/n}' $W/smi-trace.csv
+tr '\r' '\n' < $W/layer-fwd.log | grep -a -E " ms |ERROR|Error|skipped" | grep -v "bench " | tail -6
+grep -a -E "^###|^\| " $W/profile.log | head -50
+tar czf "$OUT/call.tgz" -C $W .
