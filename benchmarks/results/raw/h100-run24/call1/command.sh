@@ -18,6 +18,9 @@
 #     the forward that is the down projection; the gated kernel has its own).
 #  3. Where the Mixtral forward's time goes today, settled (layer_profile, 1.5 s of calls
 #     before the profiled one): the kernels, the XLA glue (dispatch gather, argsort, combine).
+#  4. The README's Mixtral figures timed through the public API on session 22's default
+#     (layer_timing_probe: jit(moe) back to back and synced per call, jit(grad)); last run in
+#     run 18 call 7, before the multicast.
 # Run from the repository root: bash benchmarks/results/raw/h100-run24/call1/command.sh
 set -u
 export PYTHONPATH=src PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
@@ -31,11 +34,14 @@ timeout 200 python3 -m jaxmoe bench layer --preset mixtral --impls torch,jaxmoe,
 timeout 120 python3 benchmarks/variant_clock_probe.py --out-dir $W/bn128 --phases 8 --phase-s 3 \
   --pass fwd --sites gmm --variants '{"bn128": {"block_n": 128}}' > $W/bn128.log 2>&1
 echo "bn128 rc=$?"
-timeout 200 python3 benchmarks/layer_profile.py --presets mixtral --passes fwd,fwd+bwd \
+timeout 150 python3 benchmarks/layer_profile.py --presets mixtral --passes fwd,fwd+bwd \
   --settle-s 1.5 --top 30 --out-dir $W/profile > $W/profile.log 2>&1; echo "profile rc=$?"
+timeout 90 python3 benchmarks/layer_timing_probe.py --out-dir $W/timing --presets mixtral \
+  --cases fwd,grad > $W/timing.log 2>&1; echo "timing rc=$?"
 kill $SMI
 awk -F, 'NR>1 && $4+0>600 {c+=$3; n++} END {if (n) printf "smi: %d loaded samples, mean SM clock %.0f MHz\n", n, c/n}' $W/smi-trace.csv
 tr '\r' '\n' < $W/layer-fwd.log | grep -a -E " ms |ERROR|Error|skipped" | grep -v "bench " | tail -6
 grep '^{' $W/bn128.log | tail -8
 grep -a -E "^###|^\| " $W/profile.log | head -50
+grep '^{' $W/timing.log | cut -c1-400
 tar czf "$OUT/call.tgz" -C $W .
