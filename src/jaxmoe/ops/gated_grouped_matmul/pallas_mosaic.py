@@ -181,23 +181,14 @@ def fused_gmm(
     act = _KERNEL_ACTIVATIONS[activation]
     if cfg.sequential_gate:
         # The gate's K loop, then the up projection's, one weight block per ring slot.
-        hidden = pallas_mosaic.launch_gmm(
-            lhs,
-            rhs_gate,
-            group_sizes,
-            transpose_rhs=False,
-            out_dtype=lhs.dtype,
-            cfg=cfg,
-            interpret_params=interpret_params,
-            second_pair=(lhs, rhs_up),
-            pair_gate=act,
-        )
-        return (hidden,)
+        weights = dict(second_pair=(lhs, rhs_up), pair_gate=act)
+    else:
 
-    def combine(gate, up):
-        hidden = act(gate) * up
-        return (hidden, gate, up) if residuals else (hidden,)
+        def combine(gate, up):
+            hidden = act(gate) * up
+            return (hidden, gate, up) if residuals else (hidden,)
 
+        weights = dict(more_rhs=(rhs_up,), combine=combine, num_outputs=3 if residuals else 1)
     outs = pallas_mosaic.launch_gmm(
         lhs,
         rhs_gate,
@@ -206,9 +197,7 @@ def fused_gmm(
         out_dtype=lhs.dtype,
         cfg=cfg,
         interpret_params=interpret_params,
-        more_rhs=(rhs_up,),
-        combine=combine,
-        num_outputs=3 if residuals else 1,
+        **weights,
     )
     return tuple(outs) if residuals else (outs,)
 
