@@ -89,6 +89,15 @@ CONFIGS = {
     "multicast": dataclasses.replace(
         default_mosaic_gmm_tiles(M, K, N), stages=3, group_swizzle=2, multicast_weights=True
     ),
+    # The same at block_n 128 (m64n128 products, two 64-column chunks per slab): the variant
+    # for the down projection's wave tail in the layer (H100 run 24's prepared call).
+    "multicast_narrow": dataclasses.replace(
+        default_mosaic_gmm_tiles(M, K, N),
+        block_n=128,
+        stages=3,
+        group_swizzle=2,
+        multicast_weights=True,
+    ),
 }
 TRITON_TILES = TileConfig(block_m=32, block_n=32, block_k=32, num_warps=4, num_stages=2)
 
@@ -231,6 +240,9 @@ LOWERED = {
     "grid": dataclasses.replace(default_mosaic_gmm_tiles(M, 2048, N), group_start_tiles=False),
     # Clusters of two CTAs: cluster barriers for the slots' releases, multicast weight copies.
     "multicast": dataclasses.replace(default_mosaic_gmm_tiles(M, 2048, N), multicast_weights=True),
+    "multicast_narrow": dataclasses.replace(
+        default_mosaic_gmm_tiles(M, 2048, N), block_n=128, multicast_weights=True
+    ),
 }
 
 
