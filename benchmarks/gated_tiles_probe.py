@@ -46,6 +46,7 @@ def main() -> None:
     from jaxmoe.bench.harness import relative_error, results_header, row_emitter
     from jaxmoe.bench.layer import expert_flops, layer_inputs
     from jaxmoe.bench.presets import LAYER_PRESETS
+    from jaxmoe.bench.tile_variants import compile_variant, tile_sites
     from jaxmoe.bench.timing import jax_sync, time_interleaved, warm_up
     from jaxmoe.ops.gated_grouped_matmul import pallas_mosaic as fused_mosaic
     from jaxmoe.ops.grouped_matmul.pallas_mosaic_tiles import default_mosaic_gmm_tiles
@@ -131,16 +132,21 @@ def main() -> None:
             row = {"phase": "layer", "preset": preset.name, "pass": "fwd"}
             try:
                 cfg, params, x, _ = layer_inputs(preset, jnp.bfloat16)
+                shape = (preset.tokens * preset.top_k, preset.hidden_size, preset.ffn_size)
                 calls, outs = {}, {}
                 for name in variants:
-                    fused_mosaic.default_gated_tiles = lambda m, k, n, name=name: variant_tiles(
-                        name, m, k, n
+                    # Compiled ahead of time inside the patch, after clearing jax's caches
+                    # (compile_variant): a variant jitted otherwise may run the tiles traced for
+                    # an earlier one. Every field is given, so the variant is its tiles whole.
+                    fn, _ = compile_variant(
+                        lambda p, x, cfg=cfg: jaxmoe.moe(p, x, cfg)[0],
+                        (params, x),
+                        tile_sites("gated"),
+                        dataclasses.asdict(variant_tiles(name, *shape)),
                     )
-                    fn = jax.jit(lambda p, x, cfg=cfg: jaxmoe.moe(p, x, cfg)[0])
                     outs[name] = fn(params, x)
                     call = functools.partial(fn, params, x)
                     calls[name] = (call, jax_sync, warm_up(call, jax_sync))
-                fused_mosaic.default_gated_tiles = default_tiles
                 for name in variants:
                     row[f"{name}_rel_diff"] = relative_error(outs[name], outs[variants[0]])
                 flops = expert_flops(preset, "fwd")
@@ -153,8 +159,6 @@ def main() -> None:
             except Exception as error:  # noqa: BLE001
                 row["error"] = f"{type(error).__name__}: {error}"[:2000]
                 traceback.print_exc()
-            finally:
-                fused_mosaic.default_gated_tiles = default_tiles
             row["elapsed_s"] = round(time.time() - start, 1)
             emit(row)
     emit({"done": True, "elapsed_s": round(time.time() - start, 1)})
