@@ -169,6 +169,12 @@ def launch_gmm(
     like ``(lhs, rhs)``: the result is ``lhs @ rhs + lhs2 @ rhs2`` per group, on the ring;
     with ``pair_gate``, ``pair_gate(lhs @ rhs) * (lhs2 @ rhs2)``): see the kernel body.
     """
+    if cfg.sequential_gate != (pair_gate is not None):
+        raise ValueError(
+            "MosaicTileConfig(sequential_gate=True) is the fused gated kernel's layout "
+            "(gated_grouped_matmul's pallas backend) and means nothing to this kernel: pass "
+            "tiles with sequential_gate=False."
+        )
     m = lhs.shape[0]
     num_groups = rhs.shape[0]
     n = rhs.shape[1] if transpose_rhs else rhs.shape[2]
