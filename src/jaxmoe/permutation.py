@@ -1,7 +1,7 @@
 r"""Token permutation: token copies sorted expert-major into a padded buffer, and back.
 
 For T tokens with K choices each there are A = T*K assignments, numbered token-major
-(``a = t*K + j``). :func:`plan_dispatch` sorts them by expert, stably, so that each expert's
+(``a = t*K + j``). :func:`plan_dispatch` orders them by expert, stably, so that each expert's
 block keeps token order, and lays the blocks out in a buffer of R rows::
 
     buffer rows:  [ expert 0: its copies | pad ][ expert 1: ... | pad ] ... [ unused tail ]
@@ -29,7 +29,7 @@ import jax.numpy as jnp
 
 from jaxmoe import debug
 from jaxmoe.arrays import round_up
-from jaxmoe.search import search_right
+from jaxmoe.ranks import scatter_inverse, stable_ranks
 
 
 class DispatchPlan(NamedTuple):
@@ -89,10 +89,10 @@ def plan_dispatch(
     num_assignments = num_tokens * top_k
     num_rows = buffer_rows(num_assignments, num_experts, alignment, capacity)
     flat_experts = experts.reshape(-1).astype(jnp.int32)
-    # Stable: copies of one expert stay in token order (this defines who a capacity drops).
-    order = jnp.argsort(flat_experts, stable=True).astype(jnp.int32)  # sorted slot -> assignment
+    # Each copy's place among its expert's copies, in token order (this defines who a capacity
+    # drops): what a stable sort by expert gives, without the sort where experts are few.
+    rank = stable_ranks(flat_experts, num_experts)
     tokens_per_expert = jnp.zeros((num_experts,), jnp.int32).at[flat_experts].add(1)
-    starts = jnp.cumsum(tokens_per_expert) - tokens_per_expert  # first sorted slot of each expert
     if capacity is None:
         kept = tokens_per_expert
         group_sizes = round_up(kept, alignment)
@@ -101,23 +101,11 @@ def plan_dispatch(
         group_sizes = jnp.full((num_experts,), round_up(capacity, alignment), jnp.int32)
     offsets = jnp.cumsum(group_sizes) - group_sizes  # first buffer row of each block
 
-    # Buffer row -> assignment (a gather: row r of block e is that expert's (r - offset)-th copy).
-    rows = jnp.arange(num_rows, dtype=jnp.int32)
-    row_expert = jnp.clip(search_right(jnp.cumsum(group_sizes), rows), 0, num_experts - 1)
-    rank = rows - offsets[row_expert]
-    real = (rank >= 0) & (rank < kept[row_expert]) & (rows < jnp.sum(group_sizes))
-    sorted_slot = jnp.clip(starts[row_expert] + rank, 0, num_assignments - 1)
-    row_assignment = jnp.where(real, order[sorted_slot], num_assignments).astype(jnp.int32)
-
-    # Assignment -> buffer row: invert through the sort (each sorted slot knows its rank).
-    sorted_experts = flat_experts[order]
-    sorted_rank = jnp.arange(num_assignments, dtype=jnp.int32) - starts[sorted_experts]
-    sorted_row = jnp.where(
-        sorted_rank < kept[sorted_experts], offsets[sorted_experts] + sorted_rank, num_rows
-    )
-    assignment_row = (
-        jnp.zeros((num_assignments,), jnp.int32).at[order].set(sorted_row, unique_indices=True)
-    )
+    # Assignment -> buffer row (R where dropped); buffer row -> assignment is its inverse.
+    assignment_row = jnp.where(
+        rank < kept[flat_experts], offsets[flat_experts] + rank, num_rows
+    ).astype(jnp.int32)
+    row_assignment = scatter_inverse(assignment_row, num_rows, sentinel=num_assignments)
     return DispatchPlan(
         row_assignment=row_assignment,
         assignment_row=assignment_row.reshape(num_tokens, top_k),
