@@ -70,6 +70,7 @@ from jaxmoe.parallel.exchange.all_to_all_chunked import (
     default_chunk_rows,
 )
 from jaxmoe.parallel.overflow import chunked, overflow_windows
+from jaxmoe.ranks import scatter_inverse, stable_ranks
 from jaxmoe.search import search_right
 
 
@@ -259,31 +260,16 @@ def expand_plan(local_ids: jax.Array, num_local_experts: int, num_rows: int, ali
     num_pairs, local_slots = local_ids.shape
     num_copies = num_pairs * local_slots
     key = jnp.where(local_ids >= 0, local_ids, num_local_experts).reshape(-1)  # absent: last
-    order = jnp.argsort(key, stable=True).astype(jnp.int32)
     counts = jnp.zeros((num_local_experts + 1,), jnp.int32).at[key].add(1)[:num_local_experts]
     group_sizes = round_up(counts, alignment).astype(jnp.int32)
     offsets = jnp.cumsum(group_sizes) - group_sizes
-    starts = jnp.cumsum(counts) - counts
-
-    rows = jnp.arange(num_rows, dtype=jnp.int32)
-    row_expert = jnp.clip(search_right(jnp.cumsum(group_sizes), rows), 0, num_local_experts - 1)
-    rank = rows - offsets[row_expert]
-    real = (rank < counts[row_expert]) & (rows < jnp.sum(group_sizes))
-    sorted_slot = jnp.clip(starts[row_expert] + rank, 0, num_copies - 1)
-    row_assignment = jnp.where(real, order[sorted_slot], num_copies)
-
-    sorted_key = key[order]
-    expert = jnp.minimum(sorted_key, num_local_experts - 1)
-    sorted_row = jnp.where(
-        sorted_key < num_local_experts,
-        offsets[expert] + jnp.arange(num_copies, dtype=jnp.int32) - starts[expert],
-        num_rows,
+    # A copy's row: its expert's block, then its rank among that expert's copies (pair order).
+    rank = stable_ranks(key, num_local_experts + 1)
+    expert = jnp.minimum(key, num_local_experts - 1)
+    assignment_row = jnp.where(key < num_local_experts, offsets[expert] + rank, num_rows).astype(
+        jnp.int32
     )
-    assignment_row = (
-        jnp.zeros((num_copies,), jnp.int32)
-        .at[order]
-        .set(sorted_row.astype(jnp.int32), unique_indices=True)
-    )
+    row_assignment = scatter_inverse(assignment_row, num_rows, sentinel=num_copies)
     return permutation.DispatchPlan(
         row_assignment=row_assignment.astype(jnp.int32),
         assignment_row=assignment_row.reshape(num_pairs, local_slots),

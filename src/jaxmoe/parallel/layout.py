@@ -21,6 +21,7 @@ import jax.numpy as jnp
 
 from jaxmoe import permutation
 from jaxmoe.arrays import round_up
+from jaxmoe.ranks import scatter_inverse, stable_ranks
 from jaxmoe.search import search_right
 
 
@@ -163,35 +164,15 @@ def send_plan(flat_experts, counts, kept_mine, offset_mine, skip_mine, rows: int
     num_assignments = flat_experts.shape[0]
     kept_flat, offset_flat = kept_mine.reshape(-1), offset_mine.reshape(-1)
     skip_flat = skip_mine.reshape(-1)
-    order = jnp.argsort(flat_experts, stable=True).astype(jnp.int32)  # sorted slot -> assignment
-    starts = jnp.cumsum(counts) - counts
-    sorted_experts = flat_experts[order]
-    rank = (
-        jnp.arange(num_assignments, dtype=jnp.int32)
-        - starts[sorted_experts]
-        - skip_flat[sorted_experts]
-    )
-    sorted_row = jnp.where(
-        (rank >= 0) & (rank < kept_flat[sorted_experts]),
-        (sorted_experts // num_local) * rows + offset_flat[sorted_experts] + rank,
+    # Copy i of expert e (its rank among e's copies, in token order) goes out when skip <= i <
+    # skip + kept; the send row -> assignment map is the inverse of assignment -> send row.
+    rank = stable_ranks(flat_experts, ep * num_local) - skip_flat[flat_experts]
+    assignment_row = jnp.where(
+        (rank >= 0) & (rank < kept_flat[flat_experts]),
+        (flat_experts // num_local) * rows + offset_flat[flat_experts] + rank,
         ep * rows,
-    )
-    assignment_row = (
-        jnp.zeros((num_assignments,), jnp.int32).at[order].set(sorted_row, unique_indices=True)
-    )
-    # Send row -> assignment: find the expert block of the slot position, then its copy.
-    send_rows = jnp.arange(ep * rows, dtype=jnp.int32)
-    dest, position = send_rows // rows, send_rows % rows
-    ends = (offset_mine + kept_mine)[dest]  # [ep*P, E_l]
-    local = jnp.minimum(jnp.sum(ends <= position[:, None], axis=1), num_local - 1)
-    expert = dest * num_local + local
-    real = position < jnp.sum(kept_mine, axis=1)[dest]
-    slot = jnp.clip(
-        starts[expert] + skip_flat[expert] + position - offset_flat[expert],
-        0,
-        num_assignments - 1,
-    )
-    row_assignment = jnp.where(real, order[slot], num_assignments).astype(jnp.int32)
+    ).astype(jnp.int32)
+    row_assignment = scatter_inverse(assignment_row, ep * rows, sentinel=num_assignments)
     return permutation.DispatchPlan(
         row_assignment=row_assignment,
         assignment_row=assignment_row.reshape(-1, top_k),
