@@ -4,12 +4,9 @@ forward with each as the default.
 The fused gated kernel is the forward's largest op (~55% of the Mixtral layer's forward).
 Variants: the default, jax's pipeline per tile (the default before run 16), the ring without
 the swizzled epilogue, and the compute warpgroups splitting a tile's rows (``split_rows``,
-``m64n128`` products) with and without the swizzled epilogue, and ``sequential``
-(``sequential_gate`` on the plain gmm's default tiles: ``m64n256`` products, the gate's K loop
-then the up projection's, ``act(gate)`` rounded once to bf16). Per variant and layer preset
+``m64n128`` products) with and without the swizzled epilogue. Per variant and layer preset
 (``M = tokens * top_k`` rows, balanced): ``h`` against the default variant's (max relative
-difference; the same K order, so expected 0, and bf16 rounding, ~4e-3, for ``sequential``),
-then all variants timed in the same settled
+difference; the same K order, so expected 0), then all variants timed in the same settled
 interleaved rounds; then the layer's forward (``jit(moe)``) with each variant as
 ``default_gated_tiles``. Rows go to ``<out-dir>/gated-tiles-probe.json``.
 
@@ -49,7 +46,6 @@ def main() -> None:
     from jaxmoe.bench.tile_variants import compile_variant, tile_sites
     from jaxmoe.bench.timing import jax_sync, time_interleaved, warm_up
     from jaxmoe.ops.gated_grouped_matmul import pallas_mosaic as fused_mosaic
-    from jaxmoe.ops.grouped_matmul.pallas_mosaic_tiles import default_mosaic_gmm_tiles
 
     os.makedirs(args.out_dir, exist_ok=True)
     emit = row_emitter(
@@ -68,10 +64,6 @@ def main() -> None:
     }
 
     def variant_tiles(name, m, k, n):
-        if name == "sequential":
-            # The gate's K loop, then the up projection's, on the plain gmm's default tiles
-            # (block_n 256, its weight multicast where K * N is large): session 23.
-            return dataclasses.replace(default_mosaic_gmm_tiles(m, k, n), sequential_gate=True)
         return dataclasses.replace(default_tiles(m, k, n), **variant_changes[name])
 
     variants = args.variants.split(",")

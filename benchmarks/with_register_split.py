@@ -5,7 +5,7 @@ each compute warpgroup ``COMPUTE_REGISTERS`` (``setmaxnreg.inc``); both are read
 is traced, so setting them before a probe runs changes every kernel it compiles::
 
     PYTHONPATH=src python benchmarks/with_register_split.py 24 \\
-        benchmarks/ptxas_probe.py --kernel gated --changes '{"sequential_gate": true}'
+        benchmarks/ptxas_probe.py --kernel gated
 
 The split must balance: the launch gives each of the three warpgroups 168 a thread (65536
 over 384 threads, in steps of 8), so the compute warpgroups' increase must equal what the

@@ -23,7 +23,7 @@ from jaxmoe.ops.gated_grouped_matmul import pallas_mosaic as fused_mosaic
 from jaxmoe.ops.gated_grouped_matmul.pallas_mosaic import PallasMosaicGatedGroupedMatmul
 from jaxmoe.ops.grouped_matmul import ReferenceGroupedMatmul
 from jaxmoe.ops.grouped_matmul.pallas_mosaic import MosaicTileConfig
-from jaxmoe.ops.grouped_matmul.pallas_mosaic_tiles import check_tiles, default_mosaic_gmm_tiles
+from jaxmoe.ops.grouped_matmul.pallas_mosaic_tiles import check_tiles
 
 M, K, F = 128, 128, 256
 SMALL = MosaicTileConfig(block_m=64, block_n=128, block_k=64, stages=2, group_swizzle=2)
@@ -34,11 +34,6 @@ SWIZZLED = MosaicTileConfig(64, 256, 64, stages=2, group_swizzle=2, swizzled_epi
 RING = MosaicTileConfig(64, 128, 64, stages=3, group_swizzle=2, ring=True)
 SPLIT_ROWS = MosaicTileConfig(
     128, 128, 64, stages=3, group_swizzle=2, epilogue_rows=64, ring=True, split_rows=True
-)
-# The gate's K loop, then the up projection's (``sequential_gate``): one weight block per ring
-# slot, so the plain gmm's block_n 256, and act(gate) rounded once to bf16 before the product.
-SEQUENTIAL = MosaicTileConfig(
-    128, 256, 64, 3, 2, epilogue_rows=64, ring=True, split_rows=True, sequential_gate=True
 )
 KERNEL = PallasMosaicGatedGroupedMatmul(grouped=ReferenceGroupedMatmul(), tiles=SMALL)
 TOL = {"bfloat16": 1.6e-2, "float16": 2e-3}
@@ -184,82 +179,3 @@ def test_ring_with_swizzled_epilogue_is_accepted_for_two_weights():
     both = dataclasses.replace(RING, swizzled_epilogue=True)
     PallasMosaicGatedGroupedMatmul(tiles=both)
     check_tiles(both, num_rhs=2)
-
-
-@pytest.mark.parametrize(
-    "activation, cfg",
-    [
-        ("swiglu", SEQUENTIAL),
-        ("geglu", SEQUENTIAL),
-        # The plain gmm default's layout: tiles from each group's first row, the swizzled
-        # epilogue, clusters of two multicasting each K loop's weight block.
-        (
-            "swiglu",
-            dataclasses.replace(
-                SEQUENTIAL, group_start_tiles=True, swizzled_epilogue=True, multicast_weights=True
-            ),
-        ),
-    ],
-)
-def test_sequential_gate_forward_through_the_op(activation, cfg):
-    # Groups as in the forward test above (an empty group, boundaries inside tiles, 28 tail
-    # rows); through the public op, as the layer's undifferentiated forward calls it.
-    sizes = [50, 0, 3, 47]
-    lhs, gate_w, up_w, _ = _inputs(sizes)
-    kernel = PallasMosaicGatedGroupedMatmul(grouped=ReferenceGroupedMatmul(), tiles=cfg)
-    hidden = gated_grouped_matmul(
-        lhs, gate_w, up_w, jnp.array(sizes, jnp.int32), activation=activation, backend=kernel
-    )
-    want = _np_act(np_gmm(lhs, gate_w, sizes), activation) * np_gmm(lhs, up_w, sizes)
-    assert _relative(hidden, want) <= TOL["bfloat16"]
-    assert np.all(np.asarray(hidden[100:]) == 0)
-
-
-def test_sequential_gate_keeps_no_residuals():
-    lhs, gate_w, up_w, _ = _inputs([64, 64])
-    with pytest.raises(NotImplementedError, match="sequential_gate=False"):
-        fused_mosaic.fused_gmm(
-            lhs,
-            gate_w,
-            up_w,
-            jnp.array([64, 64], jnp.int32),
-            activation="swiglu",
-            residuals=True,
-            tiles=SEQUENTIAL,
-        )
-
-
-def test_sequential_gate_takes_one_weight_block_per_slot():
-    # The plain gmm's default tiles fit with one weight block per slot (4 x 48 KiB + 32 KiB
-    # staging); both weights' blocks at block_n 256 would not.
-    seq = dataclasses.replace(default_mosaic_gmm_tiles(16384, 4096, 14336), sequential_gate=True)
-    fused_mosaic.check_gated_tiles(seq)
-    PallasMosaicGatedGroupedMatmul(tiles=seq)
-    with pytest.raises(ValueError, match="shared memory"):
-        fused_mosaic.check_gated_tiles(dataclasses.replace(seq, sequential_gate=False))
-    with pytest.raises(ValueError, match="sequential_gate=True needs ring=True"):
-        check_tiles(dataclasses.replace(seq, ring=False, multicast_weights=False))
-
-
-@pytest.mark.parametrize("multicast", [False, True])
-def test_sequential_gate_lowers_for_cuda(multicast):
-    # No GPU needed: both K loops on one ring, the two accumulator scopes and the rounded
-    # act(gate) held across the second loop pass Mosaic GPU's lowering, with clusters too.
-    cfg = dataclasses.replace(
-        default_mosaic_gmm_tiles(256, 2048, 512), sequential_gate=True, multicast_weights=multicast
-    )
-    fn = jax.jit(
-        functools.partial(fused_mosaic.fused_gmm, activation="swiglu", interpret=False, tiles=cfg)
-    )
-    text = (
-        fn.trace(
-            jax.ShapeDtypeStruct((256, 2048), jnp.bfloat16),
-            jax.ShapeDtypeStruct((4, 2048, 512), jnp.bfloat16),
-            jax.ShapeDtypeStruct((4, 2048, 512), jnp.bfloat16),
-            jax.ShapeDtypeStruct((4,), jnp.int32),
-        )
-        .lower(lowering_platforms=("cuda",))
-        .as_text()
-    )
-    assert "mosaic_gpu" in text
-    assert ("cluster_dim_blocks" in text) == multicast

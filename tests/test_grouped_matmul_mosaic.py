@@ -135,18 +135,6 @@ def test_forward_no_rows_at_all_is_zeros(name):
     assert np.all(got == 0)
 
 
-def test_sequential_gate_tiles_are_refused_by_the_plain_kernel():
-    # The fused gated kernel's layout (two K loops, one per weight): the plain gmm and the
-    # input-gradient pair would silently ignore it.
-    cfg = dataclasses.replace(CONFIGS["split_rows_swizzled_wide"], sequential_gate=True)
-    lhs, rhs, _ = random_inputs(M, K, N, 2, "bfloat16")
-    sizes = jnp.array([100, 100], jnp.int32)
-    with pytest.raises(ValueError, match="sequential_gate=False"):
-        pallas_mosaic.gmm(lhs, rhs, sizes, tiles=cfg)
-    with pytest.raises(ValueError, match="sequential_gate=False"):
-        pallas_mosaic.gmm_pair(lhs, rhs, lhs, rhs, sizes, tiles=cfg)
-
-
 def test_multicast_pairs_share_a_group_or_load_their_own():
     # Clusters of two CTAs take work items (2p, 2p + 1). Groups 0 and 1 have one item each (a
     # pair of two groups: each CTA loads its own weights), group 2's two items are one pair (the

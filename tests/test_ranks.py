@@ -65,9 +65,7 @@ def test_plan_dispatch_on_the_sorted_ranks_matches_the_reference(monkeypatch):
     rng = np.random.default_rng(3)
     experts = np.stack([rng.permutation(6)[:2] for _ in range(13)]).astype(np.int32)
     for alignment, capacity in ((1, None), (4, None), (2, 3)):
-        plan = jaxmoe.plan_dispatch(
-            jnp.asarray(experts), 6, alignment=alignment, capacity=capacity
-        )
+        plan = jaxmoe.plan_dispatch(jnp.asarray(experts), 6, alignment=alignment, capacity=capacity)
         layout = ref.layout_reference(experts, 6, alignment, capacity)
         np.testing.assert_array_equal(np.asarray(plan.group_sizes), layout.group_sizes)
         assert int(plan.dropped) == layout.dropped

@@ -15,12 +15,6 @@ Against the unfused path (two ``gmm`` launches and an elementwise pass) this rea
 instead of twice and never writes or re-reads ``gate`` and ``up`` to compute the product: the
 primal writes one ``[M, F]`` array where the unfused path writes two, reads two and writes one.
 
-With ``MosaicTileConfig(sequential_gate=True)`` (opt-in, session 23, not yet run on a GPU) a
-tile instead runs the gate's K loop, keeps ``act(gate)`` rounded to the operands' dtype, then
-runs the up projection's K loop into a fresh accumulator: one weight block per ring slot, so
-the plain ``gmm``'s ``block_n`` 256 (``m64n256`` products) and its weight multicast, for
-``lhs`` read twice per tile (``pallas_mosaic.launch_gmm``'s ``second_pair`` and ``pair_gate``).
-
 Register budget: two accumulators per warpgroup, so ``block_n`` is 128 (``[64, 128]`` float32
 per warpgroup and accumulator with split rows, 128 registers a thread for both) where the single
 ``gmm`` takes 256.
@@ -120,12 +114,6 @@ def default_gated_tiles(m: int, k: int, n: int) -> MosaicTileConfig:
     )
 
 
-def check_gated_tiles(cfg: MosaicTileConfig) -> None:
-    """``check_tiles`` for the fused kernel: both weights' blocks in each ring slot, or one with
-    ``sequential_gate`` (the gate's K loop, then the up projection's)."""
-    check_tiles(cfg, num_rhs=1 if cfg.sequential_gate else 2)
-
-
 def unsupported_reason(lhs_shape, rhs_shape, dtype, cfg, interpret: bool) -> str | None:
     """Why the fused kernel cannot take these operands, or ``None`` if it can: the Mosaic
     ``gmm``'s rules for one ``[M, K] x [G, K, F]`` product (each weight is one)."""
@@ -164,12 +152,7 @@ def fused_gmm(
     pallas_triton._check(lhs, rhs_up, group_sizes, False, "fused gated gmm")
     m, k = lhs.shape
     cfg = tiles or default_gated_tiles(m, k, rhs_gate.shape[2])
-    check_gated_tiles(cfg)
-    if residuals and cfg.sequential_gate:
-        raise NotImplementedError(
-            "fused gated gmm: residuals=True needs the gate's float32 accumulator, which "
-            "sequential_gate=True tiles do not keep; use tiles with sequential_gate=False."
-        )
+    check_tiles(cfg, num_rhs=2)
     interpret_params = common.interpret_params(interpret)
     reason = unsupported_reason(
         lhs.shape, rhs_gate.shape, lhs.dtype, cfg, interpret_params is not None
@@ -179,16 +162,11 @@ def fused_gmm(
             f"fused gated gmm: lhs {lhs.shape} {lhs.dtype}, rhs {rhs_gate.shape}: {reason}."
         )
     act = _KERNEL_ACTIVATIONS[activation]
-    if cfg.sequential_gate:
-        # The gate's K loop, then the up projection's, one weight block per ring slot.
-        weights = dict(second_pair=(lhs, rhs_up), pair_gate=act)
-    else:
 
-        def combine(gate, up):
-            hidden = act(gate) * up
-            return (hidden, gate, up) if residuals else (hidden,)
+    def combine(gate, up):
+        hidden = act(gate) * up
+        return (hidden, gate, up) if residuals else (hidden,)
 
-        weights = dict(more_rhs=(rhs_up,), combine=combine, num_outputs=3 if residuals else 1)
     outs = pallas_mosaic.launch_gmm(
         lhs,
         rhs_gate,
@@ -197,7 +175,9 @@ def fused_gmm(
         out_dtype=lhs.dtype,
         cfg=cfg,
         interpret_params=interpret_params,
-        **weights,
+        more_rhs=(rhs_up,),
+        combine=combine,
+        num_outputs=3 if residuals else 1,
     )
     return tuple(outs) if residuals else (outs,)
 
@@ -353,7 +333,7 @@ class PallasMosaicGatedGroupedMatmul(GatedGroupedMatmulBackend):
     def __post_init__(self):
         super().__post_init__()
         if self.tiles is not None:
-            check_gated_tiles(self.tiles)
+            check_tiles(self.tiles, num_rhs=2)
         if self.down_dgrad_tiles is not None:
             check_tiles(self.down_dgrad_tiles)
 

@@ -158,7 +158,6 @@ def launch_gmm(
     num_outputs: int = 1,
     k_step_scale=None,
     second_pair=(),
-    pair_gate=None,
 ):
     """The kernel on checked operands: builds the work list and launches one CTA per SM.
 
@@ -166,15 +165,9 @@ def launch_gmm(
     ``more_rhs`` (weights shaped like ``rhs``, multiplied by the same lhs blocks), ``combine``
     and ``num_outputs`` (then a tuple of ``[M, N]`` results is returned), ``k_step_scale`` (per
     K step scales, reading ``epilogue_operands`` too), ``second_pair`` (``(lhs2, rhs2)`` shaped
-    like ``(lhs, rhs)``: the result is ``lhs @ rhs + lhs2 @ rhs2`` per group, on the ring;
-    with ``pair_gate``, ``pair_gate(lhs @ rhs) * (lhs2 @ rhs2)``): see the kernel body.
+    like ``(lhs, rhs)``: the result is ``lhs @ rhs + lhs2 @ rhs2`` per group, on the ring):
+    see the kernel body.
     """
-    if cfg.sequential_gate != (pair_gate is not None):
-        raise ValueError(
-            "MosaicTileConfig(sequential_gate=True) is the fused gated kernel's layout "
-            "(gated_grouped_matmul's pallas backend) and means nothing to this kernel: pass "
-            "tiles with sequential_gate=False."
-        )
     m = lhs.shape[0]
     num_groups = rhs.shape[0]
     n = rhs.shape[1] if transpose_rhs else rhs.shape[2]
@@ -195,7 +188,6 @@ def launch_gmm(
         num_outputs=num_outputs,
         k_step_scale=k_step_scale,
         paired=bool(second_pair),
-        pair_gate=pair_gate,
         interpreted=interpret_params is not None,
     )
     out_type = jax.ShapeDtypeStruct((m, n), out_dtype)

@@ -70,7 +70,6 @@ def mosaic_gmm_body(
     num_outputs: int = 1,
     k_step_scale=None,
     paired: bool = False,
-    pair_gate=None,
     interpreted: bool = False,
 ):
     # ``paired``: a second ``(lhs, rhs)`` pair follows the rhs operands, of the same shapes, and
@@ -88,12 +87,7 @@ def mosaic_gmm_body(
     # per K step (the FP8 blockwise recipe: one K step is one scale block). Each step's product
     # goes into a fresh float32 ``wgmma`` accumulator; the main accumulator (a register value
     # carried by the pipeline) adds ``k_step_scale(partial)``. One rhs, no ``combine``.
-    # ``pair_gate`` (with ``paired``, the fused gated kernel's ``sequential_gate``): the first
-    # pair's K steps make the gate in a fresh accumulator, ``pair_gate(gate)`` is kept in
-    # registers rounded to lhs's dtype, the second pair's steps make up in another, and the
-    # result is ``pair_gate(gate) * up`` (the pairs are ``(lhs, Wg)``, ``(lhs, Wu)``).
     assert k_step_scale is None or (num_rhs == 1 and combine is None)
-    assert pair_gate is None or paired
     assert not paired or (cfg.ring and num_rhs == 1 and epilogue is None and combine is None)
     rhs_gmems = rhs_epilogue_and_out_gmem[:num_rhs]
     # (lhs, its weights) per pair of the K loop: one, or two when ``paired``.
@@ -210,9 +204,6 @@ def mosaic_gmm_body(
 
         def make_context(group, row0, lo, hi, col0):
             def context(eval_pipeline):
-                if pair_gate is not None:  # on the ring: eval_pipeline(acc, first, steps)
-                    gated_pair_tile(eval_pipeline, row0, lo, hi, col0)
-                    return
                 if k_step_scale is not None:  # the main accumulator is the pipeline's carry
                     acc = eval_pipeline(jnp.zeros((wg_m, wg_n), jnp.float32))
                     slab_results = stores.epilogue_slabs(
@@ -240,26 +231,6 @@ def mosaic_gmm_body(
                 pl.run_scoped(acc_scope, *[plgpu.ACC((wg_m, wg_n), jnp.float32)] * num_rhs)
 
             return context
-
-        def gated_pair_tile(eval_steps, row0, lo, hi, col0):
-            """``pair_gate``'s tile: the gate's K loop, then the up projection's."""
-            steps = k // bk
-
-            def gate_scope(acc_ref):
-                with jax.named_scope("main_loop"):
-                    eval_steps((acc_ref,), 0, steps)
-                return pair_gate(acc_ref[...]).astype(lhs_gmem.dtype)
-
-            gate_act = pl.run_scoped(gate_scope, plgpu.ACC((wg_m, wg_n), jnp.float32))
-
-            def up_scope(acc_ref):
-                with jax.named_scope("main_loop"):
-                    eval_steps((acc_ref,), steps, steps)
-                with jax.named_scope("epilogue"):
-                    hidden = gate_act.astype(jnp.float32) * acc_ref[...]
-                    stores.store(stores.slabs_of((hidden,)), row0, col0, lo, hi)
-
-            pl.run_scoped(up_scope, plgpu.ACC((wg_m, wg_n), jnp.float32))
 
         def make_mma(group, row0, col0):
             """One K step's ``wgmma`` (per rhs). On the ring they stay in flight (the ring
@@ -388,16 +359,14 @@ def mosaic_gmm_body(
                     (group, row0, lo, hi, col0, _), count = parts(local_tile)
                     mma = make_mma(group, row0, col0)
 
-                    def eval_steps(acc, first=0, num_steps=count):
-                        # The tile's steps [first, first + num_steps) (all of them, or one
-                        # pair's with ``pair_gate``).
+                    def eval_steps(acc):
                         def step(i, slot, acc):
                             rhs_smems = [rhs_ring.at[slot] for rhs_ring in ring["rhs"]]
                             return mma((i,), ring["lhs"].at[slot], *rhs_smems, acc)
 
                         return common.ring_consume(
-                            local_tile * count + first,
-                            num_steps,
+                            local_tile * count,
+                            count,
                             step,
                             acc,
                             stages=cfg.stages,

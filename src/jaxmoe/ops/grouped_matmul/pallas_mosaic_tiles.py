@@ -76,17 +76,6 @@ class MosaicTileConfig:
     :func:`default_mosaic_gmm_tiles` where an expert's weight matrix is large (the plain
     ``gmm`` and its input gradients), off in the fused gated kernel's tiles and the field's own
     default; see there for the measurements.
-
-    ``sequential_gate`` (the fused gated kernel only, on the ``ring``): a tile runs the gate's
-    K loop into its accumulator, keeps ``act(gate)`` in registers in the operands' dtype, then
-    runs the up projection's K loop into a fresh accumulator and writes ``act(gate) * up``.
-    One weight block per ring slot, so ``block_n`` 256 fits, with ``m64n256`` products (17%
-    fewer shared-memory reads per FLOP than the two ``m64n128`` per step of the default) and
-    the weight multicast; the ``lhs`` block is read twice per tile (from L2). ``act(gate)``
-    is rounded once to the operands' dtype before the product (the default keeps it in
-    float32; the unfused path rounds ``gate`` itself). Registers: the float32 accumulator and
-    the rounded ``[64, 256]`` ``act(gate)``, 192 a thread with split rows. Off by default:
-    built in session 23 without a GPU (exact in the interpreter, lowered for CUDA).
     """
 
     block_m: int = 128
@@ -101,7 +90,6 @@ class MosaicTileConfig:
     split_rows: bool = False
     group_start_tiles: bool = False
     multicast_weights: bool = False
-    sequential_gate: bool = False
 
 
 # With group_start_tiles a tile starts on this row grid: a TMA copy into a tiled shared buffer
@@ -335,8 +323,6 @@ def check_tiles(cfg: MosaicTileConfig, operand_bytes: int = 2, num_rhs: int = 1)
         problems.append(f"group_swizzle={cfg.group_swizzle} must be >= 1")
     if cfg.multicast_weights and not cfg.ring:
         problems.append("multicast_weights=True needs ring=True (its releases span the cluster)")
-    if cfg.sequential_gate and not cfg.ring:
-        problems.append("sequential_gate=True needs ring=True (one ring over both K loops)")
     if cfg.split_rows and bm != 128:
         problems.append("split_rows=True needs block_m=128 (one 64-row wgmma M tile per warpgroup)")
     if cfg.epilogue_rows not in (None, bm) and not (
