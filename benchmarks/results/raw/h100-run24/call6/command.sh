@@ -17,7 +17,7 @@ pip install --no-index --no-deps --target /tmp/site .whl/*.whl > $W/pip.log 2>&1
 export PYTHONPATH=src:/tmp/site
 timeout 400 python3 -m jaxmoe bench layer --preset mixtral,dsv3,qwen3 \
   --impls torch,torchtitan,jaxmoe --out $W/layer.json > $W/layer.log 2>&1; echo "layer rc=$?"
-timeout 140 python3 benchmarks/layer_timing_probe.py --out-dir $W/timing \
+timeout 170 python3 benchmarks/layer_timing_probe.py --out-dir $W/timing \
   --presets mixtral,dsv3,qwen3 --cases fwd,grad > $W/timing.log 2>&1; echo "timing rc=$?"
 kill $SMI
 awk -F, 'NR>1 && $4+0>300 {c+=$3; p+=$4; n++} END {if (n) printf "smi: %d loaded samples, mean SM clock %.0f MHz, power %.0f W\n", n, c/n, p/n}' $W/smi-trace.csv
