@@ -13,6 +13,8 @@ Rows go to ``<out-dir>/glu-dgrad-probe.json`` as they come:
    of ``layer_variants`` (fused backward, unfused, fused with ``block_n`` 128, the forward
    kernel writing the residuals), interleaved; each one's gradients against the unfused one's.
    They differ only where ``auto`` takes the fused gated op (``K <= 4096``: Mixtral, Qwen3).
+   ``--cotangents from_output`` times the pass with the cotangent ``dy + y`` too (a backward
+   that waits for the forward's output, as in a model; see ``forward_backward_from_output``).
 
     PYTHONPATH=src python benchmarks/glu_dgrad_probe.py --out-dir $OUT
 """
@@ -56,6 +58,12 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--layer-variants", default="fused,unfused,fused_bn128,unfused_residuals")
     parser.add_argument("--time-budget-s", type=float, default=400)
+    parser.add_argument(
+        "--cotangents",
+        default="given",
+        help="comma-separated: 'given' (the bench's dy, independent of the output) and/or "
+        "'from_output' (dy + y: the backward needs the forward's output, as in a model)",
+    )
     args = parser.parse_args()
     start = time.time()
 
@@ -177,12 +185,29 @@ def main() -> None:
         "input_dgrad": {"fused_backward": False, "fused_input_dgrad": True},
     }
     layer_variants = {name: layer_variants[name] for name in args.layer_variants.split(",")}
+
+    def forward_backward_from_output(layer):
+        """As ``forward_backward``, with the cotangent ``dy + y``: the backward then waits for
+        the forward's output, as where later layers read it (with ``dy`` alone XLA may run the
+        down projection's dgrad before the forward's ``h``, and fuse ``h``'s pass into the
+        activation's backward)."""
+
+        def fwd_bwd(params, x, dy):
+            y, vjp = jax.vjp(layer, params, x)
+            grad_params, grad_x = vjp(dy + y)
+            return y, grad_params, grad_x
+
+        return fwd_bwd
+
+    passes = {"given": forward_backward, "from_output": forward_backward_from_output}
+    cases = [(preset, c) for preset in presets for c in args.cotangents.split(",")]
     if "layer" in phases:
         auto_fused = api._auto_fused_backend
-        for preset in presets:
+        for preset, cotangent in cases:
             if out_of_time():
                 break
             row = {"phase": "layer", "preset": preset.name, "pass": "fwd+bwd"}
+            row["cotangent"] = cotangent
             try:
                 cfg, params, x, dy = layer_inputs(preset, jnp.bfloat16)
                 calls, grads = {}, {}
@@ -191,7 +216,7 @@ def main() -> None:
                         fused_mosaic.PallasMosaicGatedGroupedMatmul(grouped=grouped, **fields)
                     )
                     layer = lambda p, x, cfg=cfg: jaxmoe.moe(p, x, cfg)[0]  # noqa: E731
-                    fn = jax.jit(forward_backward(layer))
+                    fn = jax.jit(passes[cotangent](layer))
                     text = str(jax.make_jaxpr(fn)(params, x, dy))
                     row[f"{name}_glu_dgrad_in_jaxpr"] = "jaxmoe_glu_dgrad" in text
                     grads[name] = fn(params, x, dy)
