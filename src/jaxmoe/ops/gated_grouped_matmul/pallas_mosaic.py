@@ -300,7 +300,10 @@ class PallasMosaicGatedGroupedMatmul(GatedGroupedMatmulBackend):
         and 0.92x (Qwen3) the unfused dgrad plus its elementwise pass, and the layer's fwd+bwd
         0.97-0.99x. Its epilogue runs with the tensor cores idle: on Mixtral the loads of
         ``gate`` and ``up`` cost 0.31 ms, the second output 0.07-0.09, the derivative 0.08,
-        against a pass of ~0.35 ms (run 13 call 5; ``block_n`` 128: 0.84-0.87x).
+        against a pass of ~0.35 ms (run 13 call 5; ``block_n`` 128: 0.84-0.87x). Again in run
+        24 call 7, with a cotangent that waits for the layer's output as in a model (so XLA
+        cannot fold ``h``'s pass into the unfused backward's): 0.968x (Mixtral), 0.957x
+        (Qwen3) the default's fwd+bwd.
       down_dgrad_tiles: that kernel's block sizes; ``None``: the Mosaic ``gmm``'s default.
       fused_input_dgrad: the projections' input gradient ``gate_bar Wg^T + up_bar Wu^T`` as one
         kernel (:func:`jaxmoe.ops.grouped_matmul.pallas_mosaic.gmm_pair`: one K loop over both
