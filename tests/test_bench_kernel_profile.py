@@ -30,6 +30,27 @@ def test_summarize_groups_by_op_per_call_and_measures_the_span():
     assert "| dot.1 | 3.000 |" in kernel_profile.format_breakdown("case", got)
 
 
+def test_launch_sequence_averages_each_position_over_the_calls():
+    # Two calls of three launches; two of them share one name and no op (as Mosaic's kernels
+    # do): the order tells them apart. The 5 us one is left out, its index still counted.
+    one_call = [
+        ("mosaic", "", 0.0, 400e3),
+        ("tiny", "fusion.1", 1e6, 5e3),
+        ("mosaic", "", 2e6, 900e3),
+    ]
+    second = [
+        (kernel, op, start + 10e6, duration * 1.5) for kernel, op, start, duration in one_call
+    ]
+    got = kernel_profile.launch_sequence(second + one_call, calls=2)
+    assert [(row["index"], row["op"]) for row in got] == [(0, "mosaic"), (2, "mosaic")]
+    assert [row["us"] for row in got] == pytest.approx([500.0, 1125.0])
+    assert kernel_profile.launch_sequence(one_call[:2] + one_call, calls=2) == []  # 5 events
+    table = kernel_profile.format_breakdown(
+        "case", {**kernel_profile.summarize(one_call, calls=1), "sequence": got}
+    )
+    assert "| 2 | mosaic | 1125.0 |" in table
+
+
 def test_summarize_refuses_zero_calls_and_takes_no_events():
     with pytest.raises(ValueError, match="calls"):
         kernel_profile.summarize([], calls=0)
@@ -38,6 +59,7 @@ def test_summarize_refuses_zero_calls_and_takes_no_events():
         "span_ms": 0.0,
         "kernels": 0.0,
         "rows": [],
+        "sequence": [],
     }
 
 
@@ -45,7 +67,7 @@ def test_kernel_breakdown_runs_under_the_profiler_on_a_cpu():
     # No device planes on a CPU: an empty breakdown, but the trace is taken and read back.
     fn = jax.jit(lambda x: jnp.sin(x) @ x)
     got = kernel_profile.kernel_breakdown(fn, jnp.ones((64, 64)), calls=2)
-    assert set(got) == {"total_ms", "span_ms", "kernels", "rows"}
+    assert set(got) == {"total_ms", "span_ms", "kernels", "rows", "sequence"}
 
 
 def test_traced_events_settles_first_for_the_time_asked():

@@ -22,17 +22,26 @@ from typing import Any
 import jax
 
 
+def op_name(kernel: str, op: str) -> str:
+    """What an event counts under: its HLO op, or its kernel's name where it has none or the op
+    is a command buffer (a CUDA graph of several ops)."""
+    return kernel if not op or op.startswith("command_buffer") else op
+
+
 def summarize(
     events: Iterable[tuple[str, str, float, float]], calls: int, top: int = 25
 ) -> dict[str, Any]:
     """Aggregates ``(kernel_name, hlo_op, start_ns, duration_ns)`` events of ``calls`` calls.
 
-    Returns ``{"total_ms", "span_ms", "kernels", "rows"}``: the kernels' milliseconds per call,
+    Returns ``{"total_ms", "span_ms", "kernels", "rows", "sequence"}``: the kernels'
+    milliseconds per call,
     the span from the first kernel's start to the last one's end per call (with calls launched
     back to back, ``span_ms - total_ms`` is the device's idle time per call), the number of
     kernel launches per call, and the ``top`` ops by time, each ``{"op", "kernel", "ms",
-    "share", "launches"}`` (``kernel``: the op's longest-running kernel name, shortened). An
-    event whose op is a command buffer (a CUDA graph) counts under its kernel's name.
+    "share", "launches"}`` (``kernel``: the op's longest-running kernel name, shortened), and
+    the launches of one call in order (:func:`launch_sequence`), which tells apart kernels
+    that share one name and no op (Mosaic GPU's). An event whose op is a command buffer (a
+    CUDA graph) counts under its kernel's name.
     """
     if calls < 1:
         raise ValueError(f"`calls` must be >= 1; got {calls}.")
@@ -41,7 +50,7 @@ def summarize(
     longest: dict[str, tuple[float, str]] = {}
     events = list(events)
     for kernel, op, _, duration_ns in events:
-        key = kernel if not op or op.startswith("command_buffer") else op
+        key = op_name(kernel, op)
         time_ns[key] += duration_ns
         launches[key] += 1
         if duration_ns > longest.get(key, (-1.0, ""))[0]:
@@ -66,7 +75,31 @@ def summarize(
         "span_ms": span_ns / calls / 1e6,
         "kernels": sum(launches.values()) / calls,
         "rows": rows,
+        "sequence": launch_sequence(events, calls),
     }
+
+
+def launch_sequence(
+    events: Iterable[tuple[str, str, float, float]], calls: int, min_us: float = 20.0
+) -> list[dict[str, Any]]:
+    """One call's launches in order, each ``{"index", "op", "kernel", "us"}`` (its microseconds
+    averaged over the calls), those under ``min_us`` left out (``index`` counts them).
+
+    The events, in start order, are cut into ``calls`` equal runs: calls launched back to back
+    on one stream launch the same kernels in the same order. Empty where the events do not
+    divide evenly (an incomplete trace)."""
+    ordered = sorted(events, key=lambda event: event[2])
+    if calls < 1 or len(ordered) % calls:
+        return []
+    per_call = len(ordered) // calls
+    sequence = []
+    for index in range(per_call):
+        kernel, op, _, _ = ordered[index]
+        microseconds = sum(ordered[c * per_call + index][3] for c in range(calls)) / calls / 1e3
+        if microseconds >= min_us:
+            name = op_name(kernel, op)[:60]
+            sequence.append({"index": index, "op": name, "kernel": kernel[:60], "us": microseconds})
+    return sequence
 
 
 def idle_gaps(
@@ -171,4 +204,13 @@ def format_breakdown(title: str, breakdown: dict[str, Any]) -> str:
             f"| {row['op']} | {row['ms']:.3f} | {row['share']:.1%} | {row['launches']:.0f} "
             f"| {row['kernel']} |"
         )
+    if breakdown.get("sequence"):
+        lines += [
+            "",
+            "Launches of one call in order (>= 20 us):",
+            "",
+            "| # | op | us |",
+            "|---|---|---|",
+        ]
+        lines += [f"| {s['index']} | {s['op']} | {s['us']:.1f} |" for s in breakdown["sequence"]]
     return "\n".join(lines)
