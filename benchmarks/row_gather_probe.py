@@ -1,0 +1,161 @@
+"""Probe (issue 15): the permutation's row gathers (``jaxmoe.permutation._gather_rows``) as XLA
+compiles them, on one GPU.
+
+Run 24 call 8's profiles: the dispatch gather of the Qwen3-like layer's forward writes its
+``[R, 2048]`` bf16 buffer (~300 MB) in 228 us, ~1.3 TB/s, a sixth of the forward; the fwd+bwd
+pass's two gathers (tokens and output gradient, one fusion) 383 us. Variants of the gather:
+
+* ``take``: ``jnp.take(values, index, axis=0, mode="fill")`` on the bf16 rows (the library's);
+* ``words``: the same on a ``uint32`` view of the rows (two bf16 a word, ``bitcast_convert_type``
+  either side), so that XLA moves half as many elements per row.
+
+1. ``gather`` rows: the gather alone on each preset's dispatch (``x [T, H]``, the plan's
+   ``row_assignment // K``), both variants checked equal, GB/s written.
+2. ``layer`` rows: the preset's ``jit(moe)`` forward and fwd+bwd with each variant patched in
+   while tracing (jax's caches cleared, compiled ahead of time), outputs compared, settled and
+   interleaved.
+
+    PYTHONPATH=src python benchmarks/row_gather_probe.py --out-dir $OUT
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import sys
+import time
+import traceback
+
+import jax
+import jax.numpy as jnp
+
+import jaxmoe
+from jaxmoe import permutation
+from jaxmoe.bench.harness import relative_error, results_header, row_emitter
+from jaxmoe.bench.layer import expert_flops, forward_backward, layer_inputs
+from jaxmoe.bench.presets import LAYER_PRESETS
+from jaxmoe.bench.timing import jax_sync, time_interleaved, warm_up
+from jaxmoe.stages import resolve_alignment
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from dispatch_plan_probe import random_experts  # noqa: E402 - the probes' one routing
+
+TAKE = permutation._gather_rows
+
+
+def gather_words(values: jax.Array, index: jax.Array) -> jax.Array:
+    """``values[index]`` (zeros for out-of-range ``index``) moved as ``uint32`` words where
+    the rows are 2-byte elements of an even count."""
+    if values.ndim != 2 or values.dtype.itemsize != 2 or values.shape[1] % 2:
+        return TAKE(values, index)
+    rows, cols = values.shape
+    words = jax.lax.bitcast_convert_type(values.reshape(rows, cols // 2, 2), jnp.uint32)
+    gathered = jnp.take(words, index, axis=0, mode="fill", fill_value=0)
+    return jax.lax.bitcast_convert_type(gathered, values.dtype).reshape(index.shape[0], cols)
+
+
+VARIANTS = {"take": TAKE, "words": gather_words}
+
+
+@contextlib.contextmanager
+def gather_variant(name: str):
+    saved = permutation._gather_rows
+    permutation._gather_rows = VARIANTS[name]
+    try:
+        yield
+    finally:
+        permutation._gather_rows = saved
+
+
+def compiled_for(name: str, fn, *operands):
+    jax.clear_caches()
+    with gather_variant(name):
+        return jax.jit(fn).lower(*operands).compile()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--out-dir", default=os.environ.get("OUT", "/tmp"))
+    parser.add_argument("--presets", default="qwen3,dsv3,mixtral")
+    parser.add_argument("--phases", default="gather,layer")
+    parser.add_argument("--rounds", type=int, default=10)
+    args = parser.parse_args()
+    start = time.time()
+    emit = row_emitter(
+        os.path.join(args.out_dir, "row-gather-probe.json"),
+        results_header("benchmarks/row_gather_probe.py"),
+    )
+    presets = [LAYER_PRESETS[name] for name in args.presets.split(",")]
+    phases = args.phases.split(",")
+
+    if "gather" in phases:
+        for preset in presets:
+            row = {"phase": "gather", "preset": preset.name}
+            try:
+                cfg, params, x, _ = layer_inputs(preset, jnp.bfloat16)
+                experts = random_experts(preset.tokens, preset.top_k, preset.num_experts)
+                plan = permutation.plan_dispatch(
+                    experts, preset.num_experts, alignment=resolve_alignment(cfg)
+                )
+                index = plan.row_assignment // preset.top_k
+                calls, outs = {}, {}
+                for name, gather in VARIANTS.items():
+                    fn = jax.jit(gather)
+                    outs[name] = fn(x, index)
+                    call = lambda fn=fn, x=x, index=index: fn(x, index)  # noqa: E731
+                    calls[name] = (call, jax_sync, warm_up(call, jax_sync))
+                row["equal"] = bool(jnp.all(outs["take"] == outs["words"]))
+                row["rows"] = int(index.shape[0])
+                moved = index.shape[0] * x.shape[1] * x.dtype.itemsize  # bytes written
+                for name, timing in time_interleaved(calls, rounds=args.rounds).items():
+                    row[f"{name}_us"] = timing.median_ms * 1e3
+                    row[f"{name}_write_gbs"] = moved / timing.median_ms / 1e6
+                row["words_speedup"] = row["take_us"] / row["words_us"]
+            except Exception as error:  # noqa: BLE001 - a probe reports and goes on
+                row["error"] = f"{type(error).__name__}: {error}"[:2000]
+                traceback.print_exc()
+            row["elapsed_s"] = round(time.time() - start, 1)
+            emit(row)
+
+    if "layer" in phases:
+        for preset in presets:
+            for pass_ in ("fwd", "fwd+bwd"):
+                row = {"phase": "layer", "preset": preset.name, "pass": pass_}
+                try:
+                    cfg, params, x, dy = layer_inputs(preset, jnp.bfloat16)
+                    layer = lambda p, x, cfg=cfg: jaxmoe.moe(p, x, cfg)[0]  # noqa: E731
+                    fn, operands = (
+                        (layer, (params, x))
+                        if pass_ == "fwd"
+                        else (forward_backward(layer), (params, x, dy))
+                    )
+                    calls, outs = {}, {}
+                    for name in VARIANTS:
+                        compiled = compiled_for(name, fn, *operands)
+                        outs[name] = compiled(*operands)
+                        call = lambda c=compiled, operands=operands: c(*operands)  # noqa: E731
+                        calls[name] = (call, jax_sync, warm_up(call, jax_sync))
+                    row["max_rel_diff"] = max(
+                        relative_error(a, b)
+                        for a, b in zip(
+                            jax.tree.leaves(outs["take"]),
+                            jax.tree.leaves(outs["words"]),
+                            strict=True,
+                        )
+                    )
+                    flops = expert_flops(preset, pass_)
+                    for name, timing in time_interleaved(calls, rounds=args.rounds).items():
+                        row[f"{name}_ms"] = timing.median_ms
+                        row[f"{name}_tflops"] = flops / timing.median_ms / 1e9
+                    row["words_speedup"] = row["take_ms"] / row["words_ms"]
+                except Exception as error:  # noqa: BLE001
+                    row["error"] = f"{type(error).__name__}: {error}"[:2000]
+                    traceback.print_exc()
+                row["elapsed_s"] = round(time.time() - start, 1)
+                emit(row)
+    emit({"done": True, "elapsed_s": round(time.time() - start, 1)})
+
+
+if __name__ == "__main__":
+    main()
