@@ -21,6 +21,10 @@ from typing import Any
 
 import jax
 
+# Launches shorter than this are left out of :func:`launch_sequence`'s list (the many small XLA
+# ops of a layer's routing and permutation).
+SEQUENCE_MIN_US = 20.0
+
 
 def op_name(kernel: str, op: str) -> str:
     """What an event counts under: its HLO op, or its kernel's name where it has none or the op
@@ -34,14 +38,13 @@ def summarize(
     """Aggregates ``(kernel_name, hlo_op, start_ns, duration_ns)`` events of ``calls`` calls.
 
     Returns ``{"total_ms", "span_ms", "kernels", "rows", "sequence"}``: the kernels'
-    milliseconds per call,
-    the span from the first kernel's start to the last one's end per call (with calls launched
-    back to back, ``span_ms - total_ms`` is the device's idle time per call), the number of
-    kernel launches per call, and the ``top`` ops by time, each ``{"op", "kernel", "ms",
-    "share", "launches"}`` (``kernel``: the op's longest-running kernel name, shortened), and
-    the launches of one call in order (:func:`launch_sequence`), which tells apart kernels
-    that share one name and no op (Mosaic GPU's). An event whose op is a command buffer (a
-    CUDA graph) counts under its kernel's name.
+    milliseconds per call, the span from the first kernel's start to the last one's end per call
+    (with calls launched back to back, ``span_ms - total_ms`` is the device's idle time per
+    call), the number of kernel launches per call, the ``top`` ops by time, each ``{"op",
+    "kernel", "ms", "share", "launches"}`` (``kernel``: the op's longest-running kernel name,
+    shortened), and the launches of one call in order (:func:`launch_sequence`), which tells
+    apart kernels that share one name and no op (Mosaic GPU's). An event whose op is a command
+    buffer (a CUDA graph) counts under its kernel's name.
     """
     if calls < 1:
         raise ValueError(f"`calls` must be >= 1; got {calls}.")
@@ -80,7 +83,7 @@ def summarize(
 
 
 def launch_sequence(
-    events: Iterable[tuple[str, str, float, float]], calls: int, min_us: float = 20.0
+    events: Iterable[tuple[str, str, float, float]], calls: int, min_us: float = SEQUENCE_MIN_US
 ) -> list[dict[str, Any]]:
     """One call's launches in order, each ``{"index", "op", "kernel", "us"}`` (its microseconds
     averaged over the calls), those under ``min_us`` left out (``index`` counts them).
@@ -207,7 +210,7 @@ def format_breakdown(title: str, breakdown: dict[str, Any]) -> str:
     if breakdown.get("sequence"):
         lines += [
             "",
-            "Launches of one call in order (>= 20 us):",
+            f"Launches of one call in order (>= {SEQUENCE_MIN_US:g} us):",
             "",
             "| # | op | us |",
             "|---|---|---|",
