@@ -213,7 +213,7 @@ def pair_send(routing_experts, prefix, window, slots: PairSlots) -> PairSend:
     row_dest = jnp.repeat(jnp.arange(ep, dtype=jnp.int32), rows)
     row_assignment = jnp.where(row_token < num_tokens, row_token * ep + row_dest, num_tokens * ep)
     plan = permutation.DispatchPlan(
-        row_assignment=row_assignment,
+        row_assignment=row_assignment.astype(jnp.int32),
         assignment_row=assignment_row.astype(jnp.int32),
         group_sizes=jnp.full((ep,), rows, jnp.int32),
         tokens_per_expert=jnp.zeros((ep,), jnp.int32),  # unused: pairs are not expert copies
