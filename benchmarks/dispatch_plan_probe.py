@@ -6,7 +6,8 @@ stable argsort), on one GPU (:func:`jaxmoe.ranks.stable_ranks`).
    experts), both methods checked equal and timed in interleaved rounds.
 2. ``layer`` rows: the layer preset's ``jit(moe)`` forward and fwd+bwd, each method compiled
    ahead of time (``COUNT_MAX_ELEMENTS`` set while tracing, jax's caches cleared first), their
-   outputs compared, timed in settled interleaved rounds.
+   outputs compared, timed in settled interleaved rounds (:func:`layer_rows`, which
+   ``row_gather_probe.py`` shares).
 
 Rows go to ``<out-dir>/dispatch-plan-probe.json``::
 
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import os
 import time
 import traceback
@@ -46,10 +48,54 @@ def rank_method(method: str):
         ranks.COUNT_MAX_ELEMENTS = saved
 
 
-def compiled_for(method: str, fn, *operands):
+def compiled_under(patch, fn, *operands):
+    """``jax.jit(fn)`` compiled ahead of time for ``operands`` inside the context ``patch()``,
+    after clearing jax's tracing caches (a function traced under another patch is not reused;
+    ahead of time, so that a later cache clearing cannot retrace it outside the patch)."""
     jax.clear_caches()
-    with rank_method(method):
+    with patch():
         return jax.jit(fn).lower(*operands).compile()
+
+
+def layer_rows(presets, patches: dict, baseline: str, rounds: int):
+    """A row per (preset, pass) of the layer's forward and fwd+bwd (``jit(moe)``, bf16), compiled
+    under each of ``patches`` (name -> context manager factory, :func:`compiled_under`): the
+    outputs' largest relative difference from ``baseline``'s, then ms and TFLOP/s of each in
+    settled interleaved rounds, ``<name>_speedup = baseline ms / name ms``."""
+    for preset in presets:
+        for pass_ in ("fwd", "fwd+bwd"):
+            row = {"phase": "layer", "preset": preset.name, "pass": pass_}
+            try:
+                cfg, params, x, dy = layer_inputs(preset, jnp.bfloat16)
+                layer = lambda p, x, cfg=cfg: jaxmoe.moe(p, x, cfg)[0]  # noqa: E731
+                fn, operands = (
+                    (layer, (params, x))
+                    if pass_ == "fwd"
+                    else (forward_backward(layer), (params, x, dy))
+                )
+                calls, outs = {}, {}
+                for name, patch in patches.items():
+                    compiled = compiled_under(patch, fn, *operands)
+                    outs[name] = compiled(*operands)
+                    call = lambda c=compiled, operands=operands: c(*operands)  # noqa: E731
+                    calls[name] = (call, jax_sync, warm_up(call, jax_sync))
+                row["max_rel_diff"] = max(
+                    relative_error(a, b)
+                    for name in patches
+                    for a, b in zip(
+                        jax.tree.leaves(outs[baseline]), jax.tree.leaves(outs[name]), strict=True
+                    )
+                )
+                flops = expert_flops(preset, pass_)
+                for name, timing in time_interleaved(calls, rounds=rounds).items():
+                    row[f"{name}_ms"] = timing.median_ms
+                    row[f"{name}_tflops"] = flops / timing.median_ms / 1e9
+                for name in patches:
+                    row[f"{name}_speedup"] = row[f"{baseline}_ms"] / row[f"{name}_ms"]
+            except Exception as error:  # noqa: BLE001 - a probe reports and goes on
+                row["error"] = f"{type(error).__name__}: {error}"[:2000]
+                traceback.print_exc()
+            yield row
 
 
 def random_experts(num_tokens: int, top_k: int, num_experts: int, seed: int = 0) -> jax.Array:
@@ -89,7 +135,7 @@ def main() -> None:
 
                 calls, plans = {}, {}
                 for method in METHOD_LIMITS:
-                    fn = compiled_for(method, plan, experts)
+                    fn = compiled_under(functools.partial(rank_method, method), plan, experts)
                     plans[method] = fn(experts)
                     call = lambda fn=fn, experts=experts: fn(experts)  # noqa: E731
                     calls[method] = (call, jax_sync, warm_up(call, jax_sync))
@@ -107,41 +153,10 @@ def main() -> None:
             emit(row)
 
     if "layer" in phases:
-        for preset in presets:
-            for pass_ in ("fwd", "fwd+bwd"):
-                row = {"phase": "layer", "preset": preset.name, "pass": pass_}
-                try:
-                    cfg, params, x, dy = layer_inputs(preset, jnp.bfloat16)
-                    layer = lambda p, x, cfg=cfg: jaxmoe.moe(p, x, cfg)[0]  # noqa: E731
-                    fn, operands = (
-                        (layer, (params, x))
-                        if pass_ == "fwd"
-                        else (forward_backward(layer), (params, x, dy))
-                    )
-                    calls, outs = {}, {}
-                    for method in METHOD_LIMITS:
-                        compiled = compiled_for(method, fn, *operands)
-                        outs[method] = compiled(*operands)
-                        call = lambda c=compiled, operands=operands: c(*operands)  # noqa: E731
-                        calls[method] = (call, jax_sync, warm_up(call, jax_sync))
-                    row["max_rel_diff"] = max(
-                        relative_error(a, b)
-                        for a, b in zip(
-                            jax.tree.leaves(outs["count"]),
-                            jax.tree.leaves(outs["sort"]),
-                            strict=True,
-                        )
-                    )
-                    flops = expert_flops(preset, pass_)
-                    for method, timing in time_interleaved(calls, rounds=args.rounds).items():
-                        row[f"{method}_ms"] = timing.median_ms
-                        row[f"{method}_tflops"] = flops / timing.median_ms / 1e9
-                    row["count_speedup"] = row["sort_ms"] / row["count_ms"]
-                except Exception as error:  # noqa: BLE001
-                    row["error"] = f"{type(error).__name__}: {error}"[:2000]
-                    traceback.print_exc()
-                row["elapsed_s"] = round(time.time() - start, 1)
-                emit(row)
+        patches = {method: functools.partial(rank_method, method) for method in METHOD_LIMITS}
+        for row in layer_rows(presets, patches, baseline="sort", rounds=args.rounds):
+            row["elapsed_s"] = round(time.time() - start, 1)
+            emit(row)
     emit({"done": True, "elapsed_s": round(time.time() - start, 1)})
 
 

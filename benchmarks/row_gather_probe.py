@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import os
 import sys
 import time
@@ -33,16 +34,15 @@ import traceback
 import jax
 import jax.numpy as jnp
 
-import jaxmoe
 from jaxmoe import permutation
-from jaxmoe.bench.harness import relative_error, results_header, row_emitter
-from jaxmoe.bench.layer import expert_flops, forward_backward, layer_inputs
+from jaxmoe.bench.harness import results_header, row_emitter
+from jaxmoe.bench.layer import layer_inputs
 from jaxmoe.bench.presets import LAYER_PRESETS
 from jaxmoe.bench.timing import jax_sync, time_interleaved, warm_up
 from jaxmoe.stages import resolve_alignment
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from dispatch_plan_probe import random_experts  # noqa: E402 - the probes' one routing
+from dispatch_plan_probe import layer_rows, random_experts  # noqa: E402 - shared with it
 
 TAKE = permutation._gather_rows
 
@@ -80,12 +80,6 @@ def gather_variant(name: str):
         yield
     finally:
         permutation._gather_rows = saved
-
-
-def compiled_for(name: str, fn, *operands):
-    jax.clear_caches()
-    with gather_variant(name):
-        return jax.jit(fn).lower(*operands).compile()
 
 
 def main() -> None:
@@ -138,41 +132,10 @@ def main() -> None:
             emit(row)
 
     if "layer" in phases:
-        for preset in presets:
-            for pass_ in ("fwd", "fwd+bwd"):
-                row = {"phase": "layer", "preset": preset.name, "pass": pass_}
-                try:
-                    cfg, params, x, dy = layer_inputs(preset, jnp.bfloat16)
-                    layer = lambda p, x, cfg=cfg: jaxmoe.moe(p, x, cfg)[0]  # noqa: E731
-                    fn, operands = (
-                        (layer, (params, x))
-                        if pass_ == "fwd"
-                        else (forward_backward(layer), (params, x, dy))
-                    )
-                    calls, outs = {}, {}
-                    for name in variants:
-                        compiled = compiled_for(name, fn, *operands)
-                        outs[name] = compiled(*operands)
-                        call = lambda c=compiled, operands=operands: c(*operands)  # noqa: E731
-                        calls[name] = (call, jax_sync, warm_up(call, jax_sync))
-                    row["max_rel_diff"] = max(
-                        relative_error(a, b)
-                        for name in variants
-                        for a, b in zip(
-                            jax.tree.leaves(outs["take"]), jax.tree.leaves(outs[name]), strict=True
-                        )
-                    )
-                    flops = expert_flops(preset, pass_)
-                    for name, timing in time_interleaved(calls, rounds=args.rounds).items():
-                        row[f"{name}_ms"] = timing.median_ms
-                        row[f"{name}_tflops"] = flops / timing.median_ms / 1e9
-                    for name in variants:
-                        row[f"{name}_speedup"] = row["take_ms"] / row[f"{name}_ms"]
-                except Exception as error:  # noqa: BLE001
-                    row["error"] = f"{type(error).__name__}: {error}"[:2000]
-                    traceback.print_exc()
-                row["elapsed_s"] = round(time.time() - start, 1)
-                emit(row)
+        patches = {name: functools.partial(gather_variant, name) for name in variants}
+        for row in layer_rows(presets, patches, baseline="take", rounds=args.rounds):
+            row["elapsed_s"] = round(time.time() - start, 1)
+            emit(row)
     emit({"done": True, "elapsed_s": round(time.time() - start, 1)})
 
 
