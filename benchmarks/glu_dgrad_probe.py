@@ -14,7 +14,8 @@ Rows go to ``<out-dir>/glu-dgrad-probe.json`` as they come:
    kernel writing the residuals), interleaved; each one's gradients against the unfused one's.
    They differ only where ``auto`` takes the fused gated op (``K <= 4096``: Mixtral, Qwen3).
    ``--cotangents from_output`` times the pass with the cotangent ``dy + y`` too (a backward
-   that waits for the forward's output, as in a model; see ``forward_backward_from_output``).
+   that waits for the forward's output, as in a model; ``forward_backward``'s
+   ``cotangent_from_output``).
 
     PYTHONPATH=src python benchmarks/glu_dgrad_probe.py --out-dir $OUT
 """
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import os
 import sys
 import time
@@ -186,20 +188,10 @@ def main() -> None:
     }
     layer_variants = {name: layer_variants[name] for name in args.layer_variants.split(",")}
 
-    def forward_backward_from_output(layer):
-        """As ``forward_backward``, with the cotangent ``dy + y``: the backward then waits for
-        the forward's output, as where later layers read it (with ``dy`` alone XLA may run the
-        down projection's dgrad before the forward's ``h``, and fuse ``h``'s pass into the
-        activation's backward)."""
-
-        def fwd_bwd(params, x, dy):
-            y, vjp = jax.vjp(layer, params, x)
-            grad_params, grad_x = vjp(dy + y)
-            return y, grad_params, grad_x
-
-        return fwd_bwd
-
-    passes = {"given": forward_backward, "from_output": forward_backward_from_output}
+    passes = {
+        "given": forward_backward,
+        "from_output": functools.partial(forward_backward, cotangent_from_output=True),
+    }
     cases = [(preset, c) for preset in presets for c in args.cotangents.split(",")]
     if "layer" in phases:
         auto_fused = api._auto_fused_backend

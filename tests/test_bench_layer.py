@@ -50,3 +50,17 @@ def test_layer_bench_samples_its_peers_in_interleaved_rounds(monkeypatch):
         assert row["timing"]["samples"] == 2, row
         assert row["timing"]["per_call_median_ms"] == row["ms_per_call"]
         assert row["ratio"] > 0 and row["rel_err"] < layer.REL_TOL[jnp.dtype(jnp.bfloat16)]
+
+
+def test_forward_backward_takes_the_cotangent_given_or_from_the_output():
+    # y = w * x: grad_w = sum(cotangent * x), grad_x = w * cotangent.
+    def scale(w, x):
+        return w * x
+
+    w, x, dy = jnp.float32(3.0), jnp.array([1.0, 2.0]), jnp.array([0.5, -1.0])
+    y, grad_w, grad_x = layer.forward_backward(scale)(w, x, dy)
+    assert float(grad_w) == float(jnp.sum(dy * x))
+    assert jnp.array_equal(grad_x, w * dy)
+    _, grad_w, grad_x = layer.forward_backward(scale, cotangent_from_output=True)(w, x, dy)
+    assert float(grad_w) == float(jnp.sum((dy + y) * x))
+    assert jnp.array_equal(grad_x, w * (dy + y))

@@ -89,8 +89,8 @@ CONFIGS = {
     "multicast": dataclasses.replace(
         default_mosaic_gmm_tiles(M, K, N), stages=3, group_swizzle=2, multicast_weights=True
     ),
-    # The same at block_n 128 (m64n128 products, two 64-column chunks per slab): the variant
-    # for the down projection's wave tail in the layer (H100 run 24's prepared call).
+    # The same at block_n 128 (m64n128 products, two 64-column chunks per slab): tried for the
+    # down projection's wave tail (H100 run 24 call 1: the Mixtral forward 0.93x, not adopted).
     "multicast_narrow": dataclasses.replace(
         default_mosaic_gmm_tiles(M, K, N),
         block_n=128,

@@ -152,14 +152,18 @@ def device_memory_bytes() -> int:
 # --------------------------------------------------------------------------------------------------
 
 
-def forward_backward(layer_fn: Callable) -> Callable:
+def forward_backward(layer_fn: Callable, *, cotangent_from_output: bool = False) -> Callable:
     """The timed fwd+bwd pass of ``layer_fn(params, x, *constants) -> y``: ``(params, x, dy,
     *constants) -> (y, grad_params, grad_x)``, the forward and its VJP against the cotangent
-    ``dy`` (``constants``, e.g. FP8 weights made once per step, are not differentiated)."""
+    ``dy`` (``constants``, e.g. FP8 weights made once per step, are not differentiated).
+
+    ``cotangent_from_output``: the cotangent is ``dy + y`` instead, so the backward waits for
+    the forward's output, as where later layers read it (with ``dy`` alone XLA may run parts of
+    the backward before the forward's last ops and fuse passes across the two)."""
 
     def fwd_bwd(params, x, dy, *constants):
         y, vjp = jax.vjp(lambda p, x: layer_fn(p, x, *constants), params, x)
-        grad_params, grad_x = vjp(dy)
+        grad_params, grad_x = vjp(dy + y if cotangent_from_output else dy)
         return y, grad_params, grad_x
 
     return fwd_bwd
