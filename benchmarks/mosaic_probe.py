@@ -212,10 +212,6 @@ def main() -> None:
         variants[name] = dataclasses.replace(
             default_tiles, multicast_weights=True, group_swizzle=swizzle
         )
-    # Half tiles (session 25): an item whose rows lie in one 64-row half of its tile multiplied
-    # by both compute warpgroups, each every other K step (the layer's 64-padded groups).
-    variants["hk"] = dataclasses.replace(default_tiles, split_k_half_tiles=True)
-    variants["mchk"] = dataclasses.replace(variants["mc"], split_k_half_tiles=True)
     if args.variants != "all":
         variants = {k: variants[k] for k in args.variants.split(",")}
 

@@ -98,27 +98,6 @@ CONFIGS = {
         group_swizzle=2,
         multicast_weights=True,
     ),
-    # Half tiles: an item whose rows lie in one 64-row half of its tile is multiplied by both
-    # compute warpgroups on that half, each every other K step, the partial sums swapped in the
-    # epilogue; on the default tiles (tiles from each group's first row), on the grid (items in
-    # either half of a tile) and with the weight multicast.
-    "half_tiles": dataclasses.replace(
-        default_mosaic_gmm_tiles(M, K, N), stages=4, group_swizzle=2, split_k_half_tiles=True
-    ),
-    "half_tiles_grid": dataclasses.replace(
-        default_mosaic_gmm_tiles(M, K, N),
-        stages=4,
-        group_swizzle=2,
-        group_start_tiles=False,
-        split_k_half_tiles=True,
-    ),
-    "half_tiles_multicast": dataclasses.replace(
-        default_mosaic_gmm_tiles(M, K, N),
-        stages=4,
-        group_swizzle=2,
-        multicast_weights=True,
-        split_k_half_tiles=True,
-    ),
 }
 TRITON_TILES = TileConfig(block_m=32, block_n=32, block_k=32, num_warps=4, num_stages=2)
 
@@ -165,29 +144,6 @@ def test_multicast_pairs_share_a_group_or_load_their_own():
     got, want = mosaic_forward(sizes, CONFIGS["multicast"], m=512, seed=5)
     assert np.max(np.abs(got - want)) / np.max(np.abs(want)) <= 1.6e-2
     assert np.all(got[sum(sizes) :] == 0)
-
-
-@pytest.mark.parametrize("name", ["half_tiles", "half_tiles_grid", "half_tiles_multicast"])
-def test_half_tiles_on_groups_padded_to_64_rows(name):
-    # The layer's case (groups padded to 64 rows): groups 0, 1 and 4 end 64 rows into a tile,
-    # so their last items are half tiles (on the grid group 1's first is one too, in the
-    # tile's second half); 4 K steps, so each warpgroup takes two; 64 tail rows.
-    sizes = [64, 192, 0, 128, 64]
-    got, want = mosaic_forward(sizes, CONFIGS[name], m=512, k=256, seed=8)
-    assert np.max(np.abs(got - want)) / np.max(np.abs(want)) <= 1.6e-2
-    assert np.all(got[sum(sizes) :] == 0)
-
-
-def test_half_tiles_need_the_default_layout_and_four_slots():
-    cfg = dataclasses.replace(default_mosaic_gmm_tiles(M, K, N), split_k_half_tiles=True)
-    pallas_mosaic_tiles.check_tiles(cfg)
-    for field, value, why in [
-        ("split_rows", False, "split_rows"),
-        ("swizzled_epilogue", False, "swizzled_epilogue"),
-        ("stages", 3, "stages >= 4"),
-    ]:
-        with pytest.raises(ValueError, match=why):
-            pallas_mosaic_tiles.check_tiles(dataclasses.replace(cfg, **{field: value}))
 
 
 @pytest.mark.parametrize("name", ["swizzled", "swizzled_half_slab"])
@@ -286,13 +242,6 @@ LOWERED = {
     "multicast": dataclasses.replace(default_mosaic_gmm_tiles(M, 2048, N), multicast_weights=True),
     "multicast_narrow": dataclasses.replace(
         default_mosaic_gmm_tiles(M, 2048, N), block_n=128, multicast_weights=True
-    ),
-    # Half tiles: the float32 swap through the aliased epilogue region, the split K loop.
-    "half_tiles": dataclasses.replace(
-        default_mosaic_gmm_tiles(M, 2048, N), split_k_half_tiles=True
-    ),
-    "half_tiles_multicast": dataclasses.replace(
-        default_mosaic_gmm_tiles(M, 2048, N), multicast_weights=True, split_k_half_tiles=True
     ),
 }
 
@@ -458,9 +407,7 @@ def test_a_gpu_other_than_hopper_is_refused(monkeypatch):
     )
 
 
-@pytest.mark.parametrize(
-    "name", ["ring", "split_rows_swizzled_wide", "multicast", "half_tiles", "half_tiles_multicast"]
-)
+@pytest.mark.parametrize("name", ["ring", "split_rows_swizzled_wide", "multicast"])
 def test_pair_sums_two_products_in_one_k_loop(name):
     # lhs @ rhs[g] + lhs2 @ rhs2[g]: the ring's steps run over the first pair, then the second
     # (2 + 2 K steps per tile on two slots; the slot wraps inside and across tiles). Groups cut

@@ -99,49 +99,28 @@ def ring_produce(num_tiles, tile_steps, load, *, stages: int, released) -> None:
         plgpu.barrier_wait(released.at[lax.rem(step, stages)])
 
 
-def ring_consume(
-    step, count, mma, carry, *, stages: int, loaded, released, slots_per_mma=1, mma_slot=0
-):
+def ring_consume(step, count, mma, carry, *, stages: int, loaded, released):
     """A compute warpgroup's side for one tile of ``count >= 1`` steps from global ``step``:
-    waits for each slot's loads, ``carry = mma(i, slot, carry)`` issues step ``i``'s ``wgmma``
+    waits for each slot's loads, ``carry = mma(i, slot, carry)`` issues the step's ``wgmma``
     (without waiting), keeps one ``wgmma`` in flight and releases each slot one step late.
-    Returns ``carry`` once the tile's ``wgmma`` are done and all its slots released.
+    Returns ``carry`` once the tile's ``wgmma`` are done and all its slots released."""
 
-    ``slots_per_mma`` (1 or 2, may be traced; ``count`` a multiple of it) and ``mma_slot``
-    (below it): the steps go in runs of ``slots_per_mma``; the warpgroup waits for and releases
-    every slot of a run but multiplies only step ``mma_slot`` of it (two warpgroups splitting a
-    tile's K steps between them, :mod:`.pallas_mosaic_kernel`'s half tiles)."""
-
-    def one(run, state):
+    def one(i, state):
         step, carry = state
-        plgpu.barrier_wait(loaded.at[lax.rem(step, stages)])
-        if not isinstance(slots_per_mma, int) or slots_per_mma > 1:
+        slot = lax.rem(step, stages)
+        plgpu.barrier_wait(loaded.at[slot])
+        carry = mma(i, slot, carry)
+        plgpu.wgmma_wait(1)  # the previous step's wgmma is done: its slot can go
 
-            @pl.when(slots_per_mma > 1)
-            def _wait_second():
-                plgpu.barrier_wait(loaded.at[lax.rem(step + 1, stages)])
-
-        i = run * slots_per_mma + mma_slot
-        carry = mma(i, lax.rem(step + mma_slot, stages), carry)
-        plgpu.wgmma_wait(1)  # the previous run's wgmma is done: its slots can go
-
-        @pl.when(run > 0)
+        @pl.when(i > 0)
         def _release_previous():
-            release_run(step - slots_per_mma)
+            plgpu.barrier_arrive(released.at[lax.rem(step + stages - 1, stages)])
 
-        return step + slots_per_mma, carry
+        return step + 1, carry
 
-    def release_run(first):
-        plgpu.barrier_arrive(released.at[lax.rem(first, stages)])
-        if not isinstance(slots_per_mma, int) or slots_per_mma > 1:
-
-            @pl.when(slots_per_mma > 1)
-            def _release_second():
-                plgpu.barrier_arrive(released.at[lax.rem(first + 1, stages)])
-
-    step, carry = lax.fori_loop(0, count // slots_per_mma, one, (step, carry))
+    step, carry = lax.fori_loop(0, count, one, (step, carry))
     plgpu.wgmma_wait(0)
-    release_run(step - slots_per_mma)
+    plgpu.barrier_arrive(released.at[lax.rem(step + stages - 1, stages)])
     return carry
 
 

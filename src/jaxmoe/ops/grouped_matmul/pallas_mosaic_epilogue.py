@@ -16,12 +16,7 @@ store has read it), so the next tile's main loop overlaps them. Two ways to stag
                  warpgroup, alternating, so one store stays in flight while the next chunk is
                  written. Cut slabs still take the unswizzled slab and its runs.
 
-Half tiles (``split_k_half_tiles``): the two compute warpgroups hold float32 partial sums of the
-same 64 rows (each over half of the K steps). They swap halves of their columns through a
-float32 buffer, ``chunk_cols`` at a time, and each adds and stores its own half
-(:meth:`EpilogueStores.store_half_tile`).
-
-On the GPU the buffers share one region of shared memory (``plgpu.RefUnion``: the ring
+On the GPU the two buffers share one region of shared memory (``plgpu.RefUnion``: the ring
 leaves no room for both), so a warpgroup switching between them first waits until its stores
 have read the region; :func:`.pallas_mosaic_tiles.epilogue_layout` pads the slab so that each
 warpgroup's covers exactly its own slots. The interpreter has no aliased refs: two buffers there.
@@ -53,39 +48,29 @@ def epilogue_allocation(cfg: MosaicTileConfig, out_dtype, interpreted: bool):
     # the wgmma registers), two slots per warpgroup so that one store stays in flight.
     chunk_cols = layout["chunk_cols"]
     out_swizzle = plgpu.find_swizzle(chunk_cols * jnp.dtype(out_dtype).itemsize * 8)
-    buffers = [runs_alloc]
-    buffers.append(
-        plgpu.SMEM(
-            (common.NUM_COMPUTE_WARPGROUPS, layout["slots"], layout["rows"], chunk_cols),
-            out_dtype,
-            transforms=(
-                plgpu.TilingTransform((8, out_swizzle // jnp.dtype(out_dtype).itemsize)),
-                plgpu.SwizzleTransform(out_swizzle),
-            ),
-        )
+    swizzled_alloc = plgpu.SMEM(
+        (common.NUM_COMPUTE_WARPGROUPS, layout["slots"], layout["rows"], chunk_cols),
+        out_dtype,
+        transforms=(
+            plgpu.TilingTransform((8, out_swizzle // jnp.dtype(out_dtype).itemsize)),
+            plgpu.SwizzleTransform(out_swizzle),
+        ),
     )
-    if cfg.split_k_half_tiles:
-        # Half tiles: the float32 chunks the warpgroups swap, and a dense chunk for the row
-        # runs of a cut one; each warpgroup's lies on its own part of the region.
-        wgs = common.NUM_COMPUTE_WARPGROUPS
-        buffers.append(plgpu.SMEM((wgs, layout["exchange_rows"], chunk_cols), jnp.float32))
-        buffers.append(plgpu.SMEM((wgs, layout["chunk_stage_rows"], chunk_cols), out_dtype))
-    # On the GPU the buffers share one region (shared memory is full); a warpgroup switching
+    # On the GPU both buffers share one region (shared memory is full); a warpgroup switching
     # between them first waits until its stores have read it. The interpreter has no aliased
-    # refs (and no shared-memory limit): separate buffers there.
-    return tuple(buffers) if interpreted else plgpu.RefUnion(*buffers)
+    # refs (and no shared-memory limit): two buffers there.
+    return (
+        (runs_alloc, swizzled_alloc) if interpreted else plgpu.RefUnion(runs_alloc, swizzled_alloc)
+    )
 
 
 class EpilogueStores:
     """One compute warpgroup's stores of its tiles' results, through the buffers of
     :func:`epilogue_allocation` (``out_smem``, as the scope gives them) into ``out_gmems`` (one
     ``[M, N]`` ref per output). ``wg`` is the warpgroup's index, ``wg_row`` and ``wg_col`` its
-    first row and column in a tile; ``exchanged`` (half tiles): the barrier on which the two
-    compute warpgroups meet when they swap partial sums."""
+    first row and column in a tile."""
 
-    def __init__(
-        self, cfg: MosaicTileConfig, out_smem, out_gmems, *, wg, wg_row, wg_col, exchanged=None
-    ):
+    def __init__(self, cfg: MosaicTileConfig, out_smem, out_gmems, *, wg, wg_row, wg_col):
         self.cfg = cfg
         self.out_gmems = out_gmems
         self.out_dtype = out_gmems[0].dtype
@@ -95,12 +80,7 @@ class EpilogueStores:
         self.wg = wg
         self.wg_row = wg_row
         self.wg_col = wg_col
-        self.exchanged = exchanged
-        self.exchange_smem = self.chunk_stage_smem = None
-        if cfg.split_k_half_tiles:
-            buffers = out_smem
-            self.runs_smem, self.swizzled_smem, self.exchange_smem, self.chunk_stage_smem = buffers
-        elif cfg.swizzled_epilogue:
+        if cfg.swizzled_epilogue:
             self.runs_smem, self.swizzled_smem = out_smem
         else:
             self.runs_smem, self.swizzled_smem = out_smem, None
@@ -152,21 +132,16 @@ class EpilogueStores:
         slot alternates over a tile's stores (``first_store``: how many came before)."""
         chunk_cols, num_slots = self.layout["chunk_cols"], self.layout["slots"]
         for chunk in range(self.layout["chunks"]):
+            slot = (first_store + chunk) % num_slots
             # At most one store in flight: the one from the other slot.
             plgpu.wait_smem_to_gmem(num_slots - 1, wait_read_only=True)
             cols = slice(chunk * chunk_cols, (chunk + 1) * chunk_cols)
-            self.store_swizzled_chunk(
-                values[:, cols],
+            self.swizzled_smem[self.wg, slot] = values[:, cols]
+            plgpu.commit_smem()
+            plgpu.copy_smem_to_gmem(
+                self.swizzled_smem.at[self.wg, slot],
                 dst.at[:, pl.ds(chunk * chunk_cols, chunk_cols)],
-                (first_store + chunk) % num_slots,
             )
-
-    def store_swizzled_chunk(self, value, dst, slot):
-        """One ``[rows, chunk_cols]`` chunk through swizzled ``slot``, once that slot's previous
-        store has read it (the caller waits)."""
-        self.swizzled_smem[self.wg, slot] = value
-        plgpu.commit_smem()
-        plgpu.copy_smem_to_gmem(self.swizzled_smem.at[self.wg, slot], dst)
 
     def stage_unswizzled(self, value):
         """``value`` written to this warpgroup's unswizzled slab, once the previous stores from
@@ -237,50 +212,3 @@ class EpilogueStores:
                 value = value.astype(self.out_dtype)
                 self.store_part(value, out, row0, col0, first_row, lo, hi, stores)
                 stores += self.layout["chunks"]
-
-    def meet(self):
-        """Both compute warpgroups reach this point before either goes on."""
-        plgpu.barrier_arrive(self.exchanged)
-        plgpu.barrier_wait(self.exchanged)
-
-    def store_half_tile(self, acc, out_gmem, row0, col0, half_row, lo, hi):
-        """A half tile's result: ``acc`` is this warpgroup's float32 partial sum (``[wg_m,
-        block_n]``, its K steps) of the tile's rows ``[half_row, half_row + wg_m)``; stored are
-        the rows in ``[lo, hi)`` of the tile. Warpgroup ``w`` keeps columns ``[w, w + 1) *
-        block_n / 2`` and hands the others over, ``chunk_cols`` at a time: each writes the chunk
-        it gives to its exchange buffer, both meet, each adds the partner's chunk to its own and
-        meets again (the partner has read its buffer), then stores its sum."""
-        rows, chunk_cols = self.layout["wg_m"], self.layout["chunk_cols"]
-        half_cols = self.cfg.block_n // common.NUM_COMPUTE_WARPGROUPS
-        part_lo = jnp.clip(lo - half_row, 0, rows)
-        part_hi = jnp.clip(hi - half_row, 0, rows)
-        whole = (part_lo == 0) & (part_hi == rows)
-        dst_rows = pl.ds(row0 + half_row, rows)
-        for wg in range(common.NUM_COMPUTE_WARPGROUPS):  # static column slices per warpgroup
-
-            @pl.when(self.wg == wg)
-            def _swap_and_store(wg=wg):
-                keep, give = wg * half_cols, (1 - wg) * half_cols
-                for index, first in enumerate(range(0, half_cols, chunk_cols)):
-                    # The exchange buffer aliases this warpgroup's staging: its stores must
-                    # have read it.
-                    plgpu.wait_smem_to_gmem(0, wait_read_only=True)
-                    given = self.exchange_smem.at[wg, pl.ds(0, rows)]
-                    given[...] = acc[:, give + first : give + first + chunk_cols]
-                    self.meet()
-                    total = acc[:, keep + first : keep + first + chunk_cols]
-                    total = total + self.exchange_smem.at[1 - wg, pl.ds(0, rows)][...]
-                    self.meet()
-                    value = total.astype(self.out_dtype)
-                    dst = out_gmem.at[dst_rows, pl.ds(col0 + keep + first, chunk_cols)]
-
-                    @pl.when(whole)
-                    def _store_whole(value=value, dst=dst, index=index):
-                        self.store_swizzled_chunk(value, dst, index % self.layout["slots"])
-
-                    @pl.when(jnp.logical_not(whole))
-                    def _store_runs(value=value, dst=dst):
-                        stage = self.chunk_stage_smem.at[self.wg, pl.ds(0, rows)]
-                        stage[...] = value
-                        plgpu.commit_smem()
-                        self.store_runs(stage, dst, part_lo, part_hi)

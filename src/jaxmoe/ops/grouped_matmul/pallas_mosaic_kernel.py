@@ -116,16 +116,6 @@ def mosaic_gmm_body(
     else:
         rhs_spec = plgpu.BlockSpec((bk, bn), lambda kk: (kk, 0), transforms=transforms)
     chained = chains_tiles(cfg, k)
-    # Half tiles (MosaicTileConfig.split_k_half_tiles): plain products whose K loop splits evenly
-    # between the two compute warpgroups.
-    half_tiles = (
-        cfg.split_k_half_tiles
-        and num_rhs == 1
-        and epilogue is None
-        and combine is None
-        and k_step_scale is None
-        and (k // bk * len(pairs)) % common.NUM_COMPUTE_WARPGROUPS == 0
-    )
 
     def make_pipeline(body, context, state=None):
         return plgpu.emit_pipeline_warp_specialized(
@@ -163,8 +153,6 @@ def mosaic_gmm_body(
                 cluster_wide=cfg.multicast_weights and not interpreted,
             ),
         }
-        if half_tiles:  # where the compute warpgroups meet to swap a half tile's partial sums
-            allocations["exchanged"] = plgpu.Barrier(num_arrivals=common.NUM_COMPUTE_WARPGROUPS)
     else:
         allocations = make_pipeline(unused, unused).get_allocations(
             lhs_gmem.at[pl.ds(0, bm), :], *(rhs_block_source(rhs, 0, 0) for rhs in rhs_gmems)
@@ -185,15 +173,7 @@ def mosaic_gmm_body(
         wg_row = wg * wg_m if cfg.split_rows else 0
         wg_col = 0 if cfg.split_rows else wg * wg_n
         wg_rows, wg_cols = pl.ds(wg_row, wg_m), pl.ds(wg_col, wg_n)
-        stores = EpilogueStores(
-            cfg,
-            out_smem,
-            out_gmems,
-            wg=wg,
-            wg_row=wg_row,
-            wg_col=wg_col,
-            exchanged=pipeline_allocs["exchanged"] if half_tiles else None,
-        )
+        stores = EpilogueStores(cfg, out_smem, out_gmems, wg=wg, wg_row=wg_row, wg_col=wg_col)
         num_compute_work = work_counts_gmem[0]
         # Read here, not in the loops: Mosaic GPU's interpreter (jax 0.10) resolves a cluster
         # axis index only outside them.
@@ -222,11 +202,7 @@ def mosaic_gmm_body(
                 zeros = (jnp.zeros((stores.stage_rows, wg_n), out_dtype),) * num_outputs
                 stores.store(lambda first_row: zeros, row0, col0, lo, hi)  # each its half
 
-        def make_context(group, row0, lo, hi, col0, half=None, half_row=None):
-            """The tile's K loop (``eval_pipeline``) and epilogue; ``half`` (traced, with
-            ``half_tiles``): the item's rows are the tile's ``[half_row, half_row + wg_m)``,
-            each warpgroup holding a partial sum over half of the K steps."""
-
+        def make_context(group, row0, lo, hi, col0):
             def context(eval_pipeline):
                 if k_step_scale is not None:  # the main accumulator is the pipeline's carry
                     acc = eval_pipeline(jnp.zeros((wg_m, wg_n), jnp.float32))
@@ -250,31 +226,19 @@ def mosaic_gmm_body(
                             slab_results = stores.epilogue_slabs(
                                 epilogue, epilogue_gmem, acc, group, row0, col0
                             )
-                        if half is None:
-                            stores.store(slab_results, row0, col0, lo, hi)
-                            return
-
-                        @pl.when(half)
-                        def _half_tile():
-                            stores.store_half_tile(acc, out_gmem, row0, col0, half_row, lo, hi)
-
-                        @pl.when(jnp.logical_not(half))
-                        def _whole_tile():
-                            stores.store(slab_results, row0, col0, lo, hi)
+                        stores.store(slab_results, row0, col0, lo, hi)
 
                 pl.run_scoped(acc_scope, *[plgpu.ACC((wg_m, wg_n), jnp.float32)] * num_rhs)
 
             return context
 
-        def make_mma(group, row0, col0, lhs_row=None):
+        def make_mma(group, row0, col0):
             """One K step's ``wgmma`` (per rhs). On the ring they stay in flight (the ring
-            waits); in jax's pipeline the step waits for them. ``lhs_row``: the first of the
-            warpgroup's rows of the ``lhs`` block with ``split_rows`` (default its own)."""
-            lhs_rows = wg_rows if lhs_row is None else pl.ds(lhs_row, wg_m)
+            waits); in jax's pipeline the step waits for them."""
 
             def mma(indices, lhs_smem, *rhs_smems_and_accs):
                 *rhs_smems, acc_refs = rhs_smems_and_accs
-                lhs_smem = lhs_smem.at[lhs_rows] if cfg.split_rows else lhs_smem
+                lhs_smem = lhs_smem.at[wg_rows] if cfg.split_rows else lhs_smem
                 rhs_blocks = [
                     plgpu.transpose_ref(rhs_smem.at[wg_cols, :], (1, 0))
                     if transpose_rhs
@@ -393,17 +357,7 @@ def mosaic_gmm_body(
 
                 def tile(local_tile, carry):
                     (group, row0, lo, hi, col0, _), count = parts(local_tile)
-                    half = half_row = None
-                    lhs_row, slots_per_mma, mma_slot = wg_row, 1, 0
-                    if half_tiles:
-                        # The item's rows all in one 64-row half: both warpgroups multiply that
-                        # half, each every other K step (the ring's steps are unchanged).
-                        half = (hi <= wg_m) | (lo >= wg_m)
-                        half_row = jnp.where(lo >= wg_m, wg_m, 0)
-                        lhs_row = jnp.where(half, half_row, wg_row)
-                        slots_per_mma = 1 + half.astype(jnp.int32)
-                        mma_slot = jnp.where(half, wg, 0)
-                    mma = make_mma(group, row0, col0, lhs_row)
+                    mma = make_mma(group, row0, col0)
 
                     def eval_steps(acc):
                         def step(i, slot, acc):
@@ -418,11 +372,9 @@ def mosaic_gmm_body(
                             stages=cfg.stages,
                             loaded=ring["loaded"],
                             released=ring["released"],
-                            slots_per_mma=slots_per_mma,
-                            mma_slot=mma_slot,
                         )
 
-                    make_context(group, row0, lo, hi, col0, half, half_row)(eval_steps)
+                    make_context(group, row0, lo, hi, col0)(eval_steps)
                     return carry
 
                 lax.fori_loop(0, my_tiles, tile, jnp.int32(0))

@@ -76,18 +76,6 @@ class MosaicTileConfig:
     :func:`default_mosaic_gmm_tiles` where an expert's weight matrix is large (the plain
     ``gmm`` and its input gradients), off in the fused gated kernel's tiles and the field's own
     default; see there for the measurements.
-
-    ``split_k_half_tiles`` (with ``split_rows``, the ``ring`` and the swizzled epilogue): a work
-    item whose rows all lie in one 64-row half of its tile (the last item of a group whose rows,
-    padded to 64 as the layer pads them, end mid-tile) is multiplied by both compute warpgroups
-    on that half, splitting its K steps (the first warpgroup the even ones, the second the odd
-    ones), so it takes about half a tile's time where it took a whole one; the two float32
-    partial sums are added through shared memory in the epilogue (each warpgroup hands over
-    half of its columns and stores the other half). The memory warpgroup loads as for any
-    tile, so nothing changes in the ring's steps or the weight multicast (a warpgroup holds two
-    slots while it waits for the next two: ``stages >= 4``). It applies to plain
-    products (one rhs, no epilogue function, no per-step scales) whose K loop has an even
-    number of steps; other items and calls run as before.
     """
 
     block_m: int = 128
@@ -102,7 +90,6 @@ class MosaicTileConfig:
     split_rows: bool = False
     group_start_tiles: bool = False
     multicast_weights: bool = False
-    split_k_half_tiles: bool = False
 
 
 # With group_start_tiles a tile starts on this row grid: a TMA copy into a tiled shared buffer
@@ -149,10 +136,6 @@ def epilogue_layout(cfg: MosaicTileConfig, out_bytes: int = 2) -> dict[str, int]
     128: two 64-column slots against a 64-column slab) the slab is padded, or warpgroup 1's
     slab would lie on warpgroup 0's second slot (the wrong rows the fused gated kernel gave on
     skewed groups on an H100, run 10 call 1).
-
-    ``exchange_rows`` and ``chunk_stage_rows``: the rows of the half tiles' float32 exchange
-    buffer and dense chunk stage (``chunk_cols`` wide), sized to each warpgroup's part of the
-    region so that they alias only their own warpgroup's staging too.
     """
     wg_m, wg_n = warpgroup_tile(cfg)
     rows = min(cfg.epilogue_rows or cfg.block_m, wg_m)
@@ -164,9 +147,6 @@ def epilogue_layout(cfg: MosaicTileConfig, out_bytes: int = 2) -> dict[str, int]
     slab_rows = rows
     if cfg.swizzled_epilogue:
         slab_rows = max(rows, slots * rows * chunk_cols // slab_cols)
-    # Half tiles' buffers, each warpgroup's on its own part of the aliased region (elements of
-    # the result per warpgroup: the larger of the two staging buffers).
-    region = max(slab_rows * slab_cols, slots * rows * chunk_cols if cfg.swizzled_epilogue else 0)
     return dict(
         rows=rows,
         wg_m=wg_m,
@@ -177,8 +157,6 @@ def epilogue_layout(cfg: MosaicTileConfig, out_bytes: int = 2) -> dict[str, int]
         stores=stores,
         slots=slots,
         slab_rows=slab_rows,
-        exchange_rows=region * out_bytes // (4 * chunk_cols),
-        chunk_stage_rows=region // chunk_cols,
     )
 
 
@@ -345,19 +323,6 @@ def check_tiles(cfg: MosaicTileConfig, operand_bytes: int = 2, num_rhs: int = 1)
         problems.append(f"group_swizzle={cfg.group_swizzle} must be >= 1")
     if cfg.multicast_weights and not cfg.ring:
         problems.append("multicast_weights=True needs ring=True (its releases span the cluster)")
-    if cfg.split_k_half_tiles and not (cfg.split_rows and cfg.ring and cfg.swizzled_epilogue):
-        problems.append(
-            "split_k_half_tiles=True needs split_rows=True, ring=True and swizzled_epilogue=True "
-            "(the halves are summed through the swizzled epilogue's shared memory)"
-        )
-    if cfg.split_k_half_tiles and cfg.stages < 4:
-        # A warpgroup waits for a half tile's next two slots while it still holds the two
-        # whose wgmma is in flight.
-        problems.append(f"split_k_half_tiles=True needs stages >= 4, not {cfg.stages}")
-    if cfg.split_k_half_tiles and not problems:
-        lay = epilogue_layout(cfg)
-        if min(lay["exchange_rows"], lay["chunk_stage_rows"]) < lay["wg_m"]:
-            problems.append("split_k_half_tiles=True: the epilogue's region has no room to swap")
     if cfg.split_rows and bm != 128:
         problems.append("split_rows=True needs block_m=128 (one 64-row wgmma M tile per warpgroup)")
     if cfg.epilogue_rows not in (None, bm) and not (
