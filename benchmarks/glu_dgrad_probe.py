@@ -185,8 +185,6 @@ def main() -> None:
         "fused_residuals": {"fused_backward": True, "residuals_from_kernel": True},
         # The projections' input gradient as one kernel (pallas_mosaic.gmm_pair).
         "input_dgrad": {"fused_backward": False, "fused_input_dgrad": True},
-        # The residuals gate and up from one kernel, h from XLA (session 25).
-        "projections": {"fused_backward": False, "fused_projections": True},
     }
     layer_variants = {name: layer_variants[name] for name in args.layer_variants.split(",")}
 

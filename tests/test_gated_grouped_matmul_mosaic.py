@@ -123,53 +123,6 @@ def test_vjp_matches_the_unfused_path_within_bf16_rounding(activation, residuals
     assert np.all(np.asarray(vjp(cotangent)[0][end:]) == 0)
 
 
-@pytest.mark.parametrize("cfg", [SMALL, dataclasses.replace(SPLIT_ROWS, group_start_tiles=True)])
-def test_projections_are_both_accumulators_stored(cfg):
-    # The residuals without h: gate and up of one kernel, cut groups, an empty one, tail zeros.
-    sizes = [50, 0, 3, 47]
-    lhs, gate_w, up_w, _ = _inputs(sizes, seed=4)
-    gate, up = fused_mosaic.projections_gmm(
-        lhs, gate_w, up_w, jnp.array(sizes, jnp.int32), tiles=cfg
-    )
-    assert _relative(gate, np_gmm(lhs, gate_w, sizes)) <= TOL["bfloat16"]
-    assert _relative(up, np_gmm(lhs, up_w, sizes)) <= TOL["bfloat16"]
-    for out in (gate, up):
-        assert out.dtype == jnp.bfloat16 and np.all(np.asarray(out[100:]) == 0)
-
-
-def test_vjp_with_fused_projections_runs_them_and_matches_the_unfused_path(monkeypatch):
-    # Under differentiation gate and up come from the projections kernel, h from XLA; the
-    # gradients are the unfused path's.
-    sizes = [70, 0, 30]
-    lhs, gate_w, up_w, cotangent = _inputs(sizes, seed=5)
-    gs = jnp.array(sizes, jnp.int32)
-    kernel = dataclasses.replace(KERNEL, residuals_from_kernel=False, fused_projections=True)
-    fused = functools.partial(gated_grouped_matmul, activation="swiglu", backend=kernel)
-    calls = []
-    projections = fused_mosaic.projections_gmm
-    monkeypatch.setattr(
-        fused_mosaic, "projections_gmm", lambda *a, **k: calls.append(1) or projections(*a, **k)
-    )
-    out, vjp = jax.vjp(lambda *w: fused(*w, gs), lhs, gate_w, up_w)
-    want_out, want_vjp = jax.vjp(composition(gs, "swiglu"), lhs, gate_w, up_w)
-    f64 = lambda a: np.asarray(jnp.asarray(a, jnp.float32), np.float64)  # noqa: E731
-    assert _relative(out, f64(want_out)) <= TOL["bfloat16"]
-    for name, a, b in zip(("lhs", "gate", "up"), vjp(cotangent), want_vjp(cotangent), strict=True):
-        assert _relative(a, f64(b)) <= 2 * TOL["bfloat16"], name
-    assert calls, "the projections kernel did not run"
-
-
-def test_projections_lower_for_cuda():
-    fn = jax.jit(functools.partial(fused_mosaic.projections_gmm, interpret=False))
-    lowered = fn.trace(
-        jax.ShapeDtypeStruct((256, 2048), jnp.bfloat16),
-        jax.ShapeDtypeStruct((4, 2048, 512), jnp.bfloat16),
-        jax.ShapeDtypeStruct((4, 2048, 512), jnp.bfloat16),
-        jax.ShapeDtypeStruct((4,), jnp.int32),
-    ).lower(lowering_platforms=("cuda",))
-    assert "mosaic_gpu" in lowered.as_text()
-
-
 @pytest.mark.parametrize("swizzled", [False, True], ids=["unswizzled", "swizzled"])
 @pytest.mark.parametrize("residuals", [False, True])
 @pytest.mark.parametrize("k", [2048, 512], ids=["plain", "chained"])

@@ -148,14 +148,3 @@ class GatedGroupedMatmulBackend(abc.ABC):
         raise NotImplementedError(
             self.input_dgrad_unsupported_reason(gate_bar, rhs_gate, group_sizes)
         )
-
-    def projections_unsupported_reason(self, lhs, rhs_gate, group_sizes) -> str | None:
-        """Why ``projections`` cannot take these operands (``None`` if it can); decided from
-        shapes and dtypes. By default a backend has no fused projections."""
-        del lhs, rhs_gate, group_sizes
-        return f"backend {self.name!r} has no fused projections"
-
-    def projections(self, lhs, rhs_gate, rhs_up, group_sizes) -> tuple[Array, Array]:
-        """``(gmm(lhs, rhs_gate), gmm(lhs, rhs_up))`` as one op: under differentiation, the
-        residuals ``gate`` and ``up`` without ``h`` (see :mod:`.primitives`)."""
-        raise NotImplementedError(self.projections_unsupported_reason(lhs, rhs_gate, group_sizes))

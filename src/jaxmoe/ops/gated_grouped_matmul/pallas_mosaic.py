@@ -148,61 +148,8 @@ def fused_gmm(
     Raises:
       NotImplementedError: operands the kernel cannot take (:func:`unsupported_reason`).
     """
-    act = _KERNEL_ACTIVATIONS[activation]
-
-    def combine(gate, up):
-        hidden = act(gate) * up
-        return (hidden, gate, up) if residuals else (hidden,)
-
-    outs = _two_weight_gmm(
-        lhs,
-        rhs_gate,
-        rhs_up,
-        group_sizes,
-        combine=combine,
-        num_outputs=3 if residuals else 1,
-        tiles=tiles,
-        interpret=interpret,
-        name="fused gated gmm",
-    )
-    return tuple(outs) if residuals else (outs,)
-
-
-def projections_gmm(
-    lhs: Array,
-    rhs_gate: Array,
-    rhs_up: Array,
-    group_sizes: Array,
-    *,
-    tiles: MosaicTileConfig | None = None,
-    interpret: bool | None = None,
-) -> tuple[Array, Array]:
-    """``(lhs @ rhs_gate[g], lhs @ rhs_up[g])`` per group, zeros past the groups, in one kernel
-    (the fused gated kernel's two accumulators, both stored): ``lhs`` is read once where two
-    ``gmm`` calls read it twice. Under differentiation these are the residuals ``gate`` and
-    ``up``; ``h`` is then XLA's, in the pass that also computes the activation's backward.
-    Arguments and limits as :func:`fused_gmm`'s."""
-    outs = _two_weight_gmm(
-        lhs,
-        rhs_gate,
-        rhs_up,
-        group_sizes,
-        combine=lambda gate, up: (gate, up),
-        num_outputs=2,
-        tiles=tiles,
-        interpret=interpret,
-        name="fused projections",
-    )
-    return tuple(outs)
-
-
-def _two_weight_gmm(
-    lhs, rhs_gate, rhs_up, group_sizes, *, combine, num_outputs, tiles, interpret, name
-):
-    """The kernel on both weights (one accumulator each, ``combine`` mapping the two float32
-    accumulators to the ``num_outputs`` results), its operands checked first."""
-    pallas_triton._check(lhs, rhs_gate, group_sizes, False, name)
-    pallas_triton._check(lhs, rhs_up, group_sizes, False, name)
+    pallas_triton._check(lhs, rhs_gate, group_sizes, False, "fused gated gmm")
+    pallas_triton._check(lhs, rhs_up, group_sizes, False, "fused gated gmm")
     m, k = lhs.shape
     cfg = tiles or default_gated_tiles(m, k, rhs_gate.shape[2])
     check_tiles(cfg, num_rhs=2)
@@ -212,9 +159,15 @@ def _two_weight_gmm(
     )
     if reason is not None:
         raise NotImplementedError(
-            f"{name}: lhs {lhs.shape} {lhs.dtype}, rhs {rhs_gate.shape}: {reason}."
+            f"fused gated gmm: lhs {lhs.shape} {lhs.dtype}, rhs {rhs_gate.shape}: {reason}."
         )
-    return pallas_mosaic.launch_gmm(
+    act = _KERNEL_ACTIVATIONS[activation]
+
+    def combine(gate, up):
+        hidden = act(gate) * up
+        return (hidden, gate, up) if residuals else (hidden,)
+
+    outs = pallas_mosaic.launch_gmm(
         lhs,
         rhs_gate,
         group_sizes,
@@ -224,8 +177,9 @@ def _two_weight_gmm(
         interpret_params=interpret_params,
         more_rhs=(rhs_up,),
         combine=combine,
-        num_outputs=num_outputs,
+        num_outputs=3 if residuals else 1,
     )
+    return tuple(outs) if residuals else (outs,)
 
 
 def down_dgrad_epilogue(
@@ -360,27 +314,25 @@ class PallasMosaicGatedGroupedMatmul(GatedGroupedMatmulBackend):
         to a float32 reference (1.7e-3 against 2.4e-3). The layer's fwd+bwd: Qwen3 1.03x and
         1.02x in two calls, Mixtral 0.98x and 1.01x (noise), DeepSeek untouched (its ``auto``
         path is the unfused composition).
-      fused_projections: under differentiation, the residuals ``gate`` and ``up`` from one
-        kernel (:func:`projections_gmm`: ``lhs`` read once, both accumulators stored, no ``h``)
-        instead of two plain ``gmm`` calls; ``h`` stays XLA's. (Session 25, to be measured.)
       interpret: ``None`` runs the interpreter when JAX's default backend is not a GPU.
-      residuals_from_kernel: ``False`` by measurement (H100, ``benchmarks/results/raw/
-        h100-fused-glu/run1``, ``run2``): the kernel writing ``h``, ``gate`` and ``up`` made
-        fwd+bwd 0.94-0.97x the unfused path on the three benchmark shapes in run1, 0.96x
-        (Mixtral) and 1.01x (DeepSeek, Qwen3) in run2 (its three epilogue stores share one
-        staging slab and run one after another). So under differentiation the forward is the
-        unfused composition, and the fused kernel serves the undifferentiated forward
-        (inference, evaluation), where it measured 1.04/1.02x (Mixtral), 0.98/0.95x (DeepSeek)
-        and 1.19/1.28x (Qwen3) the unfused forward (run1/run2).
+      residuals_from_kernel: ``True`` since session 25: under differentiation the fused kernel
+        writes ``h``, ``gate`` and ``up`` (so no XLA pass computes ``h``), and the backward's
+        elementwise pass reads ``gate`` and ``up``. Layer fwd+bwd against two plain ``gmm``
+        calls for the residuals plus XLA's ``h`` (H100, ``benchmarks/results/raw/h100-run25``
+        calls 6-7, settled, interleaved): with a cotangent that depends on the layer's output,
+        as in a model, 1.025x / 1.010x (Mixtral) and 1.011x / 1.013x (Qwen3); with the bench's
+        cotangent, an input, 0.998x / 1.012x and 1.010x / 0.989x (there XLA folds ``h`` into
+        the backward's pass, which the model's cotangent forbids). It was ``False`` before, by
+        earlier measurements on older kernels (``h100-fused-glu/run1``, ``run2``: 0.94-1.01x;
+        run 14: 0.98-1.02x). DeepSeek's ``auto`` path is the unfused composition either way.
     """
 
     name: str = dataclasses.field(default="pallas", init=False)
-    residuals_from_kernel: bool = False
+    residuals_from_kernel: bool = True
     tiles: MosaicTileConfig | None = None
     fused_backward: bool = False
     down_dgrad_tiles: MosaicTileConfig | None = None
     fused_input_dgrad: bool = True
-    fused_projections: bool = False
     interpret: bool | None = None
 
     def __post_init__(self):
@@ -454,21 +406,6 @@ class PallasMosaicGatedGroupedMatmul(GatedGroupedMatmulBackend):
             group_sizes,
             transpose_rhs=not interpreted,
             tiles=cfg,
-            interpret=self.interpret,
-        )
-
-    def projections_unsupported_reason(self, lhs, rhs_gate, group_sizes):
-        if not self.fused_projections:
-            return "fused_projections=False"
-        return self.unsupported_reason(lhs, rhs_gate, group_sizes)
-
-    def projections(self, lhs, rhs_gate, rhs_up, group_sizes):
-        return projections_gmm(
-            lhs,
-            rhs_gate,
-            rhs_up,
-            group_sizes,
-            tiles=self._tiles(lhs.shape, rhs_gate.shape),
             interpret=self.interpret,
         )
 

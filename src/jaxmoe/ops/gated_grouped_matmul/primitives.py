@@ -24,10 +24,8 @@ Where ``gate`` and ``up`` come from (``kernel.residuals_from_kernel``): never fr
 ``h`` plus two more ``gmm`` calls (every forward FLOP twice). Either the kernel writes them from
 its epilogue beside ``h`` (two ``[M, F]`` stores the unfused path makes anyway), or the unfused
 composition computes all three (``composition``), and the kernel runs only when nothing is
-differentiated. The composition takes both projections from one kernel where
-``kernel.projections`` applies (``lhs`` read once; they are :func:`input_tangent` of ``lhs``,
-which is linear), the product in XLA. The Mosaic backend takes the second by measurement (see
-its docstring); the derivatives are the same either way.
+differentiated. The Mosaic backend takes the first by measurement (see its docstring); the
+derivatives are the same either way.
 
 **The input gradient in one kernel** (``kernel.fused_input_dgrad``): the two projections'
 tangents in ``x`` are then one linear primitive, ``input_tangent_p(x_dot; Wg, Wu) -> (gmm(x_dot,
@@ -100,11 +98,12 @@ mlir.register_lowering(gated_gmm_p, mlir.lower_fun(_kernel_call, multiple_result
 
 
 def composition(lhs, rhs_gate, rhs_up, group_sizes, *, kernel, activation, residuals):
-    if kernel.projections_unsupported_reason(lhs, rhs_gate, group_sizes) is None:
-        # Both projections from one kernel (lhs read once), the product in XLA.
-        gate, up = input_tangent(lhs, rhs_gate, rhs_up, group_sizes, kernel=kernel)
-    else:
-        gate, up = unfused_input_tangent(lhs, rhs_gate, rhs_up, group_sizes, kernel=kernel)
+    gate, up = (
+        gmm_primitives.gmm(
+            lhs, rhs, group_sizes, impl=kernel.grouped, transpose_rhs=False, out_dtype=lhs.dtype
+        )
+        for rhs in (rhs_gate, rhs_up)
+    )
     hidden = unfused(gate, up, activation).astype(lhs.dtype)
     return (hidden, gate, up) if residuals else (hidden,)
 
@@ -180,8 +179,7 @@ input_dgrad_p = Primitive("jaxmoe_gated_input_dgrad")
 
 def input_tangent(lhs_dot, rhs_gate, rhs_up, group_sizes, *, kernel):
     """``(gmm(lhs_dot, Wg), gmm(lhs_dot, Wu))``, linear in ``lhs_dot``; its transpose is
-    :func:`input_dgrad`. One kernel where ``kernel.projections`` applies (also the primal
-    projections of :func:`composition` then), the two products elsewhere."""
+    :func:`input_dgrad`."""
     return tuple(
         gmm_primitives.bind_varying(
             input_tangent_p, lhs_dot, rhs_gate, rhs_up, group_sizes, kernel=kernel
@@ -230,12 +228,6 @@ def unfused_input_dgrad(gate_bar, up_bar, rhs_gate, rhs_up, group_sizes, *, kern
     return gate_part + up_part
 
 
-def _input_tangent_call(lhs_dot, rhs_gate, rhs_up, group_sizes, *, kernel):
-    if kernel.projections_unsupported_reason(lhs_dot, rhs_gate, group_sizes) is None:
-        return kernel.projections(lhs_dot, rhs_gate, rhs_up, group_sizes)
-    return unfused_input_tangent(lhs_dot, rhs_gate, rhs_up, group_sizes, kernel=kernel)
-
-
 def _input_dgrad_call(gate_bar, up_bar, rhs_gate, rhs_up, group_sizes, *, kernel):
     if kernel.input_dgrad_unsupported_reason(gate_bar, rhs_gate, group_sizes) is None:
         return kernel.input_dgrad(gate_bar, up_bar, rhs_gate, rhs_up, group_sizes)
@@ -254,7 +246,7 @@ def _input_dgrad_abstract(gate_bar, up_bar, rhs_gate, rhs_up, group_sizes, **par
 
 
 for _primitive, _abstract, _call, _multiple in (
-    (input_tangent_p, _input_tangent_abstract, _input_tangent_call, True),
+    (input_tangent_p, _input_tangent_abstract, unfused_input_tangent, True),
     (input_dgrad_p, _input_dgrad_abstract, _input_dgrad_call, False),
 ):
     _primitive.def_effectful_abstract_eval(gmm_primitives._with_kernel_effects(_abstract, _call))
