@@ -123,6 +123,28 @@ def test_vjp_matches_the_unfused_path_within_bf16_rounding(activation, residuals
     assert np.all(np.asarray(vjp(cotangent)[0][end:]) == 0)
 
 
+def test_by_default_the_kernel_writes_the_residuals_under_differentiation(monkeypatch):
+    # H100 run 25 calls 6-7: under differentiation the fused kernel writes h, gate and up (no
+    # separate projections); undifferentiated it writes h alone.
+    assert PallasMosaicGatedGroupedMatmul().residuals_from_kernel
+    sizes = [70, 0, 30]
+    lhs, gate_w, up_w, _ = _inputs(sizes, seed=6)
+    gs = jnp.array(sizes, jnp.int32)
+    asked = []
+    kernel_fn = fused_mosaic.fused_gmm
+    monkeypatch.setattr(
+        fused_mosaic,
+        "fused_gmm",
+        lambda *a, **k: asked.append(k["residuals"]) or kernel_fn(*a, **k),
+    )
+    fused = functools.partial(gated_grouped_matmul, activation="swiglu", backend=KERNEL)
+    jax.vjp(lambda *w: fused(*w, gs), lhs, gate_w, up_w)
+    assert asked and all(asked), asked
+    asked.clear()
+    fused(lhs, gate_w, up_w, gs)
+    assert asked and not any(asked), asked
+
+
 @pytest.mark.parametrize("swizzled", [False, True], ids=["unswizzled", "swizzled"])
 @pytest.mark.parametrize("residuals", [False, True])
 @pytest.mark.parametrize("k", [2048, 512], ids=["plain", "chained"])
