@@ -185,6 +185,15 @@ def main() -> None:
         "fused_residuals": {"fused_backward": True, "residuals_from_kernel": True},
         # The projections' input gradient as one kernel (pallas_mosaic.gmm_pair).
         "input_dgrad": {"fused_backward": False, "fused_input_dgrad": True},
+        # The residuals' three stores through the swizzled epilogue (two slots per warpgroup,
+        # one store in flight) instead of one unswizzled slab (session 25).
+        "residuals_swizzled": {
+            "fused_backward": False,
+            "residuals_from_kernel": True,
+            "tiles": dataclasses.replace(
+                fused_mosaic.default_gated_tiles(1, 1, 1), swizzled_epilogue=True
+            ),
+        },
     }
     layer_variants = {name: layer_variants[name] for name in args.layer_variants.split(",")}
 

@@ -322,7 +322,10 @@ class PallasMosaicGatedGroupedMatmul(GatedGroupedMatmulBackend):
         calls 6-7, settled, interleaved): with a cotangent that depends on the layer's output,
         as in a model, 1.025x / 1.010x (Mixtral) and 1.011x / 1.013x (Qwen3); with the bench's
         cotangent, an input, 0.998x / 1.012x and 1.010x / 0.989x (there XLA folds ``h`` into
-        the backward's pass, which the model's cotangent forbids). It was ``False`` before, by
+        the backward's pass, which the model's cotangent forbids). Those ratios are within the
+        probe's noise (the same program twice: 0.971x and 0.986x on Mixtral, call 9); the
+        choice rests on the model's path losing XLA's ``h`` pass (~0.7 GB moved, ~1.6% of
+        Mixtral's fwd+bwd) and four of four positive cases. It was ``False`` before, by
         earlier measurements on older kernels (``h100-fused-glu/run1``, ``run2``: 0.94-1.01x;
         run 14: 0.98-1.02x). DeepSeek's ``auto`` path is the unfused composition either way.
     """
