@@ -175,6 +175,8 @@ def main() -> None:
     # unfused one, and the fused forward writing the residuals (so no separate gate, up, product).
     layer_variants = {
         "fused": {"fused_backward": True},
+        # The backend's defaults otherwise: since session 25 these write the residuals from the
+        # fused kernel, so "unfused" and "unfused_residuals" are the same program (a control).
         "unfused": {"fused_backward": False},
         "fused_bn128": {
             "fused_backward": True,
