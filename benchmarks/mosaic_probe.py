@@ -212,6 +212,9 @@ def main() -> None:
         variants[name] = dataclasses.replace(
             default_tiles, multicast_weights=True, group_swizzle=swizzle
         )
+    # "sk", "mc_sk": "default" and "mc" with the last rounds cut along K (stream_k, session 26).
+    variants["sk"] = dataclasses.replace(default_tiles, stream_k=True)
+    variants["mc_sk"] = dataclasses.replace(variants["mc"], stream_k=True)
     if args.variants != "all":
         variants = {k: variants[k] for k in args.variants.split(",")}
 

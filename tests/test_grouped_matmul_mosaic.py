@@ -243,6 +243,11 @@ LOWERED = {
     "multicast_narrow": dataclasses.replace(
         default_mosaic_gmm_tiles(M, 2048, N), block_n=128, multicast_weights=True
     ),
+    # The last rounds cut along K, partial sums staged as float32 in the epilogue's region.
+    "stream_k": dataclasses.replace(default_mosaic_gmm_tiles(M, 2048, N), stream_k=True),
+    "multicast_stream_k": dataclasses.replace(
+        default_mosaic_gmm_tiles(M, 2048, N), multicast_weights=True, stream_k=True
+    ),
 }
 
 

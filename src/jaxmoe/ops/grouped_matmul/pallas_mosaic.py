@@ -21,13 +21,19 @@ TFLOP/s on every (shape, fwd/dgrad) case with the default tiles (probe, same run
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax
 import jax.numpy as jnp
 
 from jaxmoe.ops.grouped_matmul import pallas_mosaic_common as common
-from jaxmoe.ops.grouped_matmul import pallas_mosaic_kernel, pallas_triton, work_list
+from jaxmoe.ops.grouped_matmul import (
+    pallas_mosaic_kernel,
+    pallas_mosaic_schedule,
+    pallas_triton,
+    work_list,
+)
 from jaxmoe.ops.grouped_matmul.pallas_mosaic_tiles import (
     MosaicTileConfig,
     check_tiles,
@@ -166,9 +172,13 @@ def launch_gmm(
     and ``num_outputs`` (then a tuple of ``[M, N]`` results is returned), ``k_step_scale`` (per
     K step scales, reading ``epilogue_operands`` too), ``second_pair`` (``(lhs2, rhs2)`` shaped
     like ``(lhs, rhs)``: the result is ``lhs @ rhs + lhs2 @ rhs2`` per group, on the ring):
-    see the kernel body.
+    see the kernel body. ``cfg.stream_k`` applies to a plain product or pair only (no
+    ``epilogue``, ``more_rhs``, ``combine`` or ``k_step_scale``: its fix-up adds float32
+    partial sums of the accumulator itself); the others run without it.
     """
-    m = lhs.shape[0]
+    stream_k = cfg.stream_k and not (epilogue or more_rhs or combine or k_step_scale)
+    cfg = dataclasses.replace(cfg, stream_k=stream_k)
+    m, k = lhs.shape
     num_groups = rhs.shape[0]
     n = rhs.shape[1] if transpose_rhs else rhs.shape[2]
     work_group, work_first_row, offsets = work_list.work_items(
@@ -190,14 +200,20 @@ def launch_gmm(
         paired=bool(second_pair),
         interpreted=interpret_params is not None,
     )
-    out_type = jax.ShapeDtypeStruct((m, n), out_dtype)
+    out_types = (jax.ShapeDtypeStruct((m, n), out_dtype),) * num_outputs
+    workers = common.grid_size(interpret_params, cluster_ctas(cfg))
+    if stream_k:  # two slots per worker, per CTA of a cluster
+        workspace_rows = 2 * workers * cluster_ctas(cfg)
+        out_types += (
+            jax.ShapeDtypeStruct((workspace_rows, cfg.block_m, cfg.block_n), jnp.float32),
+        )
     kernel = common.persistent_kernel(
         body,
-        out_type if num_outputs == 1 else (out_type,) * num_outputs,
+        out_types[0] if len(out_types) == 1 else out_types,
         interpret_params,
         cluster_ctas=cluster_ctas(cfg),
     )
-    return kernel(
+    results = kernel(
         work_counts,
         work_group,
         work_first_row,
@@ -207,4 +223,19 @@ def launch_gmm(
         *more_rhs,
         *second_pair,
         *epilogue_operands,
+    )
+    if not stream_k:
+        return results
+    out, workspace = results
+    work = pallas_mosaic_schedule.WorkList(
+        work_group, work_first_row, offsets, work_counts[0], num_groups=num_groups, num_rows=m
+    )
+    return pallas_mosaic_schedule.stream_k_fixup(
+        out,
+        workspace,
+        work,
+        workers=workers,
+        steps=k // cfg.block_k * (2 if second_pair else 1),
+        num_n_tiles=n // cfg.block_n,
+        cfg=cfg,
     )

@@ -181,7 +181,7 @@ def persistent_kernel(body, out_type, interpret_params, *, cluster_ctas: int = 1
     return plgpu.kernel(
         body,
         out_type=out_type,
-        grid=(max(num_sms(interpret_params) // cluster_ctas, 1),),
+        grid=(grid_size(interpret_params, cluster_ctas),),
         grid_names=("sm",),
         **clusters,
         num_threads=NUM_COMPUTE_WARPGROUPS + 1,
@@ -189,6 +189,11 @@ def persistent_kernel(body, out_type, interpret_params, *, cluster_ctas: int = 1
         compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Warpgroup),
         interpret=interpret_params,
     )
+
+
+def grid_size(interpret_params, cluster_ctas: int = 1) -> int:
+    """The persistent grid's workers: one CTA per SM, or one cluster per ``cluster_ctas``."""
+    return max(num_sms(interpret_params) // cluster_ctas, 1)
 
 
 def _worker(per_cta: bool):

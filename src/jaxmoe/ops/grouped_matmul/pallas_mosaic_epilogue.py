@@ -33,34 +33,46 @@ from jaxmoe.ops.grouped_matmul.pallas_mosaic_tiles import MosaicTileConfig, epil
 
 
 def epilogue_allocation(cfg: MosaicTileConfig, out_dtype, interpreted: bool):
-    """The epilogue's shared-memory buffers, for ``pl.run_scoped``: the unswizzled slab, and
-    with ``swizzled_epilogue`` the swizzled slots too (aliased on the GPU, two buffers in the
-    interpreter); :class:`EpilogueStores` takes what the scope gives."""
+    """The epilogue's shared-memory buffers, for ``pl.run_scoped``: the unswizzled slab, with
+    ``swizzled_epilogue`` the swizzled slots, with ``stream_k`` a float32 stage for partial
+    sums (aliased on the GPU, separate buffers in the interpreter); :class:`EpilogueStores`
+    takes what the scope gives."""
     # Unswizzled so that a run may start at any row (group boundaries are arbitrary); each
     # warpgroup's slab is its first stage_rows rows of slab_rows (see epilogue_layout).
     layout = epilogue_layout(cfg, jnp.dtype(out_dtype).itemsize)
     runs_alloc = plgpu.SMEM(
         (common.NUM_COMPUTE_WARPGROUPS, layout["slab_rows"], layout["slab_cols"]), out_dtype
     )
-    if not cfg.swizzled_epilogue:
+    buffers = [runs_alloc]
+    if cfg.swizzled_epilogue:
+        buffers.append(_swizzled_allocation(layout, out_dtype))
+    if cfg.stream_k:
+        buffers.append(
+            plgpu.SMEM(
+                (common.NUM_COMPUTE_WARPGROUPS, layout["rows"], layout["partial_cols"]),
+                jnp.float32,
+            )
+        )
+    if len(buffers) == 1:
         return runs_alloc
+    # On the GPU the buffers share one region (shared memory is full); a warpgroup switching
+    # between them first waits until its stores have read it. The interpreter has no aliased
+    # refs (and no shared-memory limit): separate buffers there.
+    return tuple(buffers) if interpreted else plgpu.RefUnion(*buffers)
+
+
+def _swizzled_allocation(layout, out_dtype):
     # Whole slabs: [stage_rows, chunk_cols] chunks, 128-byte swizzled (conflict-free writes of
     # the wgmma registers), two slots per warpgroup so that one store stays in flight.
     chunk_cols = layout["chunk_cols"]
     out_swizzle = plgpu.find_swizzle(chunk_cols * jnp.dtype(out_dtype).itemsize * 8)
-    swizzled_alloc = plgpu.SMEM(
+    return plgpu.SMEM(
         (common.NUM_COMPUTE_WARPGROUPS, layout["slots"], layout["rows"], chunk_cols),
         out_dtype,
         transforms=(
             plgpu.TilingTransform((8, out_swizzle // jnp.dtype(out_dtype).itemsize)),
             plgpu.SwizzleTransform(out_swizzle),
         ),
-    )
-    # On the GPU both buffers share one region (shared memory is full); a warpgroup switching
-    # between them first waits until its stores have read it. The interpreter has no aliased
-    # refs (and no shared-memory limit): two buffers there.
-    return (
-        (runs_alloc, swizzled_alloc) if interpreted else plgpu.RefUnion(runs_alloc, swizzled_alloc)
     )
 
 
@@ -80,10 +92,11 @@ class EpilogueStores:
         self.wg = wg
         self.wg_row = wg_row
         self.wg_col = wg_col
-        if cfg.swizzled_epilogue:
-            self.runs_smem, self.swizzled_smem = out_smem
-        else:
-            self.runs_smem, self.swizzled_smem = out_smem, None
+        several = cfg.swizzled_epilogue or cfg.stream_k  # see epilogue_allocation
+        buffers = list(out_smem) if several else [out_smem]
+        self.runs_smem = buffers.pop(0)
+        self.swizzled_smem = buffers.pop(0) if cfg.swizzled_epilogue else None
+        self.partial_smem = buffers.pop(0) if cfg.stream_k else None
 
     def slabs_of(self, results):
         """``slab_results`` for :meth:`store`: the slabs of whole-tile ``results``."""
@@ -212,3 +225,24 @@ class EpilogueStores:
                 value = value.astype(self.out_dtype)
                 self.store_part(value, out, row0, col0, first_row, lo, hi, stores)
                 stores += self.layout["chunks"]
+
+    def store_partial(self, acc, workspace_tile):
+        """This warpgroup's share of a float32 accumulator ``acc`` (``[wg_m, wg_n]``) into its
+        place in ``workspace_tile`` (``[block_m, block_n]`` float32): a stream-K unit's partial
+        sum, staged ``[rows, partial_cols]`` at a time. Ends once the stores have read the
+        stage, which aliases the other buffers."""
+        rows, cols = self.stage_rows, self.layout["partial_cols"]
+        stage = self.partial_smem.at[self.wg]
+        for first_row in range(0, self.layout["wg_m"], rows):
+            for first_col in range(0, self.wg_n, cols):
+                plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+                stage[...] = acc[first_row : first_row + rows, first_col : first_col + cols]
+                plgpu.commit_smem()
+                plgpu.copy_smem_to_gmem(
+                    stage,
+                    workspace_tile.at[
+                        pl.ds(self.wg_row + first_row, rows),
+                        pl.ds(self.wg_col + first_col, cols),
+                    ],
+                )
+        plgpu.wait_smem_to_gmem(0, wait_read_only=True)

@@ -45,13 +45,9 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from jaxmoe.ops.grouped_matmul import pallas_mosaic_common as common
-from jaxmoe.ops.grouped_matmul import work_list
+from jaxmoe.ops.grouped_matmul import pallas_mosaic_schedule as schedule
 from jaxmoe.ops.grouped_matmul.pallas_mosaic_epilogue import EpilogueStores, epilogue_allocation
-from jaxmoe.ops.grouped_matmul.pallas_mosaic_tiles import (
-    MosaicTileConfig,
-    tile_align,
-    warpgroup_tile,
-)
+from jaxmoe.ops.grouped_matmul.pallas_mosaic_tiles import MosaicTileConfig, warpgroup_tile
 
 
 def mosaic_gmm_body(
@@ -87,16 +83,23 @@ def mosaic_gmm_body(
     # per K step (the FP8 blockwise recipe: one K step is one scale block). Each step's product
     # goes into a fresh float32 ``wgmma`` accumulator; the main accumulator (a register value
     # carried by the pipeline) adds ``k_step_scale(partial)``. One rhs, no ``combine``.
+    # ``cfg.stream_k``: the last rounds' units are cut along K (:mod:`.pallas_mosaic_schedule`);
+    # a workspace ref (``[2 * workers * cluster CTAs, bm, bn]`` float32) follows the outputs.
     assert k_step_scale is None or (num_rhs == 1 and combine is None)
     assert not paired or (cfg.ring and num_rhs == 1 and epilogue is None and combine is None)
+    assert not cfg.stream_k or (
+        cfg.ring and num_rhs == 1 and epilogue is None and combine is None and k_step_scale is None
+    )
     rhs_gmems = rhs_epilogue_and_out_gmem[:num_rhs]
     # (lhs, its weights) per pair of the K loop: one, or two when ``paired``.
     pairs = [(lhs_gmem, rhs_gmems)]
     if paired:
         lhs2_gmem, rhs2_gmem = rhs_epilogue_and_out_gmem[num_rhs : num_rhs + 2]
         pairs.append((lhs2_gmem, (rhs2_gmem,)))
-    epilogue_gmem = rhs_epilogue_and_out_gmem[num_rhs + 2 * paired : -num_outputs]
-    out_gmems = rhs_epilogue_and_out_gmem[-num_outputs:]
+    num_out_refs = num_outputs + cfg.stream_k
+    epilogue_gmem = rhs_epilogue_and_out_gmem[num_rhs + 2 * paired : -num_out_refs]
+    out_gmems = rhs_epilogue_and_out_gmem[-num_out_refs:][:num_outputs]
+    workspace_gmem = rhs_epilogue_and_out_gmem[-1] if cfg.stream_k else None
     out_gmem = out_gmems[0]
     bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
     wg_m, wg_n = warpgroup_tile(cfg)
@@ -180,14 +183,14 @@ def mosaic_gmm_body(
         cluster_cta = lax.axis_index(common.CLUSTER_AXIS) if cfg.multicast_weights else 0
         num_tail_work = work_counts_gmem[1]
 
-        def tile_rows(work):
-            group = work_group_gmem[work]
-            first_row = work_first_row_gmem[work]
-            row0 = work_list.tile_first_row(
-                first_row, bm, lhs_gmem.shape[0], tile_align=tile_align(cfg)
-            )
-            end = offsets_gmem[jnp.minimum(group + 1, num_groups + 1)]
-            return group, row0, *work_list.rows_in_tile(first_row, row0, end, bm)
+        work = schedule.WorkList(
+            work_group_gmem,
+            work_first_row_gmem,
+            offsets_gmem,
+            num_compute_work,
+            num_groups=num_groups,
+            num_rows=lhs_gmem.shape[0],
+        )
 
         @pl.when(wg < common.NUM_COMPUTE_WARPGROUPS)
         def _zero_tail():  # rows at or past sum(group_sizes): GPU memory is uninitialised.
@@ -197,12 +200,17 @@ def mosaic_gmm_body(
             @pl.loop(0, common.cta_tile_count(num_tail_work * num_n_tiles, per_cta=per_cta))
             def _tail_loop(local_tile):
                 index = common.cta_tile_index(local_tile, per_cta=per_cta)
-                _, row0, lo, hi = tile_rows(num_compute_work + index // num_n_tiles)
+                _, row0, lo, hi = schedule.item_rows(
+                    work, num_compute_work + index // num_n_tiles, cfg
+                )
                 col0 = (index % num_n_tiles) * bn
                 zeros = (jnp.zeros((stores.stage_rows, wg_n), out_dtype),) * num_outputs
                 stores.store(lambda first_row: zeros, row0, col0, lo, hi)  # each its half
 
-        def make_context(group, row0, lo, hi, col0):
+        def make_context(group, row0, lo, hi, col0, partial=None, slot=None):
+            """The tile's main loop and epilogue; with ``partial`` (stream-K: a traced flag)
+            the accumulator goes to workspace ``slot`` instead when it is set."""
+
             def context(eval_pipeline):
                 if k_step_scale is not None:  # the main accumulator is the pipeline's carry
                     acc = eval_pipeline(jnp.zeros((wg_m, wg_n), jnp.float32))
@@ -220,13 +228,26 @@ def mosaic_gmm_body(
                     with jax.named_scope("epilogue"):
                         accs = [acc_ref[...] for acc_ref in acc_refs]
                         if combine is not None:
-                            slab_results = stores.slabs_of(combine(*accs))
-                        else:
-                            (acc,) = accs
+                            stores.store(stores.slabs_of(combine(*accs)), row0, col0, lo, hi)
+                            return
+                        (acc,) = accs
+
+                        def store_result():
                             slab_results = stores.epilogue_slabs(
                                 epilogue, epilogue_gmem, acc, group, row0, col0
                             )
-                        stores.store(slab_results, row0, col0, lo, hi)
+                            stores.store(slab_results, row0, col0, lo, hi)
+
+                        if partial is None:
+                            store_result()
+                            return
+                        ctas = common.MULTICAST_CLUSTER_CTAS if cfg.multicast_weights else 1
+                        pl.when(partial)(
+                            lambda: stores.store_partial(
+                                acc, workspace_gmem.at[slot * ctas + cluster_cta]
+                            )
+                        )
+                        pl.when(jnp.logical_not(partial))(store_result)
 
                 pl.run_scoped(acc_scope, *[plgpu.ACC((wg_m, wg_n), jnp.float32)] * num_rhs)
 
@@ -272,24 +293,8 @@ def mosaic_gmm_body(
 
         num_tiles = num_compute_work * num_n_tiles
 
-        def tile_parts(index):
-            work, n_tile = common.swizzle(index, num_compute_work, num_n_tiles, cfg.group_swizzle)
-            group, row0, lo, hi = tile_rows(work)
-            return group, row0, lo, hi, n_tile * bn
-
-        def cluster_tile_parts(index):
-            """With ``multicast_weights``: the cluster's ``index``-th unit is work items ``2p``
-            (CTA 0) and ``2p + 1`` (CTA 1) at one N tile; ``shared``: both items are of one
-            group, so the weight block is multicast. An odd last item's partner recomputes it."""
-            pair, n_tile = common.swizzle(
-                index, (num_compute_work + 1) // 2, num_n_tiles, cfg.group_swizzle
-            )
-            first = 2 * pair
-            second = jnp.minimum(first + 1, num_compute_work - 1)
-            work = jnp.where(cluster_cta == 0, first, second)
-            group, row0, lo, hi = tile_rows(work)
-            shared = work_group_gmem[first] == work_group_gmem[second]
-            return group, row0, lo, hi, n_tile * bn, shared
+        def unit_tile(unit):
+            return schedule.unit_tile(work, unit, cluster_cta, num_n_tiles, cfg)
 
         def copy_weights(block, slot_ref, barrier, shared):
             if not cfg.multicast_weights:
@@ -309,20 +314,39 @@ def mosaic_gmm_body(
                 plgpu.copy_gmem_to_smem(block, slot_ref, barrier)
 
         def ring_tiles(ring):
-            """The CTA's tiles on :mod:`.pallas_mosaic_common`'s ring: ``k / bk`` steps each
-            (per pair: ``paired`` runs the second pair's steps after the first's)."""
+            """The CTA's units on :mod:`.pallas_mosaic_common`'s ring: ``k / bk`` steps each
+            (per pair: ``paired`` runs the second pair's steps after the first's), or with
+            ``stream_k`` the whole units of the first rounds, then up to ``MAX_SEGMENTS``
+            segments of the last ones (:mod:`.pallas_mosaic_schedule`)."""
             steps = k // bk
-            if cfg.multicast_weights:
-                my_tiles = common.cta_tile_count((num_compute_work + 1) // 2 * num_n_tiles)
-                unit_parts = cluster_tile_parts
+            unit_steps = steps * len(pairs)
+            units = schedule.num_units(work, num_n_tiles, cfg)
+            if cfg.stream_k:
+                split = schedule.StreamK.of(units, lax.axis_size("sm"), unit_steps)
+                my_whole = common.cta_tile_count(split.data_parallel_units)
+                my_tiles = my_whole + jnp.where(split.stream_k_units > 0, schedule.MAX_SEGMENTS, 0)
             else:
-                my_tiles = common.cta_tile_count(num_tiles)
-
-                def unit_parts(index):
-                    return *tile_parts(index), None
+                my_tiles = common.cta_tile_count(units)
 
             def parts(local_tile):
-                return unit_parts(common.cta_tile_index(local_tile)), steps * len(pairs)
+                """``(tile, first K step, K steps, partial, workspace slot)`` of the CTA's
+                ``local_tile``-th unit or segment (``partial``: ``None`` without stream-K)."""
+                unit = common.cta_tile_index(local_tile)
+                if not cfg.stream_k:
+                    return unit_tile(unit), 0, unit_steps, None, None
+                whole = local_tile < my_whole
+                segment = jnp.maximum(local_tile - my_whole, 0)
+                cut_unit, first_step, count, partial, slot = split.segment(
+                    lax.axis_index("sm"), segment
+                )
+                unit = jnp.where(whole, unit, cut_unit)
+                first_step = jnp.where(whole, 0, first_step)
+                count = jnp.where(whole, unit_steps, count)
+                return unit_tile(unit), first_step, count, partial & ~whole, slot
+
+            def producer_parts(local_tile):
+                tile_info, first_step, count, _, _ = parts(local_tile)
+                return (tile_info, first_step), count
 
             @pl.when(wg == common.NUM_COMPUTE_WARPGROUPS)
             def _memory_warpgroup():
@@ -338,6 +362,8 @@ def mosaic_gmm_body(
                         copy_weights(block, rhs_ring.at[slot], barrier, shared)
 
                 def load(info, i, slot):
+                    info, first_step = info
+                    i = i + first_step
                     if len(pairs) == 1:
                         load_blocks(*pairs[0], info, i, slot)
                         return
@@ -348,34 +374,44 @@ def mosaic_gmm_body(
                             load_blocks(pair_lhs, pair_rhs, info, i - index * steps, slot)
 
                 common.ring_produce(
-                    my_tiles, parts, load, stages=cfg.stages, released=ring["released"]
+                    my_tiles, producer_parts, load, stages=cfg.stages, released=ring["released"]
                 )
 
             @pl.when(wg < common.NUM_COMPUTE_WARPGROUPS)
             def _compute_warpgroups():
                 plgpu.set_max_registers(common.COMPUTE_REGISTERS, action="increase")
 
-                def tile(local_tile, carry):
-                    (group, row0, lo, hi, col0, _), count = parts(local_tile)
+                def tile(local_tile, step):
+                    """One unit or segment from global ring step ``step``; the next's."""
+                    tile_info, first_step, count, partial, slot = parts(local_tile)
+                    group, row0, lo, hi, col0, _ = tile_info
                     mma = make_mma(group, row0, col0)
 
                     def eval_steps(acc):
-                        def step(i, slot, acc):
-                            rhs_smems = [rhs_ring.at[slot] for rhs_ring in ring["rhs"]]
-                            return mma((i,), ring["lhs"].at[slot], *rhs_smems, acc)
+                        def one_step(i, ring_slot, acc):
+                            rhs_smems = [rhs_ring.at[ring_slot] for rhs_ring in ring["rhs"]]
+                            return mma(
+                                (first_step + i,), ring["lhs"].at[ring_slot], *rhs_smems, acc
+                            )
 
                         return common.ring_consume(
-                            local_tile * count,
-                            count,
                             step,
+                            count,
+                            one_step,
                             acc,
                             stages=cfg.stages,
                             loaded=ring["loaded"],
                             released=ring["released"],
                         )
 
-                    make_context(group, row0, lo, hi, col0)(eval_steps)
-                    return carry
+                    def run():
+                        make_context(group, row0, lo, hi, col0, partial, slot)(eval_steps)
+
+                    if cfg.stream_k:
+                        pl.when(count > 0)(run)  # a range may have fewer segments
+                    else:
+                        run()
+                    return step + count
 
                 lax.fori_loop(0, my_tiles, tile, jnp.int32(0))
 
@@ -386,7 +422,7 @@ def mosaic_gmm_body(
             @plgpu.nd_loop((num_tiles,), collective_axes="sm")
             def _tile_loop(loop_info):
                 (index,) = loop_info.index
-                group, row0, lo, hi, col0 = tile_parts(index)
+                group, row0, lo, hi, col0, _ = unit_tile(index)
                 context = make_context(group, row0, lo, hi, col0)
                 mma = make_mma(group, row0, col0)
                 operands = (

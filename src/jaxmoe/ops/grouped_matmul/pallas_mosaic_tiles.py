@@ -76,6 +76,12 @@ class MosaicTileConfig:
     :func:`default_mosaic_gmm_tiles` where an expert's weight matrix is large (the plain
     ``gmm`` and its input gradients), off in the fused gated kernel's tiles and the field's own
     default; see there for the measurements.
+
+    ``stream_k`` (on the ``ring``, in the plain ``gmm`` and ``gmm_pair``; kernels with an
+    epilogue or several weights run without it): the last whole round of units and the
+    partial one are cut along K so that every CTA ends together
+    (:mod:`.pallas_mosaic_schedule`); a cut unit's float32 partial sums go to a workspace and
+    one XLA scatter after the kernel adds and stores them.
     """
 
     block_m: int = 128
@@ -90,6 +96,7 @@ class MosaicTileConfig:
     split_rows: bool = False
     group_start_tiles: bool = False
     multicast_weights: bool = False
+    stream_k: bool = False
 
 
 # With group_start_tiles a tile starts on this row grid: a TMA copy into a tiled shared buffer
@@ -145,6 +152,8 @@ def epilogue_layout(cfg: MosaicTileConfig, out_bytes: int = 2) -> dict[str, int]
     stores = (wg_m // rows) * chunks
     slots = min(2, stores)
     slab_rows = rows
+    # stream_k's float32 partial sums are staged [rows, partial_cols] at a time.
+    partial_cols = min(wg_n, SWIZZLE_BYTES // 2)
     if cfg.swizzled_epilogue:
         slab_rows = max(rows, slots * rows * chunk_cols // slab_cols)
     return dict(
@@ -157,16 +166,19 @@ def epilogue_layout(cfg: MosaicTileConfig, out_bytes: int = 2) -> dict[str, int]
         stores=stores,
         slots=slots,
         slab_rows=slab_rows,
+        partial_cols=partial_cols,
     )
 
 
 def epilogue_smem_bytes(cfg: MosaicTileConfig, out_bytes: int = 2) -> int:
-    """Shared memory of the epilogue's staging buffers (the larger of the two when swizzled:
-    they are aliased)."""
+    """Shared memory of the epilogue's staging buffers (the largest: they are aliased)."""
     lay = epilogue_layout(cfg, out_bytes)
-    unswizzled = lay["slab_rows"] * lay["slab_cols"]
-    swizzled = lay["slots"] * lay["rows"] * lay["chunk_cols"] if cfg.swizzled_epilogue else 0
-    return NUM_COMPUTE_WARPGROUPS * max(unswizzled, swizzled) * out_bytes
+    unswizzled = lay["slab_rows"] * lay["slab_cols"] * out_bytes
+    swizzled = lay["slots"] * lay["rows"] * lay["chunk_cols"] * out_bytes
+    partial = lay["rows"] * lay["partial_cols"] * 4  # stream_k's float32 partial sums
+    return NUM_COMPUTE_WARPGROUPS * max(
+        unswizzled, swizzled if cfg.swizzled_epilogue else 0, partial if cfg.stream_k else 0
+    )
 
 
 def smem_bytes(cfg: MosaicTileConfig, operand_bytes: int = 2, num_rhs: int = 1) -> int:
@@ -323,6 +335,8 @@ def check_tiles(cfg: MosaicTileConfig, operand_bytes: int = 2, num_rhs: int = 1)
         problems.append(f"group_swizzle={cfg.group_swizzle} must be >= 1")
     if cfg.multicast_weights and not cfg.ring:
         problems.append("multicast_weights=True needs ring=True (its releases span the cluster)")
+    if cfg.stream_k and not cfg.ring:
+        problems.append("stream_k=True needs ring=True (a CTA's segments run on its ring)")
     if cfg.split_rows and bm != 128:
         problems.append("split_rows=True needs block_m=128 (one 64-row wgmma M tile per warpgroup)")
     if cfg.epilogue_rows not in (None, bm) and not (
