@@ -212,9 +212,10 @@ def main() -> None:
         variants[name] = dataclasses.replace(
             default_tiles, multicast_weights=True, group_swizzle=swizzle
         )
-    # "sk", "mc_sk": "default" and "mc" with the last rounds cut along K (stream_k, session 26).
-    variants["sk"] = dataclasses.replace(default_tiles, stream_k=True)
-    variants["mc_sk"] = dataclasses.replace(variants["mc"], stream_k=True)
+    # "split", "mc_split": "default" and "mc" with the last round cut into K halves
+    # (split_last_round, session 26).
+    variants["split"] = dataclasses.replace(default_tiles, split_last_round=True)
+    variants["mc_split"] = dataclasses.replace(variants["mc"], split_last_round=True)
     if args.variants != "all":
         variants = {k: variants[k] for k in args.variants.split(",")}
 

@@ -172,12 +172,12 @@ def launch_gmm(
     and ``num_outputs`` (then a tuple of ``[M, N]`` results is returned), ``k_step_scale`` (per
     K step scales, reading ``epilogue_operands`` too), ``second_pair`` (``(lhs2, rhs2)`` shaped
     like ``(lhs, rhs)``: the result is ``lhs @ rhs + lhs2 @ rhs2`` per group, on the ring):
-    see the kernel body. ``cfg.stream_k`` applies to a plain product or pair only (no
+    see the kernel body. ``cfg.split_last_round`` applies to a plain product or pair only (no
     ``epilogue``, ``more_rhs``, ``combine`` or ``k_step_scale``: its fix-up adds float32
     partial sums of the accumulator itself); the others run without it.
     """
-    stream_k = cfg.stream_k and not (epilogue or more_rhs or combine or k_step_scale)
-    cfg = dataclasses.replace(cfg, stream_k=stream_k)
+    split = cfg.split_last_round and not (epilogue or more_rhs or combine or k_step_scale)
+    cfg = dataclasses.replace(cfg, split_last_round=split)
     m, k = lhs.shape
     num_groups = rhs.shape[0]
     n = rhs.shape[1] if transpose_rhs else rhs.shape[2]
@@ -202,8 +202,8 @@ def launch_gmm(
     )
     out_types = (jax.ShapeDtypeStruct((m, n), out_dtype),) * num_outputs
     workers = common.grid_size(interpret_params, cluster_ctas(cfg))
-    if stream_k:  # two slots per worker, per CTA of a cluster
-        workspace_rows = 2 * workers * cluster_ctas(cfg)
+    if split:  # one slot per worker, per CTA of a cluster
+        workspace_rows = workers * cluster_ctas(cfg)
         out_types += (
             jax.ShapeDtypeStruct((workspace_rows, cfg.block_m, cfg.block_n), jnp.float32),
         )
@@ -224,13 +224,13 @@ def launch_gmm(
         *second_pair,
         *epilogue_operands,
     )
-    if not stream_k:
+    if not split:
         return results
     out, workspace = results
     work = pallas_mosaic_schedule.WorkList(
         work_group, work_first_row, offsets, work_counts[0], num_groups=num_groups, num_rows=m
     )
-    return pallas_mosaic_schedule.stream_k_fixup(
+    return pallas_mosaic_schedule.last_round_fixup(
         out,
         workspace,
         work,

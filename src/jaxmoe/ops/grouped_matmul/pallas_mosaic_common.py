@@ -66,30 +66,36 @@ swizzle = pallas_triton.swizzle
 # at each tile's end, and its pipeline of pipelines takes no dynamic step count).
 
 
-def ring_produce(num_tiles, tile_steps, load, *, stages: int, released) -> None:
+def ring_produce(num_tiles, tile_steps, load, *, stages: int, released, then=None) -> None:
     """The memory warpgroup's side: for each of the CTA's ``num_tiles`` tiles, ``info, count =
     tile_steps(t)`` (``count >= 0`` steps: a tile of none loads nothing), then for each step
     waits until the slot is released and calls ``load(info, i, slot)`` to start its TMA copies
     (each arriving on the slot's ``loaded`` barrier); at the end, waits for the last slots'
-    releases."""
+    releases. ``then``: a second ``(num_tiles, tile_steps)`` loop after the first, on the same
+    ring (the compute side runs the same two loops)."""
     plgpu.set_max_registers(MEMORY_REGISTERS, action="decrease")
 
-    def tile(t, step):
-        info, count = tile_steps(t)
+    def tiles(tile_steps):
+        def tile(t, step):
+            info, count = tile_steps(t)
 
-        def one(i, step):
-            slot = lax.rem(step, stages)
+            def one(i, step):
+                slot = lax.rem(step, stages)
 
-            @pl.when(step >= stages)
-            def _wait_released():
-                plgpu.barrier_wait(released.at[slot])
+                @pl.when(step >= stages)
+                def _wait_released():
+                    plgpu.barrier_wait(released.at[slot])
 
-            load(info, i, slot)
-            return step + 1
+                load(info, i, slot)
+                return step + 1
 
-        return lax.fori_loop(0, count, one, step)
+            return lax.fori_loop(0, count, one, step)
 
-    steps = lax.fori_loop(0, num_tiles, tile, jnp.int32(0))
+        return tile
+
+    steps = lax.fori_loop(0, num_tiles, tiles(tile_steps), jnp.int32(0))
+    if then is not None:
+        steps = lax.fori_loop(0, then[0], tiles(then[1]), steps)
 
     # Observe the last slots' releases too, so that every barrier ends each phase it began
     # (the kernel ends after the compute warpgroups' last release; Mosaic GPU's interpreter

@@ -34,7 +34,7 @@ from jaxmoe.ops.grouped_matmul.pallas_mosaic_tiles import MosaicTileConfig, epil
 
 def epilogue_allocation(cfg: MosaicTileConfig, out_dtype, interpreted: bool):
     """The epilogue's shared-memory buffers, for ``pl.run_scoped``: the unswizzled slab, with
-    ``swizzled_epilogue`` the swizzled slots, with ``stream_k`` a float32 stage for partial
+    ``swizzled_epilogue`` the swizzled slots, with ``split_last_round`` a float32 stage for partial
     sums (aliased on the GPU, separate buffers in the interpreter); :class:`EpilogueStores`
     takes what the scope gives."""
     # Unswizzled so that a run may start at any row (group boundaries are arbitrary); each
@@ -46,7 +46,7 @@ def epilogue_allocation(cfg: MosaicTileConfig, out_dtype, interpreted: bool):
     buffers = [runs_alloc]
     if cfg.swizzled_epilogue:
         buffers.append(_swizzled_allocation(layout, out_dtype))
-    if cfg.stream_k:
+    if cfg.split_last_round:
         buffers.append(
             plgpu.SMEM(
                 (common.NUM_COMPUTE_WARPGROUPS, layout["rows"], layout["partial_cols"]),
@@ -92,11 +92,11 @@ class EpilogueStores:
         self.wg = wg
         self.wg_row = wg_row
         self.wg_col = wg_col
-        several = cfg.swizzled_epilogue or cfg.stream_k  # see epilogue_allocation
+        several = cfg.swizzled_epilogue or cfg.split_last_round  # see epilogue_allocation
         buffers = list(out_smem) if several else [out_smem]
         self.runs_smem = buffers.pop(0)
         self.swizzled_smem = buffers.pop(0) if cfg.swizzled_epilogue else None
-        self.partial_smem = buffers.pop(0) if cfg.stream_k else None
+        self.partial_smem = buffers.pop(0) if cfg.split_last_round else None
 
     def slabs_of(self, results):
         """``slab_results`` for :meth:`store`: the slabs of whole-tile ``results``."""
@@ -228,7 +228,7 @@ class EpilogueStores:
 
     def store_partial(self, acc, workspace_tile):
         """This warpgroup's share of a float32 accumulator ``acc`` (``[wg_m, wg_n]``) into its
-        place in ``workspace_tile`` (``[block_m, block_n]`` float32): a stream-K unit's partial
+        place in ``workspace_tile`` (``[block_m, block_n]`` float32): half of a cut unit's partial
         sum, staged ``[rows, partial_cols]`` at a time. Ends once the stores have read the
         stage, which aliases the other buffers."""
         rows, cols = self.stage_rows, self.layout["partial_cols"]

@@ -12,6 +12,9 @@ Launched by :func:`.pallas_mosaic.launch_gmm`, which builds the work list. Layou
                  ``multicast_weights`` the loop is per cluster of two CTAs, over (pair of
                  neighbouring work items, N tile): the pair's weight block is loaded once,
                  half by each CTA, multicast into both when the two items share a group.
+                 With ``split_last_round`` a last round that would leave half the workers or
+                 more idle runs its units as two K halves on two workers, their float32
+                 partial sums fixed up after the kernel (:mod:`.pallas_mosaic_schedule`).
     one pair     three warpgroups. The memory warpgroup streams ``[bm, bk]`` blocks of ``lhs``
                  and ``[bk, bn]`` blocks of ``rhs[g]`` (``[bn, bk]`` when transposed) into a ring
                  of ``stages`` shared-memory slots by TMA; the two compute warpgroups each
@@ -83,11 +86,12 @@ def mosaic_gmm_body(
     # per K step (the FP8 blockwise recipe: one K step is one scale block). Each step's product
     # goes into a fresh float32 ``wgmma`` accumulator; the main accumulator (a register value
     # carried by the pipeline) adds ``k_step_scale(partial)``. One rhs, no ``combine``.
-    # ``cfg.stream_k``: the last rounds' units are cut along K (:mod:`.pallas_mosaic_schedule`);
-    # a workspace ref (``[2 * workers * cluster CTAs, bm, bn]`` float32) follows the outputs.
+    # ``cfg.split_last_round``: the last round's units may be cut into K halves
+    # (:mod:`.pallas_mosaic_schedule`); a workspace ref (``[workers * cluster CTAs, bm, bn]``
+    # float32) follows the outputs.
     assert k_step_scale is None or (num_rhs == 1 and combine is None)
     assert not paired or (cfg.ring and num_rhs == 1 and epilogue is None and combine is None)
-    assert not cfg.stream_k or (
+    assert not cfg.split_last_round or (
         cfg.ring and num_rhs == 1 and epilogue is None and combine is None and k_step_scale is None
     )
     rhs_gmems = rhs_epilogue_and_out_gmem[:num_rhs]
@@ -96,10 +100,10 @@ def mosaic_gmm_body(
     if paired:
         lhs2_gmem, rhs2_gmem = rhs_epilogue_and_out_gmem[num_rhs : num_rhs + 2]
         pairs.append((lhs2_gmem, (rhs2_gmem,)))
-    num_out_refs = num_outputs + cfg.stream_k
+    num_out_refs = num_outputs + cfg.split_last_round
     epilogue_gmem = rhs_epilogue_and_out_gmem[num_rhs + 2 * paired : -num_out_refs]
     out_gmems = rhs_epilogue_and_out_gmem[-num_out_refs:][:num_outputs]
-    workspace_gmem = rhs_epilogue_and_out_gmem[-1] if cfg.stream_k else None
+    workspace_gmem = rhs_epilogue_and_out_gmem[-1] if cfg.split_last_round else None
     out_gmem = out_gmems[0]
     bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
     wg_m, wg_n = warpgroup_tile(cfg)
@@ -207,9 +211,9 @@ def mosaic_gmm_body(
                 zeros = (jnp.zeros((stores.stage_rows, wg_n), out_dtype),) * num_outputs
                 stores.store(lambda first_row: zeros, row0, col0, lo, hi)  # each its half
 
-        def make_context(group, row0, lo, hi, col0, partial=None, slot=None):
-            """The tile's main loop and epilogue; with ``partial`` (stream-K: a traced flag)
-            the accumulator goes to workspace ``slot`` instead when it is set."""
+        def make_context(group, row0, lo, hi, col0, partial_slot=None):
+            """The tile's main loop and epilogue; for a half of a cut unit the accumulator goes
+            to workspace slot ``partial_slot`` instead."""
 
             def context(eval_pipeline):
                 if k_step_scale is not None:  # the main accumulator is the pipeline's carry
@@ -238,16 +242,12 @@ def mosaic_gmm_body(
                             )
                             stores.store(slab_results, row0, col0, lo, hi)
 
-                        if partial is None:
+                        if partial_slot is None:
                             store_result()
                             return
                         ctas = common.MULTICAST_CLUSTER_CTAS if cfg.multicast_weights else 1
-                        pl.when(partial)(
-                            lambda: stores.store_partial(
-                                acc, workspace_gmem.at[slot * ctas + cluster_cta]
-                            )
-                        )
-                        pl.when(jnp.logical_not(partial))(store_result)
+                        workspace_tile = workspace_gmem.at[partial_slot * ctas + cluster_cta]
+                        stores.store_partial(acc, workspace_tile)
 
                 pl.run_scoped(acc_scope, *[plgpu.ACC((wg_m, wg_n), jnp.float32)] * num_rhs)
 
@@ -316,37 +316,33 @@ def mosaic_gmm_body(
         def ring_tiles(ring):
             """The CTA's units on :mod:`.pallas_mosaic_common`'s ring: ``k / bk`` steps each
             (per pair: ``paired`` runs the second pair's steps after the first's), or with
-            ``stream_k`` the whole units of the first rounds, then up to ``MAX_SEGMENTS``
-            segments of the last ones (:mod:`.pallas_mosaic_schedule`)."""
+            ``split_last_round`` the whole units, then this CTA's half of a cut unit, if any
+            (:mod:`.pallas_mosaic_schedule`)."""
             steps = k // bk
             unit_steps = steps * len(pairs)
             units = schedule.num_units(work, num_n_tiles, cfg)
-            if cfg.stream_k:
-                split = schedule.StreamK.of(units, lax.axis_size("sm"), unit_steps)
-                my_whole = common.cta_tile_count(split.data_parallel_units)
-                my_tiles = my_whole + jnp.where(split.stream_k_units > 0, schedule.MAX_SEGMENTS, 0)
+            if cfg.split_last_round:
+                split = schedule.LastRound.of(units, lax.axis_size("sm"), unit_steps)
+                my_whole = common.cta_tile_count(split.whole_units)
             else:
-                my_tiles = common.cta_tile_count(units)
+                my_whole = common.cta_tile_count(units)
 
-            def parts(local_tile):
-                """``(tile, first K step, K steps, partial, workspace slot)`` of the CTA's
-                ``local_tile``-th unit or segment (``partial``: ``None`` without stream-K)."""
-                unit = common.cta_tile_index(local_tile)
-                if not cfg.stream_k:
-                    return unit_tile(unit), 0, unit_steps, None, None
-                whole = local_tile < my_whole
-                segment = jnp.maximum(local_tile - my_whole, 0)
-                cut_unit, first_step, count, partial, slot = split.segment(
-                    lax.axis_index("sm"), segment
-                )
-                unit = jnp.where(whole, unit, cut_unit)
-                first_step = jnp.where(whole, 0, first_step)
-                count = jnp.where(whole, unit_steps, count)
-                return unit_tile(unit), first_step, count, partial & ~whole, slot
+            # The whole units (a static K loop), then this CTA's half (a dynamic one). Each
+            # gives ``(tile, first K step, K steps, workspace slot of a partial sum)``.
+            def whole_parts(local_tile):
+                return unit_tile(common.cta_tile_index(local_tile)), 0, unit_steps, None
 
-            def producer_parts(local_tile):
-                tile_info, first_step, count, _, _ = parts(local_tile)
-                return (tile_info, first_step), count
+            def half_parts(_):
+                worker = lax.axis_index("sm")
+                unit, first_step, count = split.half(worker)
+                return unit_tile(unit), first_step, count, worker
+
+            def producer_steps(parts):
+                def tile_steps(local_tile):
+                    tile_info, first_step, count, _ = parts(local_tile)
+                    return (tile_info, first_step), count
+
+                return tile_steps
 
             @pl.when(wg == common.NUM_COMPUTE_WARPGROUPS)
             def _memory_warpgroup():
@@ -374,46 +370,55 @@ def mosaic_gmm_body(
                             load_blocks(pair_lhs, pair_rhs, info, i - index * steps, slot)
 
                 common.ring_produce(
-                    my_tiles, producer_parts, load, stages=cfg.stages, released=ring["released"]
+                    my_whole,
+                    producer_steps(whole_parts),
+                    load,
+                    stages=cfg.stages,
+                    released=ring["released"],
+                    then=(1, producer_steps(half_parts)) if cfg.split_last_round else None,
                 )
 
             @pl.when(wg < common.NUM_COMPUTE_WARPGROUPS)
             def _compute_warpgroups():
                 plgpu.set_max_registers(common.COMPUTE_REGISTERS, action="increase")
 
-                def tile(local_tile, step):
-                    """One unit or segment from global ring step ``step``; the next's."""
-                    tile_info, first_step, count, partial, slot = parts(local_tile)
-                    group, row0, lo, hi, col0, _ = tile_info
-                    mma = make_mma(group, row0, col0)
+                def tiles(parts):
+                    def tile(local_tile, step):
+                        """One unit or half from global ring step ``step``; the next's."""
+                        tile_info, first_step, count, partial_slot = parts(local_tile)
+                        group, row0, lo, hi, col0, _ = tile_info
+                        mma = make_mma(group, row0, col0)
 
-                    def eval_steps(acc):
-                        def one_step(i, ring_slot, acc):
-                            rhs_smems = [rhs_ring.at[ring_slot] for rhs_ring in ring["rhs"]]
-                            return mma(
-                                (first_step + i,), ring["lhs"].at[ring_slot], *rhs_smems, acc
+                        def eval_steps(acc):
+                            def one_step(i, ring_slot, acc):
+                                rhs_smems = [rhs_ring.at[ring_slot] for rhs_ring in ring["rhs"]]
+                                lhs_smem = ring["lhs"].at[ring_slot]
+                                return mma((first_step + i,), lhs_smem, *rhs_smems, acc)
+
+                            return common.ring_consume(
+                                step,
+                                count,
+                                one_step,
+                                acc,
+                                stages=cfg.stages,
+                                loaded=ring["loaded"],
+                                released=ring["released"],
                             )
 
-                        return common.ring_consume(
-                            step,
-                            count,
-                            one_step,
-                            acc,
-                            stages=cfg.stages,
-                            loaded=ring["loaded"],
-                            released=ring["released"],
-                        )
+                        def run():
+                            make_context(group, row0, lo, hi, col0, partial_slot)(eval_steps)
 
-                    def run():
-                        make_context(group, row0, lo, hi, col0, partial, slot)(eval_steps)
+                        if partial_slot is None:
+                            run()
+                        else:
+                            pl.when(count > 0)(run)  # not every CTA has a half
+                        return step + count
 
-                    if cfg.stream_k:
-                        pl.when(count > 0)(run)  # a range may have fewer segments
-                    else:
-                        run()
-                    return step + count
+                    return tile
 
-                lax.fori_loop(0, my_tiles, tile, jnp.int32(0))
+                step = lax.fori_loop(0, my_whole, tiles(whole_parts), jnp.int32(0))
+                if cfg.split_last_round:
+                    tiles(half_parts)(0, step)
 
         if cfg.ring:
             ring_tiles(pipeline_allocs)

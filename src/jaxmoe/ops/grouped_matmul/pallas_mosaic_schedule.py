@@ -1,5 +1,5 @@
-r"""Which units of work each CTA of the Mosaic ``gmm`` runs, and the stream-K split of the last
-rounds (``MosaicTileConfig.stream_k``).
+r"""Which units of work each CTA of the Mosaic ``gmm`` runs, and the split of the last round
+along K (``MosaicTileConfig.split_last_round``).
 
 A *unit* is one (work item, N tile) pair (:mod:`.work_list`), or with ``multicast_weights`` one
 (pair of neighbouring work items, N tile) that a cluster of two CTAs runs, each CTA its item
@@ -9,19 +9,21 @@ taking them round-robin run ``ceil(U / P)`` rounds where ``U / P`` would do: the
 leaves ``P - U % P`` workers idle (the Mixtral layer's down projection: 552 units on 66
 clusters, 8.36 rounds' work in 9).
 
-Stream-K (Osama et al., 2023; CUTLASS's data-parallel + stream-K hybrid) evens this out: the
-last ``P + U % P`` units (the last whole round and the partial one) are cut along K. Their
-``(P + U % P) * steps`` K steps are split into ``P`` contiguous ranges of ``q = ceil((P + U % P)
-* steps / P)`` steps, one per worker, so every worker ends within one K step of the others.
-Since ``q >= steps``, a worker's range holds at most three *segments* (the end of one unit, a
-whole one, the start of another) and a unit is cut by at most one range boundary: between
-worker ``b - 1``'s last segment and worker ``b``'s first. A whole segment is stored as any
-unit; a cut one stores its float32 partial sum in a workspace slot (``2b`` for a worker's first
-segment, ``2b + 1`` for its last), and :func:`stream_k_fixup` adds slots ``2b - 1`` and ``2b``
-and writes the sum's rows of the unit's tile (one XLA scatter, after the kernel).
+When the last round holds ``r = U % P <= P / 2`` units, :class:`LastRound` cuts each of them
+into two halves of its K loop, run by workers ``t`` and ``t + r``: that round then takes half
+a unit's time. Both halves store float32 partial sums in workspace slot ``worker``, and
+:func:`last_round_fixup` adds slots ``t`` and ``t + r`` and writes the owned rows of unit
+``t``'s tile (one XLA scatter, after the kernel).
+
+Why halves of the last round only, not stream-K (every worker's share of the last two rounds
+a contiguous range of K steps, H100 run 26 calls 1-3): CTAs that multiply tiles of one group
+and N column share its weight blocks in L2 only while they walk K together, as whole units
+and these halves do (each half starts at one of two K offsets). Stream-K's ranges start at
+``P`` different offsets, so each CTA streams its weights from HBM: its kernels ran
+0.85-0.91x where the weights are not multicast.
 
 Everything here is plain integer arithmetic on scalars, so the kernel (on values it reads from
-GPU memory) and the fixup (on arrays) share it.
+GPU memory) and the fix-up (on arrays) share it.
 """
 
 from __future__ import annotations
@@ -37,9 +39,6 @@ from jaxmoe.ops.grouped_matmul import work_list
 from jaxmoe.ops.grouped_matmul.pallas_mosaic_tiles import MosaicTileConfig, tile_align
 
 Array = jax.Array
-
-# A worker's stream-K range of q < 2 * steps K steps touches at most three units.
-MAX_SEGMENTS = 3
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,52 +96,37 @@ def item_rows(work: WorkList, item, cfg: MosaicTileConfig):
 
 
 @dataclasses.dataclass(frozen=True)
-class StreamK:
-    """The stream-K split of ``units`` units of ``steps`` K steps each over ``workers``
-    workers: the first ``data_parallel_units`` round-robin, whole; the rest
-    (``stream_k_units``, none when the units fill whole rounds or one round at most) in ranges
-    of ``steps_per_worker`` K steps."""
+class LastRound:
+    """The units of ``steps`` K steps each on ``workers`` workers: the first
+    ``whole_units`` round-robin, whole; when the last round holds ``0 < cut_units <= workers
+    // 2`` units, those cut into two halves of their K loop (``cut_units`` is 0 otherwise)."""
 
-    data_parallel_units: Array
-    stream_k_units: Array
-    steps_per_worker: Array
+    whole_units: Array
+    cut_units: Array
+    workers: int
     steps: int
 
     @classmethod
-    def of(cls, units, workers: int, steps: int) -> StreamK:
+    def of(cls, units, workers: int, steps: int) -> LastRound:
         rest = units % workers
-        on = (units >= workers) & (rest > 0)
-        stream_k_units = jnp.where(on, workers + rest, 0)
-        return cls(
-            data_parallel_units=units - stream_k_units,
-            stream_k_units=stream_k_units,
-            steps_per_worker=(stream_k_units * steps + workers - 1) // workers,
-            steps=steps,
-        )
+        cut_units = jnp.where((rest <= workers // 2) & (steps >= 2), rest, 0)
+        return cls(units - cut_units, cut_units, workers, steps)
 
-    def segment(self, worker, index):
-        """Segment ``index`` (``0 .. MAX_SEGMENTS - 1``) of ``worker``'s range: ``(unit,
-        first_step, count, partial, slot)``. ``count`` (K steps from ``first_step``) is 0 for a
-        segment past the range's end (``unit`` is then a valid unit, not to be run);
-        ``partial``: the segment is not its unit's whole K loop, so its float32 sum goes to
-        workspace ``slot``."""
-        steps = self.steps
-        total = self.stream_k_units * steps
-        lo = jnp.minimum(worker * self.steps_per_worker, total)
-        hi = jnp.minimum(lo + self.steps_per_worker, total)
-        unit = lo // steps + index
-        start = jnp.maximum(lo, unit * steps)
-        count = jnp.maximum(jnp.minimum(hi, (unit + 1) * steps) - start, 0)
-        first_step = start - unit * steps
-        partial = (count > 0) & (count < steps)
-        # A cut first segment starts inside its unit; a cut last one starts at its unit's start.
-        slot = 2 * worker + (first_step == 0).astype(jnp.int32)
-        last_unit = jnp.maximum(self.stream_k_units - 1, 0)
-        unit = self.data_parallel_units + jnp.minimum(unit, last_unit)
-        return unit, first_step, count, partial, slot
+    def half(self, worker):
+        """``worker``'s half of a cut unit: ``(unit, first_step, count)``; ``count`` (K steps
+        from ``first_step``) is 0 for a worker without one (``unit`` is then a valid unit, not
+        to be run). Its float32 partial sum goes to workspace slot ``worker``."""
+        cut = jnp.maximum(self.cut_units, 1)
+        which = worker // cut  # 0: the first half of unit ``worker % cut``, 1: the second
+        first_steps = self.steps // 2
+        count = jnp.where(which == 0, first_steps, self.steps - first_steps)
+        count = jnp.where((which < 2) & (self.cut_units > 0), count, 0)
+        first_step = jnp.where(which == 0, 0, first_steps)
+        unit = jnp.minimum(self.whole_units + worker % cut, self.whole_units + cut - 1)
+        return unit, first_step, count
 
 
-def stream_k_fixup(
+def last_round_fixup(
     out: Array,
     workspace: Array,
     work: WorkList,
@@ -152,20 +136,20 @@ def stream_k_fixup(
     num_n_tiles: int,
     cfg: MosaicTileConfig,
 ) -> Array:
-    """``out`` with the units cut between two workers written: for each range boundary ``b``
-    inside a unit, workspace slots ``2b - 1`` and ``2b`` (per CTA of a cluster: ``workspace[slot
-    * ctas + cta]``, ``[block_m, block_n]`` float32) added and the owned rows of the unit's
-    tile stored (rows ``[lo, hi)``, as the kernel stores a tile)."""
+    """``out`` with the cut units written: for each cut unit ``t``, workspace slots ``t`` and
+    ``t + r`` (per CTA of a cluster: ``workspace[slot * ctas + cta]``, ``[block_m, block_n]``
+    float32) added and the owned rows of its tile stored (rows ``[lo, hi)``, as the kernel
+    stores a tile)."""
     ctas = common.MULTICAST_CLUSTER_CTAS if cfg.multicast_weights else 1
     bm, bn = cfg.block_m, cfg.block_n
-    schedule = StreamK.of(num_units(work, num_n_tiles, cfg), workers, steps)
-    boundary = jnp.arange(1, workers, dtype=jnp.int32)
-    position = boundary * schedule.steps_per_worker
-    cut = (position < schedule.stream_k_units * steps) & (position % steps != 0)
-    unit = schedule.data_parallel_units + position // steps
-    partials = workspace.reshape(workers, 2, ctas, bm, bn)
-    # Worker b - 1's last segment (slot 2b - 1) and worker b's first (slot 2b).
-    sums = partials[:-1, 1] + partials[1:, 0]  # [workers - 1, ctas, bm, bn]
+    split = LastRound.of(num_units(work, num_n_tiles, cfg), workers, steps)
+    most = workers // 2  # the most units cut
+    unit_index = jnp.arange(most, dtype=jnp.int32)
+    cut = unit_index < split.cut_units
+    partials = workspace.reshape(workers, ctas, bm, bn)
+    second = lax.dynamic_slice_in_dim(partials, jnp.maximum(split.cut_units, 0), most)
+    sums = partials[:most] + second  # [most, ctas, bm, bn]
+    unit = split.whole_units + jnp.where(cut, unit_index, 0)
     cta = jnp.arange(ctas, dtype=jnp.int32)
     _, row0, lo, hi, col0, _ = unit_tile(work, unit[:, None], cta[None, :], num_n_tiles, cfg)
     # An odd last item's partner (CTA 1 of a cluster) recomputed CTA 0's tile: written once.

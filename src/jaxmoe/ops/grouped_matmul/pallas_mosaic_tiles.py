@@ -77,11 +77,12 @@ class MosaicTileConfig:
     ``gmm`` and its input gradients), off in the fused gated kernel's tiles and the field's own
     default; see there for the measurements.
 
-    ``stream_k`` (on the ``ring``, in the plain ``gmm`` and ``gmm_pair``; kernels with an
-    epilogue or several weights run without it): the last whole round of units and the
-    partial one are cut along K so that every CTA ends together
-    (:mod:`.pallas_mosaic_schedule`); a cut unit's float32 partial sums go to a workspace and
-    one XLA scatter after the kernel adds and stores them.
+    ``split_last_round`` (on the ``ring``, in the plain ``gmm`` and ``gmm_pair``; kernels with
+    an epilogue or several weights run without it): when the last round of units would leave
+    half the CTAs or more idle, its units are cut into two halves of their K loop, run by two
+    CTAs (:mod:`.pallas_mosaic_schedule`), so the round takes half the time; the halves'
+    float32 partial sums go to a workspace and one XLA scatter after the kernel adds and
+    stores them.
     """
 
     block_m: int = 128
@@ -96,7 +97,7 @@ class MosaicTileConfig:
     split_rows: bool = False
     group_start_tiles: bool = False
     multicast_weights: bool = False
-    stream_k: bool = False
+    split_last_round: bool = False
 
 
 # With group_start_tiles a tile starts on this row grid: a TMA copy into a tiled shared buffer
@@ -152,7 +153,7 @@ def epilogue_layout(cfg: MosaicTileConfig, out_bytes: int = 2) -> dict[str, int]
     stores = (wg_m // rows) * chunks
     slots = min(2, stores)
     slab_rows = rows
-    # stream_k's float32 partial sums are staged [rows, partial_cols] at a time.
+    # split_last_round's float32 partial sums are staged [rows, partial_cols] at a time.
     partial_cols = min(wg_n, SWIZZLE_BYTES // 2)
     if cfg.swizzled_epilogue:
         slab_rows = max(rows, slots * rows * chunk_cols // slab_cols)
@@ -175,9 +176,9 @@ def epilogue_smem_bytes(cfg: MosaicTileConfig, out_bytes: int = 2) -> int:
     lay = epilogue_layout(cfg, out_bytes)
     unswizzled = lay["slab_rows"] * lay["slab_cols"] * out_bytes
     swizzled = lay["slots"] * lay["rows"] * lay["chunk_cols"] * out_bytes
-    partial = lay["rows"] * lay["partial_cols"] * 4  # stream_k's float32 partial sums
+    partial = lay["rows"] * lay["partial_cols"] * 4  # split_last_round's partial sums
     return NUM_COMPUTE_WARPGROUPS * max(
-        unswizzled, swizzled if cfg.swizzled_epilogue else 0, partial if cfg.stream_k else 0
+        unswizzled, swizzled if cfg.swizzled_epilogue else 0, partial if cfg.split_last_round else 0
     )
 
 
@@ -189,6 +190,10 @@ def smem_bytes(cfg: MosaicTileConfig, operand_bytes: int = 2, num_rhs: int = 1) 
     return ring + epilogue_smem_bytes(cfg)
 
 
+# The default cuts the last round into K halves (``split_last_round``) from this contraction
+# length up: half a round of a unit's K loop (>= 64 us on an H100) then outweighs the fix-up
+# (~6-10 us). Shorter ones measured level to 0.977x with it (H100 run 26 call 4).
+SPLIT_LAST_ROUND_MIN_K = 8192
 # The default multicasts the weights from this many elements per expert (K * N) up: between
 # DeepSeek's 14.7 M (no gain, H100 run 22 call 1) and Mixtral's 58.7 M (3-5%).
 MULTICAST_MIN_WEIGHT_ELEMENTS = 32 * 1024 * 1024
@@ -197,7 +202,8 @@ MULTICAST_MIN_WEIGHT_ELEMENTS = 32 * 1024 * 1024
 def default_mosaic_gmm_tiles(m: int, k: int, n: int) -> MosaicTileConfig:
     """Block sizes of the Mosaic ``gmm``: ``128 x 256 x 64`` tiles, a 4-deep ring made to fit in
     shared memory by a 64-row epilogue slab, the hand-written ring across a CTA's tiles and the
-    swizzled epilogue, on every shape.
+    swizzled epilogue, on every shape; the weight multicast on large experts and the last round
+    cut along K on long contractions.
 
     H100 sweeps: run4 (2026-11-23, ``benchmarks/NOTES-grouped-matmul.md``) chose the tiles, the
     ring depth and the slab (a 3-deep ring with a whole-tile slab 0-22% slower, a 2-deep ring
@@ -225,6 +231,14 @@ def default_mosaic_gmm_tiles(m: int, k: int, n: int) -> MosaicTileConfig:
     call 2). In the Mixtral layer (multicast on these tiles only) the fwd+bwd alone in
     alternating 3 s phases measured 1.002x and 1.0006x at the same clock and power (H200
     ``h100-run21`` calls 14-15).
+
+    Session 26: the last round cut into two K halves when it would leave half the workers or
+    more idle (``split_last_round``), from ``K =`` :data:`SPLIT_LAST_ROUND_MIN_K` up
+    (``benchmarks/results/raw/h100-run26``, exact against the default with poisoned results).
+    On the Mixtral layer's own groups (560 units on 66 clusters, 32 cut) its down projection
+    1.041x and its input-gradient pair 1.031x (call 5); Mixtral down on the gemm shape's
+    M = 16384 1.026x (4 of 928 cut, call 4). The layer in interleaved rounds: 1.010x fwd, 0.996x
+    fwd+bwd, where two runs of one program differ by up to 1.6% (call 5).
     """
     del m
     return MosaicTileConfig(
@@ -235,6 +249,7 @@ def default_mosaic_gmm_tiles(m: int, k: int, n: int) -> MosaicTileConfig:
         split_rows=True,
         group_start_tiles=True,
         multicast_weights=k * n >= MULTICAST_MIN_WEIGHT_ELEMENTS,
+        split_last_round=k >= SPLIT_LAST_ROUND_MIN_K,
     )
 
 
@@ -335,8 +350,8 @@ def check_tiles(cfg: MosaicTileConfig, operand_bytes: int = 2, num_rhs: int = 1)
         problems.append(f"group_swizzle={cfg.group_swizzle} must be >= 1")
     if cfg.multicast_weights and not cfg.ring:
         problems.append("multicast_weights=True needs ring=True (its releases span the cluster)")
-    if cfg.stream_k and not cfg.ring:
-        problems.append("stream_k=True needs ring=True (a CTA's segments run on its ring)")
+    if cfg.split_last_round and not cfg.ring:
+        problems.append("split_last_round=True needs ring=True (the halves run on the ring)")
     if cfg.split_rows and bm != 128:
         problems.append("split_rows=True needs block_m=128 (one 64-row wgmma M tile per warpgroup)")
     if cfg.epilogue_rows not in (None, bm) and not (

@@ -1,0 +1,172 @@
+"""Probe (issue 15): the Mosaic ``gmm`` with its last round cut into K halves
+(``split_last_round``) against the default, on one GPU.
+
+Per gemm shape (``--rows`` replaces its M), on the layer's kind of groups
+(``layer_group_sizes``, or ``--sizes``), fwd (and ``--ops dgrad``, or ``pair``: the gated FFN's
+input gradient ``gmm_pair`` with transposed weights, ``[M, K] x [G, N, K]^T`` twice): the
+default tiles, the same with ``split_last_round`` (kernel and fix-up), its kernel alone (the
+fix-up replaced by nothing: timing only) and the default again (a control), in settled
+interleaved rounds; each row says how many units there are and how many the last round cuts.
+Each variant's first call writes into a freed NaN buffer of the result's size (as the
+exactness checks of ``mosaic_probe.py``), so the kernel alone differs from the default (NaN)
+where it leaves cut tiles to the fix-up. Each split program's
+optimized HLO goes to ``<out-dir>/hlo-<shape>-<op>.txt`` and its ops outside the kernel
+(copies, scatters, fusions) are listed in the row, so a copy of the whole result shows. Rows go
+to ``<out-dir>/split-last-round-probe.json``. (Session 26's calls 1-3 ran this probe's first
+form, on stream-K: commit ``399c3bd``.)
+
+    PYTHONPATH=src python benchmarks/split_last_round_probe.py --out-dir $OUT
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import functools
+import os
+import re
+import sys
+import time
+import traceback
+
+import jax
+import jax.numpy as jnp
+
+from jaxmoe.bench.gemm import layer_group_sizes
+from jaxmoe.bench.harness import relative_error, results_header, row_emitter
+from jaxmoe.bench.presets import GEMM_SHAPES
+from jaxmoe.bench.timing import jax_sync, time_interleaved, warm_up
+from jaxmoe.ops.grouped_matmul import (
+    pallas_mosaic,
+    pallas_mosaic_common,
+    pallas_mosaic_schedule,
+    pallas_mosaic_tiles,
+    work_list,
+)
+
+
+@contextlib.contextmanager
+def without_fixup():
+    """The split kernel alone: its fix-up returns the kernel's result as it is."""
+    saved = pallas_mosaic_schedule.last_round_fixup
+    pallas_mosaic_schedule.last_round_fixup = lambda out, *args, **kwargs: out
+    try:
+        yield
+    finally:
+        pallas_mosaic_schedule.last_round_fixup = saved
+
+
+def last_round(shape, sizes, k: int, n: int, tiles) -> dict:
+    """How many units the kernel runs on these groups, on how many workers, and how many of the
+    last round's it cuts (:mod:`jaxmoe.ops.grouped_matmul.pallas_mosaic_schedule`)."""
+    groups, first_rows, offsets = work_list.work_items(
+        sizes, shape.m, tiles.block_m, tile_align=pallas_mosaic_tiles.tile_align(tiles)
+    )
+    work = pallas_mosaic_schedule.WorkList(
+        groups, first_rows, offsets, jnp.sum(groups < shape.groups), shape.groups, shape.m
+    )
+    workers = pallas_mosaic_common.grid_size(None, pallas_mosaic_tiles.cluster_ctas(tiles))
+    units = pallas_mosaic_schedule.num_units(work, n // tiles.block_n, tiles)
+    split = pallas_mosaic_schedule.LastRound.of(units, workers, k // tiles.block_k)
+    return {"units": int(units), "workers": workers, "cut_units": int(split.cut_units)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--out-dir", default=os.environ.get("OUT", "/tmp"))
+    parser.add_argument("--shapes", default="mixtral-down,dsv3-up")
+    parser.add_argument("--ops", default="fwd")
+    parser.add_argument("--rows", type=int, default=0, help="M instead of the shape's (0: its)")
+    parser.add_argument(
+        "--sizes", default="", help="group sizes, comma-separated (default: layer_group_sizes)"
+    )
+    parser.add_argument("--rounds", type=int, default=8)
+    parser.add_argument("--time-budget-s", type=float, default=200)
+    args = parser.parse_args()
+    start = time.time()
+    os.makedirs(args.out_dir, exist_ok=True)
+    emit = row_emitter(
+        os.path.join(args.out_dir, "split-last-round-probe.json"),
+        results_header(" ".join(sys.argv), device=str(jax.devices()[0])),
+    )
+    for shape_name in args.shapes.split(","):
+        shape = GEMM_SHAPES[shape_name]
+        if args.rows:
+            shape = dataclasses.replace(shape, m=args.rows)
+        for op in args.ops.split(","):
+            if time.time() - start > args.time_budget_s:
+                emit({"budget": "stopped", "at": [shape_name, op]})
+                return
+            row = {"shape": shape_name, "m": shape.m, "op": op}
+            try:
+                transpose = op in ("dgrad", "pair")
+                k, n = (shape.n, shape.k) if op == "dgrad" else (shape.k, shape.n)
+                keys = jax.random.split(jax.random.key(0), 4)
+                rhs_shape = (shape.groups, n, k) if transpose else (shape.groups, k, n)
+                operands = [
+                    jax.random.normal(keys[0], (shape.m, k), jnp.bfloat16),
+                    (jax.random.normal(keys[1], rhs_shape) / k**0.5).astype(jnp.bfloat16),
+                ]
+                if op == "pair":
+                    operands += [
+                        jax.random.normal(keys[2], (shape.m, k), jnp.bfloat16),
+                        (jax.random.normal(keys[3], rhs_shape) / k**0.5).astype(jnp.bfloat16),
+                    ]
+                if args.sizes:
+                    sizes = jnp.asarray([int(v) for v in args.sizes.split(",")], jnp.int32)
+                else:
+                    sizes = jnp.asarray(layer_group_sizes(shape))
+                operands.append(sizes)
+                product = pallas_mosaic.gmm_pair if op == "pair" else pallas_mosaic.gmm
+                default = pallas_mosaic_tiles.default_mosaic_gmm_tiles(shape.m, k, n)
+                split = dataclasses.replace(default, split_last_round=True)
+                row.update(last_round(shape, sizes, k * (1 + (op == "pair")), n, split))
+                variants = {
+                    "default": (default, contextlib.nullcontext),
+                    "split": (split, contextlib.nullcontext),
+                    "kernel_only": (split, without_fixup),
+                    "default_again": (default, contextlib.nullcontext),
+                }
+                calls, outs = {}, {}
+                for name, (tiles, context) in variants.items():
+                    fn = functools.partial(product, transpose_rhs=transpose, tiles=tiles)
+                    with context():
+                        compiled = jax.jit(fn).lower(*operands).compile()
+                    if name == "split":
+                        text = compiled.as_text()
+                        with open(
+                            os.path.join(args.out_dir, f"hlo-{shape_name}-{op}.txt"), "w"
+                        ) as f:
+                            f.write(text)
+                        entry = text[text.find("ENTRY") :]
+                        row["entry_ops"] = sorted(
+                            set(re.findall(r"= \S+ (copy|scatter|fusion|custom-call)\(", entry))
+                        )
+                        row["entry_copies"] = re.findall(r"= (\S+) copy\(", entry)
+                    # A freed NaN buffer for the allocator to hand back as the result.
+                    jax.block_until_ready(jnp.full((shape.m, n), jnp.nan, jnp.bfloat16))
+                    outs[name] = jax.block_until_ready(compiled(*operands))
+                    call = functools.partial(compiled, *operands)
+                    calls[name] = (call, jax_sync, warm_up(call, jax_sync))
+                end = int(sizes.sum())
+                for name in ("split", "kernel_only"):
+                    row[f"{name}_rel_diff"] = relative_error(
+                        outs[name][:end], outs["default"][:end]
+                    )
+                flops = 2 * end * k * n * (1 + (op == "pair"))
+                for name, timing in time_interleaved(calls, rounds=args.rounds).items():
+                    row[f"{name}_ms"] = timing.median_ms
+                    row[f"{name}_tflops"] = flops / timing.median_ms / 1e9
+                base = (row["default_ms"] + row["default_again_ms"]) / 2
+                row["split_speedup"] = base / row["split_ms"]
+                row["kernel_only_speedup"] = base / row["kernel_only_ms"]
+            except Exception as error:  # noqa: BLE001 - the probe records failures and goes on
+                row["error"] = f"{type(error).__name__}: {error}"[:2000]
+                traceback.print_exc()
+            row["elapsed_s"] = round(time.time() - start, 1)
+            emit(row)
+
+
+if __name__ == "__main__":
+    main()

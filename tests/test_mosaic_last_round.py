@@ -1,0 +1,161 @@
+"""The Mosaic ``gmm``'s last round cut into K halves (``split_last_round``,
+:mod:`jaxmoe.ops.grouped_matmul.pallas_mosaic_schedule`): the schedule's arithmetic against a
+plain count, then the kernel with it, in Mosaic GPU's interpreter, against the NumPy reference
+(the halves' float32 partial sums and the fix-up that adds them): plain, as a pair, and in
+clusters of two CTAs multicasting the weights, where a cut unit is an odd last item that both
+CTAs compute. On an H100 (run 26 calls 4-5) the halves' results were checked against the
+default's from a NaN-poisoned buffer (the kernel alone leaves NaN where the fix-up writes)."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from test_grouped_matmul import np_gmm, random_inputs
+
+from jaxmoe.ops.gated_grouped_matmul import pallas_mosaic as fused_mosaic
+from jaxmoe.ops.grouped_matmul import (
+    pallas_mosaic,
+    pallas_mosaic_common,
+    pallas_mosaic_schedule,
+    pallas_mosaic_tiles,
+    work_list,
+)
+from jaxmoe.ops.grouped_matmul.pallas_mosaic import MosaicTileConfig, default_mosaic_gmm_tiles
+
+SIZES = [70, 0, 3, 100, 40]  # an empty group, groups cutting tiles, 43 tail rows (M = 256)
+
+
+@settings(max_examples=60, deadline=None, derandomize=True)
+@given(
+    units=st.integers(0, 600),
+    workers=st.integers(1, 132),
+    steps=st.integers(1, 40),
+)
+def test_every_unit_runs_whole_once_or_as_two_halves(units, workers, steps):
+    split = pallas_mosaic_schedule.LastRound.of(jnp.int32(units), workers, steps)
+    rest = units % workers
+    want_cut = rest if (0 < rest <= workers // 2 and steps >= 2) else 0
+    assert int(split.cut_units) == want_cut
+    assert int(split.whole_units) == units - want_cut
+    # Whole units round-robin, then each worker's half (if any).
+    ranges = {unit: [] for unit in range(units)}
+    busy = np.zeros(workers, np.int64)
+    for unit in range(int(split.whole_units)):
+        ranges[unit].append((0, steps))
+        busy[unit % workers] += steps
+    unit, first_step, count = (
+        np.asarray(v) for v in split.half(jnp.arange(workers, dtype=jnp.int32))
+    )
+    for worker in range(workers):
+        if count[worker]:
+            ranges[int(unit[worker])].append(
+                (int(first_step[worker]), int(first_step[worker] + count[worker]))
+            )
+            busy[worker] += count[worker]
+    for unit_ranges in ranges.values():  # the K ranges of each unit partition [0, steps)
+        unit_ranges.sort()
+        assert unit_ranges[0][0] == 0 and unit_ranges[-1][1] == steps
+        assert all(a[1] == b[0] for a, b in zip(unit_ranges, unit_ranges[1:], strict=False))
+    # The last round takes half a unit's K loop instead of a whole one.
+    rounds = -(-units // workers)
+    want = (rounds - 1) * steps + (steps - steps // 2) if want_cut else rounds * steps
+    assert busy.max(initial=0) == want
+
+
+def cut_units(sizes, m, n, cfg, workers, steps):
+    """How many units the last round cuts for these groups (the kernel's own arithmetic)."""
+    groups, first_rows, offsets = work_list.work_items(
+        jnp.asarray(sizes, jnp.int32),
+        m,
+        cfg.block_m,
+        tile_align=pallas_mosaic_tiles.tile_align(cfg),
+    )
+    work = pallas_mosaic_schedule.WorkList(
+        groups, first_rows, offsets, jnp.sum(groups < len(sizes)), len(sizes), m
+    )
+    units = pallas_mosaic_schedule.num_units(work, n // cfg.block_n, cfg)
+    return int(pallas_mosaic_schedule.LastRound.of(units, workers, steps).cut_units)
+
+
+RING = MosaicTileConfig(64, 128, 64, stages=2, group_swizzle=2, ring=True, split_last_round=True)
+
+
+@pytest.mark.parametrize("pair", [False, True], ids=["gmm", "pair"])
+def test_halves_of_the_last_round_add_up(pair):
+    # 21 units (7 items x 3 N tiles) on the interpreter's two CTAs: the last unit is cut, each
+    # CTA multiplying half of its K loop (3 steps; 6 for the pair: the halves split between
+    # the pair's products).
+    m, k, n = 256, 192, 384
+    steps = k // RING.block_k * (2 if pair else 1)
+    assert cut_units(SIZES, m, n, RING, workers=2, steps=steps) == 1
+    lhs, rhs, _ = random_inputs(m, k, n, len(SIZES), "bfloat16", 3)
+    sizes = jnp.asarray(SIZES, jnp.int32)
+    want = np_gmm(lhs, rhs, SIZES)
+    if pair:
+        lhs2, rhs2, _ = random_inputs(m, k, n, len(SIZES), "bfloat16", 4)
+        got = pallas_mosaic.gmm_pair(lhs, rhs, lhs2, rhs2, sizes, tiles=RING)
+        want = want + np_gmm(lhs2, rhs2, SIZES)
+    else:
+        got = pallas_mosaic.gmm(lhs, rhs, sizes, tiles=RING)
+    got = np.asarray(got.astype(jnp.float32), np.float64)
+    assert np.max(np.abs(got - want)) / np.max(np.abs(want)) <= 1.6e-2
+    assert np.all(got[sum(SIZES) :] == 0)
+
+
+def test_halves_in_clusters_of_two_ctas(monkeypatch):
+    # The default's layout with the weight multicast on 4 CTAs (2 clusters): 5 items make 3
+    # pairs, the last one item 4 twice (its partner recomputes it); one N tile, so 3 units on
+    # 2 clusters and the last one cut. The fix-up writes item 4's tile once.
+    monkeypatch.setattr(pallas_mosaic_common, "num_sms", lambda interpret: 4)
+    sizes = [*SIZES, 120]  # 51 tail rows
+    m, k, n = 384, 128, 256
+    cfg = dataclasses.replace(
+        default_mosaic_gmm_tiles(m, k, n),
+        stages=3,
+        group_swizzle=2,
+        multicast_weights=True,
+        split_last_round=True,
+    )
+    assert cut_units(sizes, m, n, cfg, workers=2, steps=k // cfg.block_k) == 1
+    lhs, rhs, _ = random_inputs(m, k, n, len(sizes), "bfloat16", 5)
+    got = pallas_mosaic.gmm(lhs, rhs, jnp.asarray(sizes, jnp.int32), tiles=cfg)
+    got = np.asarray(got.astype(jnp.float32), np.float64)
+    want = np_gmm(lhs, rhs, sizes)
+    assert np.max(np.abs(got - want)) / np.max(np.abs(want)) <= 1.6e-2
+    assert np.all(got[sum(sizes) :] == 0)
+
+
+def test_only_plain_products_and_pairs_are_cut():
+    # The fix-up adds the accumulator's partial sums, so a kernel with an epilogue (the fused
+    # gated kernels, FP8) runs every unit whole on the same tiles: lowered for CUDA, the plain
+    # product has the fix-up's scatter after its kernel, the fused down dgrad none.
+    m, f, h = 256, 8192, 512
+    tiles = dataclasses.replace(default_mosaic_gmm_tiles(m, f, h), split_last_round=True)
+    assert tiles == default_mosaic_gmm_tiles(m, f, h)  # the default from K = 8192 up
+    bf16 = functools.partial(jax.ShapeDtypeStruct, dtype=jnp.bfloat16)
+    sizes = jax.ShapeDtypeStruct((4,), jnp.int32)
+    plain = jax.jit(functools.partial(pallas_mosaic.gmm, tiles=tiles, interpret=False))
+    text = plain.trace(bf16((m, f)), bf16((4, f, h)), sizes).lower(lowering_platforms=("cuda",))
+    assert "stablehlo.scatter" in text.as_text()
+    fused = jax.jit(
+        functools.partial(
+            fused_mosaic.fused_down_dgrad, activation="swiglu", tiles=tiles, interpret=False
+        )
+    )
+    lowered = fused.trace(bf16((m, f)), bf16((m, h)), bf16((m, h)), bf16((4, h, f)), sizes).lower(
+        lowering_platforms=("cuda",)
+    )
+    assert "mosaic_gpu" in lowered.as_text() and "stablehlo.scatter" not in lowered.as_text()
+
+
+def test_split_needs_the_ring():
+    pallas_mosaic_tiles.check_tiles(RING)
+    with pytest.raises(ValueError, match="split_last_round=True needs ring=True"):
+        pallas_mosaic_tiles.check_tiles(dataclasses.replace(RING, ring=False))
