@@ -67,6 +67,11 @@ CONFIGS = {
     "ring_swizzled": MosaicTileConfig(
         64, 256, 64, stages=2, group_swizzle=2, swizzled_epilogue=True, ring=True
     ),
+    # The last round cut into K halves where it would leave a worker idle (no units at all:
+    # nothing is cut, no unit read; test_mosaic_last_round.py for the cuts).
+    "ring_split_last_round": MosaicTileConfig(
+        64, 128, 64, stages=2, group_swizzle=2, ring=True, split_last_round=True
+    ),
     # The compute warpgroups split a tile's rows (64 each): a group boundary in either half.
     # At block_n 256 (the default's shape) the unswizzled slab is staged in two 128-column
     # parts, whole slabs and cut ones; the swizzled one in four chunks; and on jax's pipeline
@@ -129,7 +134,7 @@ def test_forward_single_group_holds_every_row(name):
     assert np.max(np.abs(got - want)) / np.max(np.abs(want)) <= 1.6e-2
 
 
-@pytest.mark.parametrize("name", ["plain", "ring"])
+@pytest.mark.parametrize("name", ["plain", "ring", "ring_split_last_round"])
 def test_forward_no_rows_at_all_is_zeros(name):
     got, _ = mosaic_forward([0, 0], CONFIGS[name], m=64, n=CONFIGS[name].block_n)
     assert np.all(got == 0)

@@ -324,6 +324,8 @@ def mosaic_gmm_body(
             if cfg.split_last_round:
                 split = schedule.LastRound.of(units, lax.axis_size("sm"), unit_steps)
                 my_whole = common.cta_tile_count(split.whole_units)
+                # A loop of one half, or none when nothing is cut (then no unit may be read).
+                my_halves = jnp.where(split.cut_units > 0, 1, 0)
             else:
                 my_whole = common.cta_tile_count(units)
 
@@ -375,7 +377,7 @@ def mosaic_gmm_body(
                     load,
                     stages=cfg.stages,
                     released=ring["released"],
-                    then=(1, producer_steps(half_parts)) if cfg.split_last_round else None,
+                    then=(my_halves, producer_steps(half_parts)) if cfg.split_last_round else None,
                 )
 
             @pl.when(wg < common.NUM_COMPUTE_WARPGROUPS)
@@ -418,7 +420,7 @@ def mosaic_gmm_body(
 
                 step = lax.fori_loop(0, my_whole, tiles(whole_parts), jnp.int32(0))
                 if cfg.split_last_round:
-                    tiles(half_parts)(0, step)
+                    lax.fori_loop(0, my_halves, tiles(half_parts), step)
 
         if cfg.ring:
             ring_tiles(pipeline_allocs)

@@ -6,8 +6,8 @@ A *unit* is one (work item, N tile) pair (:mod:`.work_list`), or with ``multicas
 (:func:`unit_tile`). Every unit is a whole ``block_m x block_n`` tile multiplied over the same
 ``steps`` K steps, so units cost the same, and ``P`` persistent workers (CTAs, or clusters)
 taking them round-robin run ``ceil(U / P)`` rounds where ``U / P`` would do: the last round
-leaves ``P - U % P`` workers idle (the Mixtral layer's down projection: 552 units on 66
-clusters, 8.36 rounds' work in 9).
+leaves ``P - U % P`` workers idle (the Mixtral layer's down projection: 560 units on 66
+clusters, 8.48 rounds' work in 9).
 
 When the last round holds ``r = U % P <= P / 2`` units, :class:`LastRound` cuts each of them
 into two halves of its K loop, run by workers ``t`` and ``t + r``: that round then takes half
@@ -19,8 +19,8 @@ Why halves of the last round only, not stream-K (every worker's share of the las
 a contiguous range of K steps, H100 run 26 calls 1-3): CTAs that multiply tiles of one group
 and N column share its weight blocks in L2 only while they walk K together, as whole units
 and these halves do (each half starts at one of two K offsets). Stream-K's ranges start at
-``P`` different offsets, so each CTA streams its weights from HBM: its kernels ran
-0.85-0.91x where the weights are not multicast.
+``P`` different offsets, so each CTA streams its weights from HBM: where the weights are not
+multicast its kernels ran 0.85-1.01x, the slowest where its rounds were the longest share.
 
 Everything here is plain integer arithmetic on scalars, so the kernel (on values it reads from
 GPU memory) and the fix-up (on arrays) share it.
@@ -113,17 +113,17 @@ class LastRound:
         return cls(units - cut_units, cut_units, workers, steps)
 
     def half(self, worker):
-        """``worker``'s half of a cut unit: ``(unit, first_step, count)``; ``count`` (K steps
-        from ``first_step``) is 0 for a worker without one (``unit`` is then a valid unit, not
-        to be run). Its float32 partial sum goes to workspace slot ``worker``."""
+        """``worker``'s half of a cut unit, when ``cut_units > 0``: ``(unit, first_step,
+        count)``; ``count`` (K steps from ``first_step``) is 0 for a worker without one
+        (``unit`` is then a valid unit, not to be run). Its float32 partial sum goes to
+        workspace slot ``worker``."""
         cut = jnp.maximum(self.cut_units, 1)
         which = worker // cut  # 0: the first half of unit ``worker % cut``, 1: the second
         first_steps = self.steps // 2
         count = jnp.where(which == 0, first_steps, self.steps - first_steps)
         count = jnp.where((which < 2) & (self.cut_units > 0), count, 0)
         first_step = jnp.where(which == 0, 0, first_steps)
-        unit = jnp.minimum(self.whole_units + worker % cut, self.whole_units + cut - 1)
-        return unit, first_step, count
+        return self.whole_units + worker % cut, first_step, count
 
 
 def last_round_fixup(
