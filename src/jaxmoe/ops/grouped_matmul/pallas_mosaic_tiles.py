@@ -191,8 +191,9 @@ def smem_bytes(cfg: MosaicTileConfig, operand_bytes: int = 2, num_rhs: int = 1) 
 
 
 # The default cuts the last round into K halves (``split_last_round``) from this contraction
-# length up: half a round of a unit's K loop (>= 64 us on an H100) then outweighs the fix-up
-# (~6-10 us). Shorter ones measured level to 0.977x with it (H100 run 26 call 4).
+# length up: the half of a unit's K loop it saves (>= 36 us on an H100, ~0.56 us per K step)
+# then outweighs the fix-up (~6-10 us). Shorter ones measured level to 0.977x with it (H100
+# run 26 call 4).
 SPLIT_LAST_ROUND_MIN_K = 8192
 # The default multicasts the weights from this many elements per expert (K * N) up: between
 # DeepSeek's 14.7 M (no gain, H100 run 22 call 1) and Mixtral's 58.7 M (3-5%).
