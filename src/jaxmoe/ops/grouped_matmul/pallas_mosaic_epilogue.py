@@ -20,6 +20,8 @@ On the GPU the two buffers share one region of shared memory (``plgpu.RefUnion``
 leaves no room for both), so a warpgroup switching between them first waits until its stores
 have read the region; :func:`.pallas_mosaic_tiles.epilogue_layout` pads the slab so that each
 warpgroup's covers exactly its own slots. The interpreter has no aliased refs: two buffers there.
+With ``split_last_round`` a third buffer in the same region stages the float32 partial sums of
+a cut unit's halves (:meth:`EpilogueStores.store_partial`).
 """
 
 from __future__ import annotations
