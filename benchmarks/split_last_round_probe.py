@@ -42,7 +42,6 @@ from jaxmoe.ops.grouped_matmul import (
     pallas_mosaic_common,
     pallas_mosaic_schedule,
     pallas_mosaic_tiles,
-    work_list,
 )
 
 
@@ -60,12 +59,7 @@ def without_fixup():
 def last_round(shape, sizes, k: int, n: int, tiles) -> dict:
     """How many units the kernel runs on these groups, on how many workers, and how many of the
     last round's it cuts (:mod:`jaxmoe.ops.grouped_matmul.pallas_mosaic_schedule`)."""
-    groups, first_rows, offsets = work_list.work_items(
-        sizes, shape.m, tiles.block_m, tile_align=pallas_mosaic_tiles.tile_align(tiles)
-    )
-    work = pallas_mosaic_schedule.WorkList(
-        groups, first_rows, offsets, jnp.sum(groups < shape.groups), shape.groups, shape.m
-    )
+    work = pallas_mosaic_schedule.WorkList.of(sizes, shape.m, tiles)
     workers = pallas_mosaic_common.grid_size(None, pallas_mosaic_tiles.cluster_ctas(tiles))
     units = pallas_mosaic_schedule.num_units(work, n // tiles.block_n, tiles)
     split = pallas_mosaic_schedule.LastRound.of(units, workers, k // tiles.block_k)

@@ -25,7 +25,6 @@ from jaxmoe.ops.grouped_matmul import (
     pallas_mosaic_common,
     pallas_mosaic_schedule,
     pallas_mosaic_tiles,
-    work_list,
 )
 from jaxmoe.ops.grouped_matmul.pallas_mosaic import MosaicTileConfig, default_mosaic_gmm_tiles
 
@@ -71,15 +70,7 @@ def test_every_unit_runs_whole_once_or_as_two_halves(units, workers, steps):
 
 def cut_units(sizes, m, n, cfg, workers, steps):
     """How many units the last round cuts for these groups (the kernel's own arithmetic)."""
-    groups, first_rows, offsets = work_list.work_items(
-        jnp.asarray(sizes, jnp.int32),
-        m,
-        cfg.block_m,
-        tile_align=pallas_mosaic_tiles.tile_align(cfg),
-    )
-    work = pallas_mosaic_schedule.WorkList(
-        groups, first_rows, offsets, jnp.sum(groups < len(sizes)), len(sizes), m
-    )
+    work = pallas_mosaic_schedule.WorkList.of(jnp.asarray(sizes, jnp.int32), m, cfg)
     units = pallas_mosaic_schedule.num_units(work, n // cfg.block_n, cfg)
     return int(pallas_mosaic_schedule.LastRound.of(units, workers, steps).cut_units)
 

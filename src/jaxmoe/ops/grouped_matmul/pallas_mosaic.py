@@ -32,14 +32,12 @@ from jaxmoe.ops.grouped_matmul import (
     pallas_mosaic_kernel,
     pallas_mosaic_schedule,
     pallas_triton,
-    work_list,
 )
 from jaxmoe.ops.grouped_matmul.pallas_mosaic_tiles import (
     MosaicTileConfig,
     check_tiles,
     cluster_ctas,
     default_mosaic_gmm_tiles,
-    tile_align,
     unsupported_reason,
 )
 
@@ -181,12 +179,9 @@ def launch_gmm(
     m, k = lhs.shape
     num_groups = rhs.shape[0]
     n = rhs.shape[1] if transpose_rhs else rhs.shape[2]
-    work_group, work_first_row, offsets = work_list.work_items(
-        group_sizes, m, cfg.block_m, tile_align=tile_align(cfg)
-    )
-    work_counts = jnp.stack(
-        [jnp.sum(work_group < num_groups), jnp.sum(work_group == num_groups)]
-    ).astype(jnp.int32)
+    work = pallas_mosaic_schedule.WorkList.of(group_sizes, m, cfg)
+    # The items with rows to multiply, then the tail's (rows written as zeros).
+    work_counts = jnp.stack([work.num_work, jnp.sum(work.group == num_groups).astype(jnp.int32)])
     body = functools.partial(
         pallas_mosaic_kernel.mosaic_gmm_body,
         cfg=cfg,
@@ -215,9 +210,9 @@ def launch_gmm(
     )
     results = kernel(
         work_counts,
-        work_group,
-        work_first_row,
-        offsets,
+        work.group,
+        work.first_row,
+        work.offsets,
         lhs,
         rhs,
         *more_rhs,
@@ -227,9 +222,6 @@ def launch_gmm(
     if not split:
         return results
     out, workspace = results
-    work = pallas_mosaic_schedule.WorkList(
-        work_group, work_first_row, offsets, work_counts[0], num_groups=num_groups, num_rows=m
-    )
     return pallas_mosaic_schedule.last_round_fixup(
         out,
         workspace,

@@ -54,6 +54,16 @@ class WorkList:
     num_groups: int
     num_rows: int
 
+    @classmethod
+    def of(cls, group_sizes: Array, num_rows: int, cfg: MosaicTileConfig) -> WorkList:
+        """The work list of ``group_sizes`` over ``num_rows`` rows in ``cfg``'s tiles (arrays)."""
+        num_groups = group_sizes.shape[0]
+        group, first_row, offsets = work_list.work_items(
+            group_sizes, num_rows, cfg.block_m, tile_align=tile_align(cfg)
+        )
+        num_work = jnp.sum(group < num_groups).astype(jnp.int32)
+        return cls(group, first_row, offsets, num_work, num_groups, num_rows)
+
 
 def num_units(work: WorkList, num_n_tiles: int, cfg: MosaicTileConfig):
     """How many units there are: (item, N tile) pairs, or (pair of items, N tile) with
