@@ -1,14 +1,16 @@
-"""Probe (issue 15): the Mosaic ``gmm`` with its last round cut into K halves
-(``split_last_round``) against the default, on one GPU.
+"""Probe (issue 15): the Mosaic ``gmm`` with its last round cut into pieces of the K loop
+(``split_last_round``) against the same tiles without the cut, on one GPU.
 
 Per gemm shape (``--rows`` replaces its M), on the layer's kind of groups
 (``layer_group_sizes``, or ``--sizes``), fwd (and ``--ops dgrad``, or ``pair``: the gated FFN's
 input gradient ``gmm_pair`` with transposed weights, ``[M, K] x [G, N, K]^T`` twice): the
-default tiles, the same with ``split_last_round`` (kernel and fix-up), its kernel alone (the
-fix-up replaced by nothing: timing only) and the default again (a control), in settled
-interleaved rounds; each row says how many units there are and how many the last round cuts.
+default tiles without the cut (``uncut``: ``split_last_round=False``), the same with it
+(``split``: kernel and fix-up), with at most two pieces (``halves``: session 26's rule,
+``MAX_PIECES = 2``), with ``--kernel-only`` its kernel alone (the fix-up replaced by nothing:
+timing only), and ``uncut`` again (a control), in settled interleaved rounds; each row says
+how many units there are and how many the last round cuts, in how many pieces (both rules).
 Each variant's first call writes into a freed NaN buffer of the result's size (as the
-exactness checks of ``mosaic_probe.py``), so the kernel alone differs from the default (NaN)
+exactness checks of ``mosaic_probe.py``), so the kernel alone differs from ``uncut`` (NaN)
 where it leaves cut tiles to the fix-up. Each split program's
 optimized HLO goes to ``<out-dir>/hlo-<shape>-<op>.txt`` and its ops outside the kernel
 (copies, scatters, fusions) are listed in the row, so a copy of the whole result shows. Rows go
@@ -46,6 +48,17 @@ from jaxmoe.ops.grouped_matmul import (
 
 
 @contextlib.contextmanager
+def max_pieces(pieces: int):
+    """The schedule with at most ``pieces`` pieces per cut unit while a program is traced."""
+    saved = pallas_mosaic_schedule.MAX_PIECES
+    pallas_mosaic_schedule.MAX_PIECES = pieces
+    try:
+        yield
+    finally:
+        pallas_mosaic_schedule.MAX_PIECES = saved
+
+
+@contextlib.contextmanager
 def without_fixup():
     """The split kernel alone: its fix-up returns the kernel's result as it is."""
     saved = pallas_mosaic_schedule.last_round_fixup
@@ -58,12 +71,21 @@ def without_fixup():
 
 def last_round(shape, sizes, k: int, n: int, tiles) -> dict:
     """How many units the kernel runs on these groups, on how many workers, and how many of the
-    last round's it cuts (:mod:`jaxmoe.ops.grouped_matmul.pallas_mosaic_schedule`)."""
+    last round's it cuts into how many pieces, also with at most two pieces
+    (:mod:`jaxmoe.ops.grouped_matmul.pallas_mosaic_schedule`)."""
     work = pallas_mosaic_schedule.WorkList.of(sizes, shape.m, tiles)
     workers = pallas_mosaic_common.grid_size(None, pallas_mosaic_tiles.cluster_ctas(tiles))
     units = pallas_mosaic_schedule.num_units(work, n // tiles.block_n, tiles)
     split = pallas_mosaic_schedule.LastRound.of(units, workers, k // tiles.block_k)
-    return {"units": int(units), "workers": workers, "cut_units": int(split.cut_units)}
+    with max_pieces(2):
+        halves = pallas_mosaic_schedule.LastRound.of(units, workers, k // tiles.block_k)
+    return {
+        "units": int(units),
+        "workers": workers,
+        "cut_units": int(split.cut_units),
+        "pieces": int(split.pieces),
+        "halves_cut_units": int(halves.cut_units),
+    }
 
 
 def main() -> None:
@@ -76,6 +98,7 @@ def main() -> None:
         "--sizes", default="", help="group sizes, comma-separated (default: layer_group_sizes)"
     )
     parser.add_argument("--rounds", type=int, default=8)
+    parser.add_argument("--kernel-only", action="store_true", help="also the kernel alone")
     parser.add_argument("--time-budget-s", type=float, default=200)
     args = parser.parse_args()
     start = time.time()
@@ -114,14 +137,19 @@ def main() -> None:
                 operands.append(sizes)
                 product = pallas_mosaic.gmm_pair if op == "pair" else pallas_mosaic.gmm
                 default = pallas_mosaic_tiles.default_mosaic_gmm_tiles(shape.m, k, n)
+                uncut = dataclasses.replace(default, split_last_round=False)
                 split = dataclasses.replace(default, split_last_round=True)
                 row.update(last_round(shape, sizes, k * (1 + (op == "pair")), n, split))
                 variants = {
-                    "default": (default, contextlib.nullcontext),
+                    "uncut": (uncut, contextlib.nullcontext),
                     "split": (split, contextlib.nullcontext),
+                    "halves": (split, functools.partial(max_pieces, 2)),
                     "kernel_only": (split, without_fixup),
-                    "default_again": (default, contextlib.nullcontext),
+                    "uncut_again": (uncut, contextlib.nullcontext),
                 }
+                if not args.kernel_only:
+                    del variants["kernel_only"]
+                compared = [name for name in variants if name not in ("uncut", "uncut_again")]
                 calls, outs = {}, {}
                 for name, (tiles, context) in variants.items():
                     fn = functools.partial(product, transpose_rhs=transpose, tiles=tiles)
@@ -144,17 +172,15 @@ def main() -> None:
                     call = functools.partial(compiled, *operands)
                     calls[name] = (call, jax_sync, warm_up(call, jax_sync))
                 end = int(sizes.sum())
-                for name in ("split", "kernel_only"):
-                    row[f"{name}_rel_diff"] = relative_error(
-                        outs[name][:end], outs["default"][:end]
-                    )
+                for name in compared:
+                    row[f"{name}_rel_diff"] = relative_error(outs[name][:end], outs["uncut"][:end])
                 flops = 2 * end * k * n * (1 + (op == "pair"))
                 for name, timing in time_interleaved(calls, rounds=args.rounds).items():
                     row[f"{name}_ms"] = timing.median_ms
                     row[f"{name}_tflops"] = flops / timing.median_ms / 1e9
-                base = (row["default_ms"] + row["default_again_ms"]) / 2
-                row["split_speedup"] = base / row["split_ms"]
-                row["kernel_only_speedup"] = base / row["kernel_only_ms"]
+                base = (row["uncut_ms"] + row["uncut_again_ms"]) / 2
+                for name in compared:
+                    row[f"{name}_speedup"] = base / row[f"{name}_ms"]
             except Exception as error:  # noqa: BLE001 - the probe records failures and goes on
                 row["error"] = f"{type(error).__name__}: {error}"[:2000]
                 traceback.print_exc()

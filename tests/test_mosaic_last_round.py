@@ -1,15 +1,18 @@
-"""The Mosaic ``gmm``'s last round cut into K halves (``split_last_round``,
+"""The Mosaic ``gmm``'s last round cut into pieces of its K loop (``split_last_round``,
 :mod:`jaxmoe.ops.grouped_matmul.pallas_mosaic_schedule`): the schedule's arithmetic against a
-plain count, then the kernel with it, in Mosaic GPU's interpreter, against the NumPy reference
-(the halves' float32 partial sums and the fix-up that adds them): plain, as a pair, and in
+plain count and a brute-force choice of pieces, then the kernel with it, in Mosaic GPU's
+interpreter, against the NumPy reference (the pieces' float32 partial sums and the fix-up that
+adds them): plain in halves and thirds (two parts on a CTA), as a pair in quarters, and in
 clusters of two CTAs multicasting the weights, where a cut unit is an odd last item that both
-CTAs compute. On an H100 (run 26 calls 4-5) the halves' results were checked against the
-default's from a NaN-poisoned buffer (the kernel alone leaves NaN where the fix-up writes)."""
+CTAs compute. On an H100 (run 26 calls 4-5, run 27 calls 3-4) the results were checked against
+the uncut kernel's from a NaN-poisoned buffer (the kernel alone leaves NaN where the fix-up
+writes)."""
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+from fractions import Fraction
 
 import jax
 import jax.numpy as jnp
@@ -31,61 +34,81 @@ from jaxmoe.ops.grouped_matmul.pallas_mosaic import MosaicTileConfig, default_mo
 SIZES = [70, 0, 3, 100, 40]  # an empty group, groups cutting tiles, 43 tail rows (M = 256)
 
 
+def best_pieces(rest, workers, steps):
+    """Brute force: the pieces (1 = no cut) that make a last round of ``rest`` units on
+    ``workers`` shortest, ``ceil(s * rest / workers) / s`` of a unit; the fewest on a tie."""
+    if rest == 0:
+        return 1
+    candidates = range(1, min(pallas_mosaic_schedule.MAX_PIECES, steps) + 1)
+    return min(candidates, key=lambda s: (Fraction(-(-s * rest // workers), s), s))
+
+
 @settings(max_examples=60, deadline=None, derandomize=True)
 @given(
     units=st.integers(0, 600),
     workers=st.integers(1, 132),
     steps=st.integers(1, 40),
 )
-def test_every_unit_runs_whole_once_or_as_two_halves(units, workers, steps):
+def test_every_unit_runs_whole_once_or_in_pieces(units, workers, steps):
     split = pallas_mosaic_schedule.LastRound.of(jnp.int32(units), workers, steps)
     rest = units % workers
-    want_cut = rest if (0 < rest <= workers // 2 and steps >= 2) else 0
+    pieces = best_pieces(rest, workers, steps)
+    want_cut = rest if pieces > 1 else 0
     assert int(split.cut_units) == want_cut
     assert int(split.whole_units) == units - want_cut
-    # Whole units round-robin, then each worker's half (if any).
+    if want_cut:
+        assert int(split.pieces) == pieces
+    # Whole units round-robin, then each worker's parts.
     ranges = {unit: [] for unit in range(units)}
     busy = np.zeros(workers, np.int64)
     for unit in range(int(split.whole_units)):
         ranges[unit].append((0, steps))
         busy[unit % workers] += steps
-    unit, first_step, count = (
-        np.asarray(v) for v in split.half(jnp.arange(workers, dtype=jnp.int32))
-    )
+    slots = []
     for worker in range(workers):
-        if count[worker]:
-            ranges[int(unit[worker])].append(
-                (int(first_step[worker]), int(first_step[worker] + count[worker]))
-            )
-            busy[worker] += count[worker]
+        for index in range(int(split.parts_of(worker))):
+            unit, first_step, count, slot = (int(v) for v in split.part(worker, index))
+            assert count > 0
+            ranges[unit].append((first_step, first_step + count))
+            busy[worker] += count
+            slots.append(slot)
+    # Each part has its own workspace slot, within the workspace.
+    assert sorted(slots) == list(range(pieces * want_cut))
+    assert len(slots) <= pallas_mosaic_schedule.workspace_slots(workers)
     for unit_ranges in ranges.values():  # the K ranges of each unit partition [0, steps)
         unit_ranges.sort()
         assert unit_ranges[0][0] == 0 and unit_ranges[-1][1] == steps
         assert all(a[1] == b[0] for a, b in zip(unit_ranges, unit_ranges[1:], strict=False))
-    # The last round takes half a unit's K loop instead of a whole one.
+    # The last round takes ceil(pieces * rest / workers) pieces' K loops, not a whole unit's.
     rounds = -(-units // workers)
-    want = (rounds - 1) * steps + (steps - steps // 2) if want_cut else rounds * steps
-    assert busy.max(initial=0) == want
+    last = -(-pieces * want_cut // workers) * -(-steps // pieces) if want_cut else steps
+    assert busy.max(initial=0) <= (rounds - 1) * steps + last
 
 
-def cut_units(sizes, m, n, cfg, workers, steps):
-    """How many units the last round cuts for these groups (the kernel's own arithmetic)."""
+def last_round(sizes, m, n, cfg, workers, steps):
+    """The units and the last round for these groups (the kernel's own arithmetic)."""
     work = pallas_mosaic_schedule.WorkList.of(jnp.asarray(sizes, jnp.int32), m, cfg)
     units = pallas_mosaic_schedule.num_units(work, n // cfg.block_n, cfg)
-    return int(pallas_mosaic_schedule.LastRound.of(units, workers, steps).cut_units)
+    return int(units), pallas_mosaic_schedule.LastRound.of(units, workers, steps)
 
 
 RING = MosaicTileConfig(64, 128, 64, stages=2, group_swizzle=2, ring=True, split_last_round=True)
 
 
-@pytest.mark.parametrize("pair", [False, True], ids=["gmm", "pair"])
-def test_halves_of_the_last_round_add_up(pair):
-    # 21 units (7 items x 3 N tiles) on the interpreter's two CTAs: the last unit is cut, each
-    # CTA multiplying half of its K loop (3 steps; 6 for the pair: the halves split between
-    # the pair's products).
-    m, k, n = 256, 192, 384
+@pytest.mark.parametrize(
+    "pair, ctas, n, pieces",
+    [(False, 2, 384, 2), (True, 4, 384, 4), (False, 3, 256, 3)],
+    ids=["gmm-halves", "pair-quarters", "gmm-thirds"],
+)
+def test_pieces_of_the_last_round_add_up(monkeypatch, pair, ctas, n, pieces):
+    # 7 items x n / 128 N tiles of 3 K steps (6 for the pair: its pieces split between the
+    # pair's products). 21 units: on 2 CTAs the last in two halves; the pair's on 4 CTAs in
+    # four pieces. 14 units on 3 CTAs: the last 2 in thirds, two parts on each CTA.
+    monkeypatch.setattr(pallas_mosaic_common, "num_sms", lambda interpret: ctas)
+    m, k = 256, 192
     steps = k // RING.block_k * (2 if pair else 1)
-    assert cut_units(SIZES, m, n, RING, workers=2, steps=steps) == 1
+    units, split = last_round(SIZES, m, n, RING, workers=ctas, steps=steps)
+    assert (int(split.cut_units), int(split.pieces)) == (units % ctas, pieces)
     lhs, rhs, _ = random_inputs(m, k, n, len(SIZES), "bfloat16", 3)
     sizes = jnp.asarray(SIZES, jnp.int32)
     want = np_gmm(lhs, rhs, SIZES)
@@ -114,7 +137,8 @@ def test_halves_in_clusters_of_two_ctas(monkeypatch):
         multicast_weights=True,
         split_last_round=True,
     )
-    assert cut_units(sizes, m, n, cfg, workers=2, steps=k // cfg.block_k) == 1
+    units, split = last_round(sizes, m, n, cfg, workers=2, steps=k // cfg.block_k)
+    assert (units, int(split.cut_units), int(split.pieces)) == (3, 1, 2)
     lhs, rhs, _ = random_inputs(m, k, n, len(sizes), "bfloat16", 5)
     got = pallas_mosaic.gmm(lhs, rhs, jnp.asarray(sizes, jnp.int32), tiles=cfg)
     got = np.asarray(got.astype(jnp.float32), np.float64)

@@ -197,8 +197,8 @@ def launch_gmm(
     )
     out_types = (jax.ShapeDtypeStruct((m, n), out_dtype),) * num_outputs
     workers = common.grid_size(interpret_params, cluster_ctas(cfg))
-    if split:  # one slot per worker, per CTA of a cluster
-        workspace_rows = workers * cluster_ctas(cfg)
+    if split:  # one slot per part of a cut unit, per CTA of a cluster
+        workspace_rows = pallas_mosaic_schedule.workspace_slots(workers) * cluster_ctas(cfg)
         out_types += (
             jax.ShapeDtypeStruct((workspace_rows, cfg.block_m, cfg.block_n), jnp.float32),
         )

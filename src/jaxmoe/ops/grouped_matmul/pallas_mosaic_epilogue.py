@@ -21,7 +21,7 @@ leaves no room for both), so a warpgroup switching between them first waits unti
 have read the region; :func:`.pallas_mosaic_tiles.epilogue_layout` pads the slab so that each
 warpgroup's covers exactly its own slots. The interpreter has no aliased refs: two buffers there.
 With ``split_last_round`` a third buffer in the same region stages the float32 partial sums of
-a cut unit's halves (:meth:`EpilogueStores.store_partial`).
+the parts of cut units (:meth:`EpilogueStores.store_partial`).
 """
 
 from __future__ import annotations
@@ -230,9 +230,9 @@ class EpilogueStores:
 
     def store_partial(self, acc, workspace_tile):
         """This warpgroup's share of a float32 accumulator ``acc`` (``[wg_m, wg_n]``) into its
-        place in ``workspace_tile`` (``[block_m, block_n]`` float32): half of a cut unit's partial
-        sum, staged ``[rows, partial_cols]`` at a time. Ends once the stores have read the
-        stage, which aliases the other buffers."""
+        place in ``workspace_tile`` (``[block_m, block_n]`` float32): the partial sum of one
+        part of a cut unit, staged ``[rows, partial_cols]`` at a time. Ends once the stores have
+        read the stage, which aliases the other buffers."""
         rows, cols = self.stage_rows, self.layout["partial_cols"]
         stage = self.partial_smem.at[self.wg]
         for first_row in range(0, self.layout["wg_m"], rows):

@@ -12,9 +12,9 @@ Launched by :func:`.pallas_mosaic.launch_gmm`, which builds the work list. Layou
                  ``multicast_weights`` the loop is per cluster of two CTAs, over (pair of
                  neighbouring work items, N tile): the pair's weight block is loaded once,
                  half by each CTA, multicast into both when the two items share a group.
-                 With ``split_last_round`` a last round that would leave half the workers or
-                 more idle runs its units as two K halves on two workers, their float32
-                 partial sums fixed up after the kernel (:mod:`.pallas_mosaic_schedule`).
+                 With ``split_last_round`` the last round's units run in pieces of their K
+                 loop on more workers, their float32 partial sums fixed up after the kernel
+                 (:mod:`.pallas_mosaic_schedule`).
     one pair     three warpgroups. The memory warpgroup streams ``[bm, bk]`` blocks of ``lhs``
                  and ``[bk, bn]`` blocks of ``rhs[g]`` (``[bn, bk]`` when transposed) into a ring
                  of ``stages`` shared-memory slots by TMA; the two compute warpgroups each
@@ -86,9 +86,9 @@ def mosaic_gmm_body(
     # per K step (the FP8 blockwise recipe: one K step is one scale block). Each step's product
     # goes into a fresh float32 ``wgmma`` accumulator; the main accumulator (a register value
     # carried by the pipeline) adds ``k_step_scale(partial)``. One rhs, no ``combine``.
-    # ``cfg.split_last_round``: the last round's units may be cut into K halves
-    # (:mod:`.pallas_mosaic_schedule`); a workspace ref (``[workers * cluster CTAs, bm, bn]``
-    # float32) follows the outputs.
+    # ``cfg.split_last_round``: the last round's units may be cut into pieces of their K loop
+    # (:mod:`.pallas_mosaic_schedule`); a workspace ref (``[workspace_slots(workers) * cluster
+    # CTAs, bm, bn]`` float32) follows the outputs.
     assert k_step_scale is None or (num_rhs == 1 and combine is None)
     assert not paired or (cfg.ring and num_rhs == 1 and epilogue is None and combine is None)
     assert not cfg.split_last_round or (
@@ -316,7 +316,7 @@ def mosaic_gmm_body(
         def ring_tiles(ring):
             """The CTA's units on :mod:`.pallas_mosaic_common`'s ring: ``k / bk`` steps each
             (per pair: ``paired`` runs the second pair's steps after the first's), or with
-            ``split_last_round`` the whole units, then this CTA's half of a cut unit, if any
+            ``split_last_round`` the whole units, then this CTA's parts of cut units, if any
             (:mod:`.pallas_mosaic_schedule`)."""
             steps = k // bk
             unit_steps = steps * len(pairs)
@@ -324,20 +324,19 @@ def mosaic_gmm_body(
             if cfg.split_last_round:
                 split = schedule.LastRound.of(units, lax.axis_size("sm"), unit_steps)
                 my_whole = common.cta_tile_count(split.whole_units)
-                # A loop of one half, or none when nothing is cut (then no unit may be read).
-                my_halves = jnp.where(split.cut_units > 0, 1, 0)
+                my_parts = split.parts_of(lax.axis_index("sm"))
             else:
                 my_whole = common.cta_tile_count(units)
 
-            # The whole units (a static K loop), then this CTA's half (a dynamic one). Each
-            # gives ``(tile, first K step, K steps, workspace slot of a partial sum)``.
+            # The whole units (a static K loop), then this CTA's parts of cut units (a dynamic
+            # one). Each gives ``(tile, first K step, K steps, workspace slot of a partial
+            # sum)``.
             def whole_parts(local_tile):
                 return unit_tile(common.cta_tile_index(local_tile)), 0, unit_steps, None
 
-            def half_parts(_):
-                worker = lax.axis_index("sm")
-                unit, first_step, count = split.half(worker)
-                return unit_tile(unit), first_step, count, worker
+            def cut_parts(index):
+                unit, first_step, count, slot = split.part(lax.axis_index("sm"), index)
+                return unit_tile(unit), first_step, count, slot
 
             def producer_steps(parts):
                 def tile_steps(local_tile):
@@ -377,7 +376,7 @@ def mosaic_gmm_body(
                     load,
                     stages=cfg.stages,
                     released=ring["released"],
-                    then=(my_halves, producer_steps(half_parts)) if cfg.split_last_round else None,
+                    then=(my_parts, producer_steps(cut_parts)) if cfg.split_last_round else None,
                 )
 
             @pl.when(wg < common.NUM_COMPUTE_WARPGROUPS)
@@ -386,7 +385,7 @@ def mosaic_gmm_body(
 
                 def tiles(parts):
                     def tile(local_tile, step):
-                        """One unit or half from global ring step ``step``; the next's."""
+                        """One unit or part from global ring step ``step``; the next's."""
                         tile_info, first_step, count, partial_slot = parts(local_tile)
                         group, row0, lo, hi, col0, _ = tile_info
                         mma = make_mma(group, row0, col0)
@@ -407,20 +406,14 @@ def mosaic_gmm_body(
                                 released=ring["released"],
                             )
 
-                        def run():
-                            make_context(group, row0, lo, hi, col0, partial_slot)(eval_steps)
-
-                        if partial_slot is None:
-                            run()
-                        else:
-                            pl.when(count > 0)(run)  # not every CTA has a half
+                        make_context(group, row0, lo, hi, col0, partial_slot)(eval_steps)
                         return step + count
 
                     return tile
 
                 step = lax.fori_loop(0, my_whole, tiles(whole_parts), jnp.int32(0))
                 if cfg.split_last_round:
-                    lax.fori_loop(0, my_halves, tiles(half_parts), step)
+                    lax.fori_loop(0, my_parts, tiles(cut_parts), step)
 
         if cfg.ring:
             ring_tiles(pipeline_allocs)

@@ -9,16 +9,19 @@ taking them round-robin run ``ceil(U / P)`` rounds where ``U / P`` would do: the
 leaves ``P - U % P`` workers idle (the Mixtral layer's down projection: 560 units on 66
 clusters, 8.48 rounds' work in 9).
 
-When the last round holds ``r = U % P <= P / 2`` units, :class:`LastRound` cuts each of them
-into two halves of its K loop, run by workers ``t`` and ``t + r``: that round then takes half
-a unit's time. Both halves store float32 partial sums in workspace slot ``worker``, and
-:func:`last_round_fixup` adds slots ``t`` and ``t + r`` and writes the owned rows of unit
-``t``'s tile (one XLA scatter, after the kernel).
+:class:`LastRound` cuts the last round's ``r = U % P`` units each into ``s`` pieces of its K
+loop (``s`` of 2 to :data:`MAX_PIECES`, the one that makes the round shortest): the ``s r``
+parts run round-robin on the workers, so the round takes ``ceil(s r / P) / s`` of a unit's time
+(the Mixtral layer's down projection, 32 left on 66 clusters: halves, 1/2; the gemm bench's
+balanced one, 1024 units, leaves 34: thirds, 2/3; with ``r <= P / 4``: quarters, 1/4).
+Each part stores its float32 partial sum in workspace slot ``part``, and
+:func:`last_round_fixup` adds unit ``t``'s slots ``t``, ``t + r``, ... and writes the owned
+rows of its tile (one XLA scatter, after the kernel).
 
-Why halves of the last round only, not stream-K (every worker's share of the last two rounds
+Why pieces of the last round only, not stream-K (every worker's share of the last two rounds
 a contiguous range of K steps, H100 run 26 calls 1-3): CTAs that multiply tiles of one group
 and N column share its weight blocks in L2 only while they walk K together, as whole units
-and these halves do (each half starts at one of two K offsets). Stream-K's ranges start at
+and these pieces do (each piece starts at one of ``s`` K offsets). Stream-K's ranges start at
 ``P`` different offsets, so each CTA streams its weights from HBM: where the weights are not
 multicast its kernels ran 0.85-1.01x, the slowest where its rounds were the longest share.
 
@@ -105,35 +108,67 @@ def item_rows(work: WorkList, item, cfg: MosaicTileConfig):
     return group, row0, *work_list.rows_in_tile(first_row, row0, end, cfg.block_m)
 
 
+# The most pieces a cut unit's K loop is split into. Each piece is one more K offset that a set
+# of CTAs walks (stream-K's ``P`` offsets cost L2 sharing) and one more float32 partial sum for
+# the fix-up to read; four take the last round to at most 3/4 of a unit's time when it holds up
+# to 3/4 of the workers' units.
+MAX_PIECES = 4
+
+
 @dataclasses.dataclass(frozen=True)
 class LastRound:
-    """The units of ``steps`` K steps each on ``workers`` workers: the first
-    ``whole_units`` round-robin, whole; when the last round holds ``0 < cut_units <= workers
-    // 2`` units, those cut into two halves of their K loop (``cut_units`` is 0 otherwise)."""
+    """The units of ``steps`` K steps each on ``workers`` workers: the first ``whole_units``
+    round-robin, whole; then the last round's ``cut_units`` units, each cut into ``pieces``
+    pieces of its K loop (``cut_units`` is 0 where no cut shortens the round).
+
+    With ``r`` units left for a last round on ``P`` workers, cutting each into ``s`` pieces
+    makes ``s r`` parts, round-robin on the workers: that round then takes
+    ``ceil(s r / P) / s`` of a unit's time, and ``s`` is the one of ``2 .. MAX_PIECES`` (at
+    most ``steps``) that makes it shortest, the fewest pieces on a tie; no cut where none is
+    under a whole unit. E.g. ``r / P`` of 0.48: two halves (0.5); of 0.52: three thirds (2/3)."""
 
     whole_units: Array
     cut_units: Array
+    pieces: Array
     workers: int
     steps: int
 
     @classmethod
     def of(cls, units, workers: int, steps: int) -> LastRound:
         rest = units % workers
-        cut_units = jnp.where((rest <= workers // 2) & (steps >= 2), rest, 0)
-        return cls(units - cut_units, cut_units, workers, steps)
+        # The best last round so far, ``rounds / pieces`` of a unit's time: whole (1 / 1).
+        rounds, pieces = jnp.int32(1), jnp.int32(1)
+        for candidate in range(2, min(MAX_PIECES, steps) + 1):
+            need = (candidate * rest + workers - 1) // workers
+            shorter = (rest > 0) & (need * pieces < rounds * candidate)
+            rounds = jnp.where(shorter, need, rounds)
+            pieces = jnp.where(shorter, candidate, pieces)
+        cut_units = jnp.where(pieces > 1, rest, 0)
+        return cls(units - cut_units, cut_units, pieces, workers, steps)
 
-    def half(self, worker):
-        """``worker``'s half of a cut unit, when ``cut_units > 0``: ``(unit, first_step,
-        count)``; ``count`` (K steps from ``first_step``) is 0 for a worker without one
-        (``unit`` is then a valid unit, not to be run). Its float32 partial sum goes to
-        workspace slot ``worker``."""
+    def parts_of(self, worker):
+        """How many parts worker ``worker`` runs: parts ``worker``, ``worker + workers``, ...
+        of the ``pieces * cut_units``."""
+        parts = self.pieces * self.cut_units
+        return jnp.maximum(parts - worker + self.workers - 1, 0) // self.workers
+
+    def part(self, worker, index):
+        """``worker``'s ``index``-th part (``index < parts_of(worker)``): ``(unit, first_step,
+        count, slot)``, K steps ``[first_step, first_step + count)`` of ``unit``, its float32
+        partial sum to workspace slot ``slot`` (the part's number: piece ``slot // cut_units``
+        of cut unit ``slot % cut_units``)."""
+        slot = worker + index * self.workers
         cut = jnp.maximum(self.cut_units, 1)
-        which = worker // cut  # 0: the first half of unit ``worker % cut``, 1: the second
-        first_steps = self.steps // 2
-        count = jnp.where(which == 0, first_steps, self.steps - first_steps)
-        count = jnp.where((which < 2) & (self.cut_units > 0), count, 0)
-        first_step = jnp.where(which == 0, 0, first_steps)
-        return self.whole_units + worker % cut, first_step, count
+        piece = slot // cut
+        first_step = piece * self.steps // self.pieces
+        count = (piece + 1) * self.steps // self.pieces - first_step
+        return self.whole_units + slot % cut, first_step, count, slot
+
+
+def workspace_slots(workers: int) -> int:
+    """Workspace slots the parts may fill: ``pieces * cut_units <= (pieces - 1) * workers``
+    (a cut round is shorter than a unit: ``ceil(pieces * cut_units / workers) < pieces``)."""
+    return (MAX_PIECES - 1) * workers
 
 
 def last_round_fixup(
@@ -146,19 +181,22 @@ def last_round_fixup(
     num_n_tiles: int,
     cfg: MosaicTileConfig,
 ) -> Array:
-    """``out`` with the cut units written: for each cut unit ``t``, workspace slots ``t`` and
-    ``t + r`` (per CTA of a cluster: ``workspace[slot * ctas + cta]``, ``[block_m, block_n]``
-    float32) added and the owned rows of its tile stored (rows ``[lo, hi)``, as the kernel
-    stores a tile)."""
+    """``out`` with the cut units written: for each cut unit ``t``, the float32 partial sums of
+    its pieces, workspace slots ``t``, ``t + r``, ... (per CTA of a cluster: ``workspace[slot *
+    ctas + cta]``, ``[block_m, block_n]``) added and the owned rows of its tile stored (rows
+    ``[lo, hi)``, as the kernel stores a tile)."""
     ctas = common.MULTICAST_CLUSTER_CTAS if cfg.multicast_weights else 1
     bm, bn = cfg.block_m, cfg.block_n
     split = LastRound.of(num_units(work, num_n_tiles, cfg), workers, steps)
-    most = workers // 2  # the most units cut
+    most = max((MAX_PIECES - 1) * workers // MAX_PIECES, 1)  # the most units cut
     unit_index = jnp.arange(most, dtype=jnp.int32)
     cut = unit_index < split.cut_units
-    partials = workspace.reshape(workers, ctas, bm, bn)
-    second = lax.dynamic_slice_in_dim(partials, jnp.maximum(split.cut_units, 0), most)
-    sums = partials[:most] + second  # [most, ctas, bm, bn]
+    piece = jnp.arange(MAX_PIECES, dtype=jnp.int32)
+    written = cut[:, None] & (piece[None, :] < split.pieces)  # [most, MAX_PIECES]
+    # Slots not written point at slot 0, so that their (discarded) reads hit one cached tile.
+    slot = jnp.where(written, piece[None, :] * split.cut_units + unit_index[:, None], 0)
+    partials = workspace.reshape(workspace_slots(workers), ctas, bm, bn)
+    sums = jnp.sum(jnp.where(written[..., None, None, None], partials[slot], 0.0), axis=1)
     unit = split.whole_units + jnp.where(cut, unit_index, 0)
     cta = jnp.arange(ctas, dtype=jnp.int32)
     _, row0, lo, hi, col0, _ = unit_tile(work, unit[:, None], cta[None, :], num_n_tiles, cfg)

@@ -78,11 +78,10 @@ class MosaicTileConfig:
     default; see there for the measurements.
 
     ``split_last_round`` (on the ``ring``, in the plain ``gmm`` and ``gmm_pair``; kernels with
-    an epilogue or several weights run without it): when the last round of units would leave
-    half the CTAs or more idle, its units are cut into two halves of their K loop, run by two
-    CTAs (:mod:`.pallas_mosaic_schedule`), so the round takes half the time; the halves'
-    float32 partial sums go to a workspace and one XLA scatter after the kernel adds and
-    stores them.
+    an epilogue or several weights run without it): the last round's units are cut into two to
+    four pieces of their K loop, run by more CTAs (:mod:`.pallas_mosaic_schedule`), where that
+    shortens the round; the pieces' float32 partial sums go to a workspace and one XLA scatter
+    after the kernel adds and stores them.
     """
 
     block_m: int = 128
@@ -190,10 +189,10 @@ def smem_bytes(cfg: MosaicTileConfig, operand_bytes: int = 2, num_rhs: int = 1) 
     return ring + epilogue_smem_bytes(cfg)
 
 
-# The default cuts the last round into K halves (``split_last_round``) from this contraction
-# length up: the half of a unit's K loop it saves (>= 36 us on an H100, ~0.56 us per K step)
-# then outweighs the fix-up (~6-10 us). Shorter ones measured level to 0.977x with it (H100
-# run 26 call 4).
+# The default cuts the last round along K (``split_last_round``) from this contraction length
+# up: the share of a unit's K loop it saves (half a unit: >= 36 us on an H100, ~0.56 us per K
+# step) then outweighs the fix-up (~6-10 us). Shorter ones measured level to 0.977x with it
+# (H100 run 26 call 4); DeepSeek's K = 7168 in thirds 0.98-1.005x (run 27 call 3).
 SPLIT_LAST_ROUND_MIN_K = 8192
 # The default multicasts the weights from this many elements per expert (K * N) up: between
 # DeepSeek's 14.7 M (no gain, H100 run 22 call 1) and Mixtral's 58.7 M (3-5%).
@@ -240,6 +239,14 @@ def default_mosaic_gmm_tiles(m: int, k: int, n: int) -> MosaicTileConfig:
     1.041x and its input-gradient pair 1.031x (call 5); Mixtral down on the gemm shape's
     M = 16384 1.026x (4 of 928 cut, call 4). The layer in interleaved rounds: 1.010x fwd, 0.996x
     fwd+bwd, where two runs of one program differ by up to 1.6% (call 5).
+
+    Session 27: two to four pieces instead of halves only, as many as make the round shortest
+    (``h100-run27/call4``, 16 interleaved rounds against the same tiles uncut, run twice):
+    Mixtral down fwd on the layer-kind groups of the gemm shape (4 units left) 1.040x in
+    quarters, 1.017x in halves; balanced Mixtral down fwd and up dgrad (34 of 66 left, which
+    halves cannot cut) 1.006x and 1.007x in thirds, against 1.004x and 0.992x for the halves'
+    fix-up alone; the Mixtral layer's own groups (32 left: halves either way) 1.025x (down fwd)
+    and 1.025x (input-gradient pair).
     """
     del m
     return MosaicTileConfig(
@@ -352,7 +359,7 @@ def check_tiles(cfg: MosaicTileConfig, operand_bytes: int = 2, num_rhs: int = 1)
     if cfg.multicast_weights and not cfg.ring:
         problems.append("multicast_weights=True needs ring=True (its releases span the cluster)")
     if cfg.split_last_round and not cfg.ring:
-        problems.append("split_last_round=True needs ring=True (the halves run on the ring)")
+        problems.append("split_last_round=True needs ring=True (the pieces run on the ring)")
     if cfg.split_rows and bm != 128:
         problems.append("split_rows=True needs block_m=128 (one 64-row wgmma M tile per warpgroup)")
     if cfg.epilogue_rows not in (None, bm) and not (
