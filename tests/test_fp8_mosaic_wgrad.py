@@ -95,11 +95,10 @@ def run_and_check(sizes, tiles=SMALL, **kwargs):
     return got
 
 
+# Empty groups first and last: "all_tokens_in_one" (and test_random_group_sizes' [259, 0, 0]).
 CASES = {
     "balanced": [256, 256, 256],
-    "empty_first": [0, 200, 300, 128],
     "empty_middle": [130, 0, 77, 256, 1],
-    "empty_last": [384, 5, 0],
     "all_tokens_in_one": [0, 512, 0, 0],
     "unaligned": [1, 127, 129, 255, 300],
 }
