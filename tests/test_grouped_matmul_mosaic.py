@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from test_grouped_matmul import check_all, np_gmm, random_inputs
 
@@ -400,10 +400,13 @@ def test_each_warpgroup_slab_lies_on_its_own_swizzled_slots(block_n, epilogue_ro
 
 # The default path's variants (the plain pipeline per tile has its fixed cases above).
 @pytest.mark.parametrize("name", ["split_rows_swizzled_wide"])
-@settings(max_examples=2, deadline=None, derandomize=True)
+@settings(max_examples=1, deadline=None, derandomize=True)
 @given(sizes=st.lists(st.integers(0, 90), min_size=3, max_size=3))
+@example(sizes=[90, 90, 90])
 def test_forward_random_group_sizes(name, sizes):
-    # Sums from 0 to 270 > M: empty output, tails of every length, and truncation at M.
+    # Sums from 0 to 270 > M. The draws are derandomized (one kernel call costs seconds in the
+    # interpreter), so truncation at M is an explicit example; tails of other lengths: the
+    # straddling tests above.
     got, want = mosaic_forward(sizes, CONFIGS[name], seed=sum(sizes))
     assert np.max(np.abs(got - want)) <= 1.6e-2 * max(np.max(np.abs(want)), 1e-6)
     assert np.all(got[min(sum(sizes), M) :] == 0)
