@@ -69,16 +69,17 @@ def without_fixup():
         pallas_mosaic_schedule.last_round_fixup = saved
 
 
-def last_round(shape, sizes, k: int, n: int, tiles) -> dict:
+def last_round(shape, sizes, k: int, n: int, tiles, paired: bool) -> dict:
     """How many units the kernel runs on these groups, on how many workers, and how many of the
     last round's it cuts into how many pieces, also with at most two pieces
     (:mod:`jaxmoe.ops.grouped_matmul.pallas_mosaic_schedule`)."""
     work = pallas_mosaic_schedule.WorkList.of(sizes, shape.m, tiles)
     workers = pallas_mosaic_common.grid_size(None, pallas_mosaic_tiles.cluster_ctas(tiles))
     units = pallas_mosaic_schedule.num_units(work, n // tiles.block_n, tiles)
-    split = pallas_mosaic_schedule.LastRound.of(units, workers, k // tiles.block_k)
+    steps = pallas_mosaic_schedule.unit_steps(k, tiles, paired)
+    split = pallas_mosaic_schedule.LastRound.of(units, workers, steps)
     with max_pieces(2):
-        halves = pallas_mosaic_schedule.LastRound.of(units, workers, k // tiles.block_k)
+        halves = pallas_mosaic_schedule.LastRound.of(units, workers, steps)
     return {
         "units": int(units),
         "workers": workers,
@@ -139,7 +140,7 @@ def main() -> None:
                 default = pallas_mosaic_tiles.default_mosaic_gmm_tiles(shape.m, k, n)
                 uncut = dataclasses.replace(default, split_last_round=False)
                 split = dataclasses.replace(default, split_last_round=True)
-                row.update(last_round(shape, sizes, k * (1 + (op == "pair")), n, split))
+                row.update(last_round(shape, sizes, k, n, split, paired=op == "pair"))
                 variants = {
                     "uncut": (uncut, contextlib.nullcontext),
                     "split": (split, contextlib.nullcontext),

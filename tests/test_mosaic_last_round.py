@@ -106,7 +106,7 @@ def test_pieces_of_the_last_round_add_up(monkeypatch, pair, ctas, n, pieces):
     # four pieces. 14 units on 3 CTAs: the last 2 in thirds, two parts on each CTA.
     monkeypatch.setattr(pallas_mosaic_common, "num_sms", lambda interpret: ctas)
     m, k = 256, 192
-    steps = k // RING.block_k * (2 if pair else 1)
+    steps = pallas_mosaic_schedule.unit_steps(k, RING, paired=pair)
     units, split = last_round(SIZES, m, n, RING, workers=ctas, steps=steps)
     assert (int(split.cut_units), int(split.pieces)) == (units % ctas, pieces)
     lhs, rhs, _ = random_inputs(m, k, n, len(SIZES), "bfloat16", 3)

@@ -227,7 +227,7 @@ def launch_gmm(
         workspace,
         work,
         workers=workers,
-        steps=k // cfg.block_k * (2 if second_pair else 1),
+        steps=pallas_mosaic_schedule.unit_steps(k, cfg, paired=bool(second_pair)),
         num_n_tiles=n // cfg.block_n,
         cfg=cfg,
     )

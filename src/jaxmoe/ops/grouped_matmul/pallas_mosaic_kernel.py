@@ -319,7 +319,7 @@ def mosaic_gmm_body(
             ``split_last_round`` the whole units, then this CTA's parts of cut units, if any
             (:mod:`.pallas_mosaic_schedule`)."""
             steps = k // bk
-            unit_steps = steps * len(pairs)
+            unit_steps = schedule.unit_steps(k, cfg, paired)
             units = schedule.num_units(work, num_n_tiles, cfg)
             if cfg.split_last_round:
                 split = schedule.LastRound.of(units, lax.axis_size("sm"), unit_steps)

@@ -75,6 +75,12 @@ def num_units(work: WorkList, num_n_tiles: int, cfg: MosaicTileConfig):
     return items * num_n_tiles
 
 
+def unit_steps(k: int, cfg: MosaicTileConfig, paired: bool) -> int:
+    """K steps of one unit: ``k / block_k``, twice for ``gmm_pair`` (its second product's steps
+    run on after the first's, in one accumulator)."""
+    return k // cfg.block_k * (2 if paired else 1)
+
+
 def unit_tile(work: WorkList, unit, cta, num_n_tiles: int, cfg: MosaicTileConfig):
     """``(group, row0, lo, hi, col0, shared)`` of CTA ``cta``'s tile of ``unit``: its group, the
     tile's first row and column, the rows ``[lo, hi)`` of the tile it owns, and (with
