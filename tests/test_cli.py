@@ -24,16 +24,23 @@ def test_module_entry_point_prints_help():
     assert "demo" in result.stdout and "bench" in result.stdout
 
 
-def test_demo_writes_metrics_and_plot(tmp_path, capsys):
-    assert main(["demo", "--steps", "5", "--out", str(tmp_path)]) == 0
+def test_demo_expert_parallel_with_expert_bias_writes_metrics_and_plot(tmp_path, capsys):
+    """One demo run takes every demo path the CLI offers beside the default (one device and
+    softmax: tests/test_checkpoint.py and tests/test_fp8_layer.py run those): expert parallel on
+    2 devices, the sigmoid score with expert-bias updates. One test, not a shared fixture: each
+    run costs ~25 s, mostly compilation, and pytest-xdist would run a fixture once per worker."""
+    argv = ["demo", "--steps", "3", "--devices", "2", "--score", "sigmoid"]
+    assert main([*argv, "--expert-bias-rate", "0.01", "--out", str(tmp_path)]) == 0
     metrics = json.loads((tmp_path / "metrics.json").read_text())
-    assert metrics["step"] == [1, 2, 3, 4, 5]
-    assert len(metrics["loss"]) == 5
+    config = metrics["config"]
+    assert (config["devices"], config["score"], config["expert_bias_rate"]) == (2, "sigmoid", 0.01)
+    assert metrics["step"] == [1, 2, 3]
+    assert len(metrics["loss"]) == 3
     assert all(math.isfinite(v) for v in metrics["loss"])
     load = metrics["tokens_per_expert"]
-    assert len(load) == 5 and len(load[0]) == 2 and len(load[0][0]) == 8  # steps, layers, E
-    # Dropless top-2: every token is routed twice in every layer.
-    tokens = metrics["config"]["batch_size"] * metrics["config"]["seq_len"]
+    assert len(load) == 3 and len(load[0]) == 2 and len(load[0][0]) == 8  # steps, layers, E
+    # Dropless top-2, gathered over both devices: every token is routed twice in every layer.
+    tokens = config["batch_size"] * config["seq_len"]
     assert all(sum(layer) == 2 * tokens for step in load for layer in step)
     assert (tmp_path / "demo.png").stat().st_size > 10_000
     out = capsys.readouterr().out
@@ -46,44 +53,6 @@ def test_demo_expert_bias_needs_a_non_softmax_score(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "--expert-bias-rate" in err and "--score sigmoid" in err
     assert not (tmp_path / "metrics.json").exists()
-
-
-def test_demo_expert_bias_updates_with_sigmoid(tmp_path):
-    from jaxmoe.cli.demo import DemoConfig, run_demo
-
-    cfg = DemoConfig(
-        steps=3,
-        score="sigmoid",
-        expert_bias_rate=0.01,
-        aux_loss=0.0,
-        width=32,
-        ffn_size=32,
-        seq_len=16,
-        batch_size=4,
-        sample_chars=8,
-        out=str(tmp_path),
-    )
-    metrics = run_demo(cfg)
-    assert all(math.isfinite(v) for v in metrics["loss"])
-
-
-def test_demo_expert_parallel_on_two_devices(tmp_path):
-    pytest.importorskip("jaxmoe.parallel")
-    from jaxmoe.cli.demo import DemoConfig, run_demo
-
-    cfg = DemoConfig(
-        steps=2,
-        devices=2,
-        width=32,
-        ffn_size=32,
-        seq_len=16,
-        batch_size=4,
-        sample_chars=4,
-        out=str(tmp_path),
-    )
-    metrics = run_demo(cfg)
-    assert all(math.isfinite(v) for v in metrics["loss"])
-    assert sum(metrics["tokens_per_expert"][-1][0]) == 2 * 4 * 16
 
 
 def _bench_rows(path):

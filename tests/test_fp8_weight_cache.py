@@ -164,24 +164,24 @@ def test_gradient_with_respect_to_the_cache_is_zero(recipe):
 
 
 def test_pallas_interpreted_with_the_cache_is_bitwise_the_kernel_without():
-    """The Mosaic GPU FP8 kernel (in its interpreter on CPU): forward and dgrad read the cache.
-    Jitted, d lhs only: the wgrad (the bf16 kernel, interpreted) is dead code and is not run."""
+    """The Mosaic GPU FP8 kernel (in its interpreter on CPU) takes the cache: forward only, as
+    each interpreted kernel call costs ~4 s. The dgrad reads the cache in code every backend
+    shares (``Fp8Weights.dgrad_operand``, then the backend's ``scaled_gmm``, run here by the
+    forward): bitwise for the XLA and reference backends above, K-major (the GPU's layout) in
+    ``test_a_k_major_cache_is_bitwise_the_same_and_its_layout_is_checked``; the kernel's rowwise
+    dgrad runs in tests/test_fp8_wgrad.py."""
     kernel = PallasMosaicScaledGroupedMatmul(
         tiles=MosaicTileConfig(64, 128, 128, stages=2, group_swizzle=2)
     )
     sizes = jnp.asarray([70, 0, 50])  # an empty group, 8 rows past the last
-    lhs, rhs, dy = (a[:128] if a.ndim == 2 else a[:3] for a in _operands(seed=4, k=128, n=128))
+    lhs, rhs, _ = (a[:128] if a.ndim == 2 else a[:3] for a in _operands(seed=4, k=128, n=128))
 
     @jax.jit
-    def forward_and_dgrad(lhs, cache):
-        def loss(lhs):
-            out = fp8_grouped_matmul(lhs, rhs, sizes, backend=kernel, rhs_fp8=cache)
-            return jnp.sum(out.astype(jnp.float32) * dy.astype(jnp.float32)), out
-
-        return jax.grad(loss, has_aux=True)(lhs)
+    def forward(lhs, cache):
+        return fp8_grouped_matmul(lhs, rhs, sizes, backend=kernel, rhs_fp8=cache)
 
     cache = quantize_fp8_weights(rhs, "rowwise", kernel)
-    _assert_trees_equal(forward_and_dgrad(lhs, cache), forward_and_dgrad(lhs, None))
+    _assert_trees_equal(forward(lhs, cache), forward(lhs, None))
 
 
 # ----------------------------------------------------------------------------- op errors
@@ -205,12 +205,13 @@ def _call_with(cache, recipe="rowwise", backend="xla", rhs=None):
 
 
 def test_a_k_major_cache_is_bitwise_the_same_and_its_layout_is_checked():
-    rhs = _operands()[1]
+    """The GPU kernel's layout: forward, dgrad and wgrad read it bitwise as the uncached op."""
+    lhs, rhs, dy = _operands()
     k_major = quantize_fp8_weights(rhs, "rowwise", KMajorXla())
     assert k_major.k_major
-    np.testing.assert_array_equal(
-        np.asarray(_call_with(k_major, backend=KMajorXla()), np.float32),
-        np.asarray(_call_with(None), np.float32),
+    _assert_trees_equal(
+        _op_value_and_grads(lhs, rhs, dy, "rowwise", KMajorXla(), k_major),
+        _op_value_and_grads(lhs, rhs, dy, "rowwise", "xla"),
     )
     with pytest.raises(ValueError, match=r"`rhs_fp8` was made for a backend reading K-major"):
         _call_with(k_major, backend="xla")
@@ -345,16 +346,19 @@ def _mesh(shape, names):
 
 
 @pytest.mark.parametrize(
-    "mesh_shape, data_axes, fsdp",
-    [((4,), (), False), ((2, 2), ("data",), True)],
-    ids=["ep4", "data2_ep2_fsdp"],
+    "recipe, mesh_shape, data_axes, fsdp",
+    [("rowwise", (4,), (), False), ("blockwise", (2, 2), ("data",), True)],
+    # Each recipe (its cache's leaves) and each mesh (their specs) once: each case compiles
+    # three ~8 s programs.
+    ids=["rowwise-ep4", "blockwise-data2_ep2_fsdp"],
 )
-@pytest.mark.parametrize("recipe", RECIPES)
 def test_sharded_layer_with_fp8_weights_equals_the_unsharded_layer(
     recipe, mesh_shape, data_axes, fsdp
 ):
     """On 4 simulated devices, the cache of all experts split over ``ep``: bitwise the sharded
-    layer without it, and the one-device layer up to the float32 order of the sharded sums."""
+    layer without it, and the one-device layer up to the float32 order of the sharded sums. A
+    cache of other weights changes the output: the cache reaches the experts inside
+    ``shard_map`` (the bitwise comparison is not vacuous)."""
     names = (*data_axes, "ep")
     mesh = _mesh(mesh_shape, names)
     cfg, params, x = _layer_case(recipe)
@@ -366,6 +370,9 @@ def test_sharded_layer_with_fp8_weights_equals_the_unsharded_layer(
     for g, w in zip(jax.tree.leaves(got), jax.tree.leaves((y_one, grads_one)), strict=True):
         g, w = np.asarray(g, np.float64), np.asarray(w, np.float64)
         assert np.max(np.abs(g - w)) <= 1e-2 * np.max(np.abs(w))
+    other = _quantize(jaxmoe.init_params(jax.random.key(7), cfg), cfg)
+    y_other, _ = _layer_value_and_grads(sharded, params, x, other, mesh)  # the same program
+    assert not np.array_equal(np.asarray(y_other), np.asarray(got[0]))
 
 
 # ----------------------------------------------------------------------------- layer errors
@@ -441,15 +448,3 @@ def test_nnx_module_takes_the_cache_as_a_call_argument():
     _assert_trees_equal(layer(x, fp8), layer(x))
     other = jaxmoe.quantize_expert_weights(jaxmoe.init_params(jax.random.key(5), cfg), cfg)
     assert not np.array_equal(layer(x, other)[0], layer(x)[0])
-
-
-def test_sharded_layer_reads_the_cache():
-    """A cache of other weights changes the sharded output: the cache reaches the experts
-    inside ``shard_map`` (the bitwise sharded test above is not vacuous)."""
-    cfg, params, x = _layer_case()
-    sharded = dataclasses.replace(cfg, ep_axis="ep")
-    other = _quantize(jaxmoe.init_params(jax.random.key(7), cfg), cfg)
-    mesh = _mesh((4,), ("ep",))
-    y, _ = jaxmoe.moe(params, x, sharded, mesh=mesh, fp8_weights=other)
-    want, _ = jaxmoe.moe(params, x, sharded, mesh=mesh)
-    assert not np.array_equal(np.asarray(y), np.asarray(want))
