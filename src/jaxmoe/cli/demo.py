@@ -18,7 +18,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from flax import nnx
+from flax import linen, nnx
+from jax.sharding import NamedSharding, PartitionSpec
 
 import jaxmoe
 from jaxmoe.cli.model import CharTransformer, ModelConfig
@@ -168,11 +169,34 @@ def build(cfg: DemoConfig, vocab_size: int):
     return model, optimizer
 
 
-def make_train_step(graphdef, expert_bias_rate: float):
+def state_shardings(state, mesh, moe_cfg: jaxmoe.MoEConfig):
+    """Where the model and optimizer ``state`` live on an expert-parallel ``mesh``: the experts'
+    weights and their optimizer moments split over ``ep`` by their logical ``expert`` axis
+    (:func:`jaxmoe.parallel.logical_axis_rules`), everything else replicated."""
+    logical = nnx.get_partition_spec(state)
+    rules = jaxmoe.parallel.logical_axis_rules(moe_cfg)
+
+    def without_trailing_nones(sharding):
+        # As jit's results carry it: P('ep', None, None) and P('ep') are one layout but two
+        # keys of jit's dispatch cache.
+        axes = list(sharding.spec)
+        while axes and axes[-1] is None:
+            axes.pop()
+        return NamedSharding(mesh, PartitionSpec(*axes))
+
+    return jax.tree.map(
+        without_trailing_nones, linen.logical_to_mesh_sharding(logical, mesh, rules)
+    )
+
+
+def make_train_step(graphdef, expert_bias_rate: float, shardings=None):
     """A jitted ``(state, tokens) -> (state, loss, aux_loss, tokens_per_expert, dropped)``.
 
     The model and optimizer travel as one ``nnx.State`` (split once), which keeps the per-step
-    Python overhead to a plain ``jax.jit`` call.
+    Python overhead to a plain ``jax.jit`` call. ``shardings`` (:func:`state_shardings`): the
+    state comes back as it went in, so the step compiles once (left to XLA, the state returned
+    by the first step is laid out on the mesh where the initial one was not, and the second
+    step compiled again).
     """
 
     def loss_fn(model, tokens):
@@ -188,8 +212,11 @@ def make_train_step(graphdef, expert_bias_rate: float):
         optimizer.update(model, grads)
         if expert_bias_rate > 0:
             model.update_expert_bias(stats.tokens_per_expert, expert_bias_rate)
+        new_state = nnx.state((model, optimizer))
+        if shardings is not None:
+            new_state = jax.lax.with_sharding_constraint(new_state, shardings)
         return (
-            nnx.state((model, optimizer)),
+            new_state,
             ce,
             aux,
             stats.tokens_per_expert,
@@ -265,7 +292,9 @@ def run_demo(cfg: DemoConfig) -> dict:
 
     model, optimizer = build(cfg, len(codec.chars))
     graphdef, state = nnx.split((model, optimizer))
-    train_step = make_train_step(graphdef, cfg.expert_bias_rate)
+    mesh = make_mesh(cfg.devices)  # the model's (build's) mesh
+    shardings = None if mesh is None else state_shardings(state, mesh, model.cfg.moe)
+    train_step = make_train_step(graphdef, cfg.expert_bias_rate, shardings)
     eval_loss = make_eval_loss(graphdef)
     val_batches = [batch(val_data) for _ in range(4)]
     val_every = max(1, cfg.steps // 6)
@@ -284,6 +313,8 @@ def run_demo(cfg: DemoConfig) -> dict:
     if cfg.checkpoint_dir:
         checkpoints = DemoCheckpoints(cfg.checkpoint_dir, cfg.save_every)
         state, first_step = checkpoints.resume(state, rng, record, metrics)
+    if shardings is not None:
+        state = jax.device_put(state, shardings)
     start = time.perf_counter()
     compile_s = 0.0
     bar = tqdm(range(first_step, cfg.steps + 1), desc="training", unit="step", dynamic_ncols=True)
