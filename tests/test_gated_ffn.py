@@ -243,37 +243,9 @@ def _np_down_dgrad(out_bar, gate, up, down_w, sizes, activation):
     return hidden_bar * up * slope, hidden_bar * _np_act(gate, activation)
 
 
-def _mosaic_operands():
-    keys = jax.random.split(jax.random.key(3), 4)
-    out_bar = jax.random.normal(keys[0], (M, H))
-    gate, up = (jax.random.normal(key, (M, FF)) for key in keys[1:3])
-    down_w = jax.random.normal(keys[3], (len(MOSAIC_SIZES), FF, H)) / np.sqrt(FF)
-    return tuple(a.astype(jnp.bfloat16) for a in (out_bar, gate, up, down_w))
-
-
 def _rel_err(got, want):
     got = np.asarray(jnp.asarray(got, jnp.float32), np.float64)
     return np.linalg.norm(got - want) / np.linalg.norm(want)
-
-
-# SwiGLU through the kernel (the interpreter costs ~10 s a call); each in-kernel (act, act')
-# pair against jax's derivative of the activation below.
-@pytest.mark.parametrize("activation", ["swiglu"])
-def test_fused_down_dgrad_against_numpy(activation):
-    out_bar, gate, up, down_w = _mosaic_operands()
-    sizes = jnp.asarray(MOSAIC_SIZES)
-    got = fused_mosaic.fused_down_dgrad(
-        out_bar, gate, up, down_w, sizes, activation=activation, interpret=True
-    )
-    want = _np_down_dgrad(out_bar, gate, up, down_w, MOSAIC_SIZES, activation)
-    unfused = ffn_primitives.unfused_glu_dgrad(
-        out_bar, gate, up, down_w, sizes, kernel=REFERENCE, activation=activation
-    )
-    for got_bar, unfused_bar, want_bar in zip(got, unfused, want, strict=True):
-        # One rounding (float32 h_bar and derivative) against the unfused path's several.
-        assert _rel_err(got_bar, want_bar) < 4e-3
-        assert _rel_err(got_bar, want_bar) <= _rel_err(unfused_bar, want_bar)
-        assert np.all(np.asarray(got_bar[MOSAIC_SIZES.sum() :]) == 0)  # rows past the groups
 
 
 @pytest.mark.parametrize("activation", ["swiglu", "geglu"])
@@ -286,24 +258,63 @@ def test_in_kernel_activation_and_slope_are_the_activation_and_its_derivative(ac
     np.testing.assert_allclose(fused_mosaic._KERNEL_ACTIVATIONS[activation](x), value, rtol=1e-6)
 
 
-def test_gradients_through_the_fused_backward():
-    lhs, gate_w, up_w, down_w = _ffn_operands(jnp.bfloat16, rows=M, k=64, f=FF, h_out=H)
-    sizes = jnp.array([100, 0, 150], jnp.int32)
+def _recording(monkeypatch, method):
+    """Records each call of the Mosaic backend's ``method``: its operands and results (NumPy)."""
+    calls = []
+    real = getattr(PallasMosaicGatedGroupedMatmul, method)
+
+    def recording(self, *args, **kwargs):
+        out = real(self, *args, **kwargs)
+        calls.append(jax.tree.map(np.asarray, (args, out)))
+        return out
+
+    monkeypatch.setattr(PallasMosaicGatedGroupedMatmul, method, recording)
+    return calls
+
+
+def _mosaic_ffn_gradients(kernel, k, f):
+    """d sum(sin(ffn)) in every operand through ``kernel`` (bf16, eager: so the recorded kernel
+    calls see arrays) and through the float32 composition, on MOSAIC_SIZES."""
+    groups = len(MOSAIC_SIZES)
+    lhs, gate_w, up_w = _operands(jnp.bfloat16, rows=M, k=k, f=f, groups=groups)
+    down_w = jax.random.normal(jax.random.key(1), (groups, f, H)) / np.sqrt(f)
+    operands = (lhs, gate_w, up_w, down_w.astype(jnp.bfloat16))
+    sizes = jnp.asarray(MOSAIC_SIZES)
+    f32 = tuple(a.astype(jnp.float32) for a in operands)
+    got = jax.grad(_loss(fused(sizes, kernel=kernel)), argnums=(0, 1, 2, 3))(*operands)
+    want = jax.jit(jax.grad(_loss(composition(sizes)), argnums=(0, 1, 2, 3)))(*f32)
+    for a, b in zip(got, want, strict=True):  # bf16 against the float32 composition
+        _close(a, b, rtol=2e-2)
+    assert np.all(np.asarray(got[0][MOSAIC_SIZES.sum() :]) == 0)  # rows past the groups
+    return operands
+
+
+# The fused down dgrad's one interpreter call (~10 s) is the one inside the gradient: its
+# operands and results, recorded, are checked against a float64 NumPy reference. SwiGLU through
+# the kernel; each in-kernel (act, act') pair against jax's derivative of the activation above.
+def test_gradients_through_the_fused_backward_and_its_kernel_against_numpy(monkeypatch):
     kernel = PallasMosaicGatedGroupedMatmul(
         grouped=ReferenceGroupedMatmul(), fused_backward=True, interpret=True
     )
-    ops = (fused(sizes, kernel=kernel), composition(sizes))
-    operands = (lhs, gate_w, up_w, down_w)
-    f32 = tuple(a.astype(jnp.float32) for a in operands)
-    grads = [
-        jax.jit(jax.grad(_loss(op), argnums=(0, 1, 2, 3)))(*args)
-        for op, args in zip(ops, (operands, f32), strict=True)
-    ]
-    for got, want in zip(*grads, strict=True):  # bf16 against the float32 composition
-        _close(got, want, rtol=2e-2)
-    assert kernel.down_dgrad_unsupported_reason(lhs, down_w, sizes) is None
+    calls = _recording(monkeypatch, "down_dgrad")
+    _, _, _, down_w = _mosaic_ffn_gradients(kernel, k=64, f=FF)
+    assert len(calls) == 1  # the kernel ran: no silent fallback to the unfused dgrad
+    (out_bar, gate, up, rhs_down, sizes), got = calls[0]
+    assert gate.shape == (M, FF) and np.array_equal(sizes, MOSAIC_SIZES)
+    want = _np_down_dgrad(out_bar, gate, up, rhs_down, MOSAIC_SIZES, "swiglu")
+    unfused = ffn_primitives.unfused_glu_dgrad(
+        *map(jnp.asarray, (out_bar, gate, up, rhs_down, sizes)),
+        kernel=REFERENCE,
+        activation="swiglu",
+    )
+    for got_bar, unfused_bar, want_bar in zip(got, unfused, want, strict=True):
+        # One rounding (float32 h_bar and derivative) against the unfused path's several.
+        assert _rel_err(got_bar, want_bar) < 4e-3
+        assert _rel_err(got_bar, want_bar) <= _rel_err(unfused_bar, want_bar)
+        assert np.all(np.asarray(got_bar[MOSAIC_SIZES.sum() :]) == 0)  # rows past the groups
     kernel_off = PallasMosaicGatedGroupedMatmul(interpret=True)  # the default: measured slower
-    assert kernel_off.down_dgrad_unsupported_reason(lhs, down_w, sizes) == "fused_backward=False"
+    reason = kernel_off.down_dgrad_unsupported_reason(jnp.asarray(out_bar), down_w, sizes)
+    assert reason == "fused_backward=False"
 
 
 def test_fused_down_dgrad_lowers_for_cuda():
@@ -324,22 +335,18 @@ def test_fused_down_dgrad_lowers_for_cuda():
 INPUT_K, INPUT_F = 256, 128
 
 
-def test_fused_input_dgrad_against_numpy():
-    keys = jax.random.split(jax.random.key(5), 4)
-    gate_bar, up_bar = (jax.random.normal(key, (M, INPUT_F)) for key in keys[:2])
-    gate_w, up_w = (
-        jax.random.normal(key, (len(MOSAIC_SIZES), INPUT_K, INPUT_F)) / np.sqrt(INPUT_F)
-        for key in keys[2:]
-    )
-    gate_bar, up_bar, gate_w, up_w = (
-        a.astype(jnp.bfloat16) for a in (gate_bar, up_bar, gate_w, up_w)
-    )
-    sizes = jnp.asarray(MOSAIC_SIZES)
+# The fused input dgrad's one interpreter call is the one inside the gradient: its operands and
+# result, recorded, are checked against a float64 NumPy reference.
+def test_gradients_through_the_fused_input_dgrad_and_its_kernel_against_numpy(monkeypatch):
     kernel = PallasMosaicGatedGroupedMatmul(
         grouped=ReferenceGroupedMatmul(), fused_input_dgrad=True, interpret=True
     )
-    assert kernel.input_dgrad_unsupported_reason(gate_bar, gate_w, sizes) is None
-    got = kernel.input_dgrad(gate_bar, up_bar, gate_w, up_w, sizes)
+    calls = _recording(monkeypatch, "input_dgrad")
+    _mosaic_ffn_gradients(kernel, k=INPUT_K, f=INPUT_F)
+    assert len(calls) == 1  # the kernel ran: no silent fallback to the two products
+    (gate_bar, up_bar, gate_w, up_w, sizes), got = calls[0]
+    assert gate_w.shape == (len(MOSAIC_SIZES), INPUT_K, INPUT_F)
+    assert np.array_equal(sizes, MOSAIC_SIZES)
     as64 = lambda a: np.asarray(jnp.asarray(a, jnp.float32), np.float64)  # noqa: E731
     want = np.zeros((M, INPUT_K))
     start = 0
@@ -349,7 +356,7 @@ def test_fused_input_dgrad_against_numpy():
         want[rows] += as64(up_bar)[rows] @ as64(up_w)[group].T
         start += size
     unfused = gated_primitives.unfused_input_dgrad(
-        gate_bar, up_bar, gate_w, up_w, sizes, kernel=REFERENCE
+        *map(jnp.asarray, (gate_bar, up_bar, gate_w, up_w, sizes)), kernel=REFERENCE
     )
     # One rounding of the float32 sum against the unfused path's three (each product, the sum).
     assert _rel_err(got, want) < 4e-3
@@ -357,25 +364,8 @@ def test_fused_input_dgrad_against_numpy():
     assert np.all(np.asarray(got[MOSAIC_SIZES.sum() :]) == 0)  # rows past the groups
     assert PallasMosaicGatedGroupedMatmul(interpret=True).fused_input_dgrad  # the default
     off = PallasMosaicGatedGroupedMatmul(fused_input_dgrad=False, interpret=True)
+    gate_bar, gate_w = jnp.asarray(gate_bar), jnp.asarray(gate_w)
     assert off.input_dgrad_unsupported_reason(gate_bar, gate_w, sizes) == "fused_input_dgrad=False"
-
-
-def test_gradients_through_the_fused_input_dgrad():
-    lhs, gate_w, up_w, down_w = _ffn_operands(jnp.bfloat16, rows=M, k=INPUT_K, f=INPUT_F, h_out=H)
-    sizes = jnp.array([100, 0, 150], jnp.int32)
-    kernel = PallasMosaicGatedGroupedMatmul(
-        grouped=ReferenceGroupedMatmul(), fused_input_dgrad=True, interpret=True
-    )
-    operands = (lhs, gate_w, up_w, down_w)
-    f32 = tuple(a.astype(jnp.float32) for a in operands)
-    got = jax.jit(jax.grad(_loss(fused(sizes, kernel=kernel)), argnums=(0, 1, 2, 3)))(*operands)
-    want = jax.jit(jax.grad(_loss(composition(sizes)), argnums=(0, 1, 2, 3)))(*f32)
-    for a, b in zip(got, want, strict=True):  # bf16 against the float32 composition
-        _close(a, b, rtol=2e-2)
-    assert np.all(np.asarray(got[0][250:]) == 0)
-    # The kernel ran (no silent fallback to the two products): the operands suit it.
-    gate_bar = jnp.zeros((M, INPUT_F), jnp.bfloat16)
-    assert kernel.input_dgrad_unsupported_reason(gate_bar, gate_w, sizes) is None
 
 
 def test_fused_input_dgrad_lowers_for_cuda():
