@@ -212,7 +212,7 @@ def mosaic_gmm_body(
                 stores.store(lambda first_row: zeros, row0, col0, lo, hi)  # each its half
 
         def make_context(group, row0, lo, hi, col0, partial_slot=None):
-            """The tile's main loop and epilogue; for a half of a cut unit the accumulator goes
+            """The tile's main loop and epilogue; for a part of a cut unit the accumulator goes
             to workspace slot ``partial_slot`` instead."""
 
             def context(eval_pipeline):
