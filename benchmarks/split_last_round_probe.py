@@ -7,7 +7,9 @@ input gradient ``gmm_pair`` with transposed weights, ``[M, K] x [G, N, K]^T`` tw
 default tiles without the cut (``uncut``: ``split_last_round=False``), the same with it
 (``split``: kernel and fix-up), with at most two pieces (``halves``: session 26's rule,
 ``MAX_PIECES = 2``), with ``--kernel-only`` its kernel alone (the fix-up replaced by nothing:
-timing only), and ``uncut`` again (a control), in settled interleaved rounds; each row says
+timing only), and ``uncut`` again (a control), in settled interleaved rounds; with
+``--profile`` also each variant's launches from a profiler trace after a settling run (the
+kernel's own time and the fix-up's, :mod:`jaxmoe.bench.kernel_profile`); each row says
 how many units there are and how many the last round cuts, in how many pieces (both rules).
 Each variant's first call writes into a freed NaN buffer of the result's size (as the
 exactness checks of ``mosaic_probe.py``), so the kernel alone differs from ``uncut`` (NaN)
@@ -37,6 +39,7 @@ import jax.numpy as jnp
 
 from jaxmoe.bench.gemm import layer_group_sizes
 from jaxmoe.bench.harness import relative_error, results_header, row_emitter
+from jaxmoe.bench.kernel_profile import kernel_breakdown
 from jaxmoe.bench.presets import GEMM_SHAPES
 from jaxmoe.bench.timing import jax_sync, time_interleaved, warm_up
 from jaxmoe.ops.grouped_matmul import (
@@ -100,6 +103,9 @@ def main() -> None:
     )
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--kernel-only", action="store_true", help="also the kernel alone")
+    parser.add_argument(
+        "--profile", action="store_true", help="also each variant's launches, profiled"
+    )
     parser.add_argument("--time-budget-s", type=float, default=200)
     args = parser.parse_args()
     start = time.time()
@@ -182,6 +188,14 @@ def main() -> None:
                 base = (row["uncut_ms"] + row["uncut_again_ms"]) / 2
                 for name in compared:
                     row[f"{name}_speedup"] = base / row[f"{name}_ms"]
+                if args.profile:
+                    for name, (call, _, _) in calls.items():
+                        profile = kernel_breakdown(call, calls=10, settle_s=1.0)
+                        row[f"{name}_profile"] = {
+                            "span_ms": profile["span_ms"],
+                            "kernels_ms": profile["total_ms"],
+                            "ops_us": {r["op"][:40]: 1e3 * r["ms"] for r in profile["rows"]},
+                        }
             except Exception as error:  # noqa: BLE001 - the probe records failures and goes on
                 row["error"] = f"{type(error).__name__}: {error}"[:2000]
                 traceback.print_exc()
