@@ -76,6 +76,24 @@ def main() -> None:
         functions[name], _ = compile_variant(function, operands, sites, changes)
         jax.block_until_ready(functions[name](*operands))
 
+    run_phases(
+        {
+            name: (lambda fn=fn: fn(*operands), jax.block_until_ready)
+            for name, fn in functions.items()
+        },
+        args.phases,
+        args.phase_s,
+        args.smi_period_s,
+        emit,
+    )
+
+
+def run_phases(contenders: dict, phases: int, phase_s: float, smi_period_s: float, emit) -> None:
+    """Runs each contender alone in phases of ``phase_s`` seconds, alternating (A, B, ..., A,
+    B, ...), while ``nvidia-smi`` is read every ``smi_period_s`` in a thread; emits per phase
+    the ms per call over its last two thirds and the median SM clock and power over that span.
+    ``contenders``: name -> ``(call, sync)``, ``call()`` launching one call and ``sync(out)``
+    waiting for it."""
     readings, stop = [], threading.Event()
 
     def read_smi():
@@ -83,21 +101,21 @@ def main() -> None:
             numbers = smi_numbers(gpu_clock())
             if numbers:
                 readings.append((time.perf_counter(), *numbers))
-            time.sleep(args.smi_period_s)
+            time.sleep(smi_period_s)
 
     reader = threading.Thread(target=read_smi, daemon=True)
     reader.start()
-    names = list(variants)
+    names = list(contenders)
     try:
-        for phase in range(args.phases):
+        for phase in range(phases):
             name = names[phase % len(names)]
-            fn = functions[name]
+            call, sync = contenders[name]
             start = time.perf_counter()
-            end = start + args.phase_s
-            steady_from = start + args.phase_s / 3
+            end = start + phase_s
+            steady_from = start + phase_s / 3
             calls, steady_calls, steady_start = 0, 0, None
             while time.perf_counter() < end:
-                jax.block_until_ready([fn(*operands) for _ in range(4)])
+                sync([call() for _ in range(4)][-1])
                 now = time.perf_counter()
                 calls += 4
                 if now >= steady_from:
