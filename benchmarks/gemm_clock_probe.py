@@ -7,7 +7,9 @@ call takes. Equal clocks and more cycles point at the instructions (the kernel d
 tile); equal cycles at a lower clock point at the energy (it draws more power per cycle).
 Each contender (``torch``: ``torch._grouped_mm``; ``jaxmoe``: the public ``grouped_matmul``,
 the default ``auto``; ``jaxmoe-<name>``: the Mosaic ``gmm`` with the default tiles changed by
-``--variants``) runs alone in phases of ``--phase-s`` seconds, alternating, while
+``--variants``; ``jaxmoe-kmajor`` with ``--kmajor``: the same product on the weights laid out
+``[G, N, K]``, as torch's bench lays them out, through the dgrad's transposed operand)
+runs alone in phases of ``--phase-s`` seconds, alternating, while
 ``nvidia-smi`` is read every ``--smi-period-s`` (``variant_clock_probe.run_phases``). Rows go
 to ``<out-dir>/gemm-clock-probe.json``, each with ``mcycles_per_call`` (ms x MHz / 1000)::
 
@@ -43,6 +45,9 @@ def main() -> None:
     parser.add_argument("--shape", default="mixtral-down")
     parser.add_argument("--routing", default="balanced")
     parser.add_argument("--variants", default="{}", help="JSON: name -> tile field changes")
+    parser.add_argument(
+        "--kmajor", action="store_true", help="also the product on [G, N, K] weights"
+    )
     parser.add_argument("--phases", type=int, default=8, help="phases in all, alternating")
     parser.add_argument("--phase-s", type=float, default=3.0)
     parser.add_argument("--smi-period-s", type=float, default=0.2)
@@ -76,6 +81,13 @@ def main() -> None:
         variant = jax.jit(functools.partial(pallas_mosaic.gmm, tiles=tiles))
         contenders[f"jaxmoe-{name}"] = (
             lambda variant=variant: variant(lhs, rhs, group_sizes),
+            jax.block_until_ready,
+        )
+    if args.kmajor:
+        rhs_nk = jnp.swapaxes(rhs, 1, 2).copy()
+        kmajor = jax.jit(functools.partial(pallas_mosaic.gmm, transpose_rhs=True, tiles=default))
+        contenders["jaxmoe-kmajor"] = (
+            lambda: kmajor(lhs, rhs_nk, group_sizes),
             jax.block_until_ready,
         )
     for call, sync in contenders.values():  # compile and warm up outside the phases
