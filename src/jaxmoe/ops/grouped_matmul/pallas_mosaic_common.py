@@ -66,35 +66,14 @@ swizzle = pallas_triton.swizzle
 # at each tile's end, and its pipeline of pipelines takes no dynamic step count).
 
 
-def ring_produce(
-    num_tiles, tile_steps, load, *, stages: int, released, then=None, one_warp: bool = False
-) -> None:
+def ring_produce(num_tiles, tile_steps, load, *, stages: int, released, then=None) -> None:
     """The memory warpgroup's side: for each of the CTA's ``num_tiles`` tiles, ``info, count =
     tile_steps(t)`` (``count >= 0`` steps: a tile of none loads nothing), then for each step
     waits until the slot is released and calls ``load(info, i, slot)`` to start its TMA copies
     (each arriving on the slot's ``loaded`` barrier); at the end, waits for the last slots'
     releases. ``then``: a second ``(num_tiles, tile_steps)`` loop after the first, on the same
-    ring (the compute side runs the same two loops).
-
-    ``one_warp``: only the warpgroup's first warp runs the loops (the other three go on to
-    the kernel's end), as CUTLASS's producer does; otherwise all four run them in step, each
-    wait included and a warpgroup barrier before each copy (a quarter of a Mixtral ``gmm``'s
-    instructions, H100 run 28 call 6). Mosaic GPU's interpreter has no warp-level ``core_map``:
-    there the warpgroup runs them."""
+    ring (the compute side runs the same two loops)."""
     plgpu.set_max_registers(MEMORY_REGISTERS, action="decrease")
-    if not one_warp:
-        _ring_produce_loops(num_tiles, tile_steps, load, stages, released, then)
-        return
-
-    @pl.core_map(plgpu.WarpMesh(axis_name="warp"))
-    def _warps():
-        @pl.when(lax.axis_index("warp") == 0)
-        def _first_warp():
-            _ring_produce_loops(num_tiles, tile_steps, load, stages, released, then)
-
-
-def _ring_produce_loops(num_tiles, tile_steps, load, stages, released, then) -> None:
-    """:func:`ring_produce`'s loops, on whichever threads run them."""
 
     def tiles(tile_steps):
         def tile(t, step):

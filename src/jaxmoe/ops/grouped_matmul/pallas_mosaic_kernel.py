@@ -303,15 +303,15 @@ def mosaic_gmm_body(
 
             # Both CTAs of the cluster take the same branch (``shared`` is the pair's), so
             # each slot's barrier expects one copy of the whole block either way.
+            @pl.when(shared)
             def _multicast():
                 plgpu.copy_gmem_to_smem(
                     block, slot_ref, barrier, collective_axes=common.CLUSTER_AXIS
                 )
 
+            @pl.when(jnp.logical_not(shared))
             def _own():
                 plgpu.copy_gmem_to_smem(block, slot_ref, barrier)
-
-            lax.cond(shared, _multicast, _own)
 
         def ring_tiles(ring):
             """The CTA's units on :mod:`.pallas_mosaic_common`'s ring: ``k / bk`` steps each
@@ -321,13 +321,10 @@ def mosaic_gmm_body(
             steps = k // bk
             unit_steps = schedule.unit_steps(k, cfg, paired)
             units = schedule.num_units(work, num_n_tiles, cfg)
-            # Read here: inside the one-warp producer's warp-level map only the warp axis may
-            # be named.
-            worker, workers = lax.axis_index("sm"), lax.axis_size("sm")
             if cfg.split_last_round:
-                split = schedule.LastRound.of(units, workers, unit_steps)
+                split = schedule.LastRound.of(units, lax.axis_size("sm"), unit_steps)
                 my_whole = common.cta_tile_count(split.whole_units)
-                my_parts = split.parts_of(worker)
+                my_parts = split.parts_of(lax.axis_index("sm"))
             else:
                 my_whole = common.cta_tile_count(units)
 
@@ -335,10 +332,10 @@ def mosaic_gmm_body(
             # one). Each gives ``(tile, first K step, K steps, workspace slot of a partial
             # sum)``.
             def whole_parts(local_tile):
-                return unit_tile(worker + local_tile * workers), 0, unit_steps, None
+                return unit_tile(common.cta_tile_index(local_tile)), 0, unit_steps, None
 
             def cut_parts(index):
-                unit, first_step, count, slot = split.part(worker, index)
+                unit, first_step, count, slot = split.part(lax.axis_index("sm"), index)
                 return unit_tile(unit), first_step, count, slot
 
             def producer_steps(parts):
@@ -380,7 +377,6 @@ def mosaic_gmm_body(
                     stages=cfg.stages,
                     released=ring["released"],
                     then=(my_parts, producer_steps(cut_parts)) if cfg.split_last_round else None,
-                    one_warp=cfg.one_warp_producer and not interpreted,
                 )
 
             @pl.when(wg < common.NUM_COMPUTE_WARPGROUPS)

@@ -90,11 +90,11 @@ def unit_tile(work: WorkList, unit, cta, num_n_tiles: int, cfg: MosaicTileConfig
     ``2p + 1`` (CTA 1), an odd last item's partner recomputing it."""
     if cfg.multicast_weights:
         pair, n_tile = common.swizzle(
-            unit, work_list.quotient(work.num_work + 1, 2), num_n_tiles, cfg.group_swizzle
+            unit, (work.num_work + 1) // 2, num_n_tiles, cfg.group_swizzle
         )
         first = 2 * pair
         second = jnp.minimum(first + 1, work.num_work - 1)
-        item = first + cta * (second - first)  # CTA 0 the first item, CTA 1 the second
+        item = jnp.where(cta == 0, first, second)
         shared = work.group[first] == work.group[second]
     else:
         item, n_tile = common.swizzle(unit, work.num_work, num_n_tiles, cfg.group_swizzle)
@@ -165,10 +165,10 @@ class LastRound:
         of cut unit ``slot % cut_units``)."""
         slot = worker + index * self.workers
         cut = jnp.maximum(self.cut_units, 1)
-        piece = work_list.quotient(slot, cut)
-        first_step = work_list.quotient(piece * self.steps, self.pieces)
-        count = work_list.quotient((piece + 1) * self.steps, self.pieces) - first_step
-        return self.whole_units + work_list.remainder(slot, cut), first_step, count, slot
+        piece = slot // cut
+        first_step = piece * self.steps // self.pieces
+        count = (piece + 1) * self.steps // self.pieces - first_step
+        return self.whole_units + slot % cut, first_step, count, slot
 
 
 def workspace_slots(workers: int) -> int:

@@ -82,10 +82,6 @@ class MosaicTileConfig:
     four pieces of their K loop, run by more CTAs (:mod:`.pallas_mosaic_schedule`), where that
     shortens the round; the pieces' float32 partial sums go to a workspace and one XLA scatter
     after the kernel adds and stores them.
-
-    ``one_warp_producer`` (on the ``ring``, in the plain ``gmm`` and ``gmm_pair``, on a GPU):
-    one warp of the memory warpgroup issues the ring's copies instead of all four in step
-    (:func:`.pallas_mosaic_common.ring_produce`).
     """
 
     block_m: int = 128
@@ -101,7 +97,6 @@ class MosaicTileConfig:
     group_start_tiles: bool = False
     multicast_weights: bool = False
     split_last_round: bool = False
-    one_warp_producer: bool = False
 
 
 # With group_start_tiles a tile starts on this row grid: a TMA copy into a tiled shared buffer

@@ -127,11 +127,11 @@ def swizzle(pid, num_rows: int, num_cols: int, group: int):
     """Maps a 1-D program id onto (row, col), walking ``group`` rows at a time along the cols
     (the tile order of every Pallas kernel here, Triton and Mosaic: neighbours share L2)."""
     per_band = group * num_cols
-    first_row = work_list.quotient(pid, per_band) * group
+    band = pid // per_band
+    first_row = band * group
     rows_in_band = jnp.minimum(num_rows - first_row, group)
-    inner = work_list.remainder(pid, per_band)
-    row = first_row + work_list.remainder(inner, rows_in_band)
-    return row, work_list.quotient(inner, rows_in_band)
+    inner = pid % per_band
+    return first_row + inner % rows_in_band, inner // rows_in_band
 
 
 def _dot_precision(dtype):

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-from jax import lax
 
 Array = jax.Array
 
@@ -72,26 +71,10 @@ def work_items(
     return work_group, first_row, offsets
 
 
-def quotient(x, divisor):
-    """``x // divisor`` for ``x >= 0`` and ``divisor > 0`` (ints, int arrays or traced
-    scalars), as one truncating division. Python's ``//`` and ``%`` on a traced int add a sign
-    fix-up (a select) that Mosaic GPU's warp-level lowering has no rule for: the kernels' work
-    list arithmetic runs there in the one-warp producer
-    (``MosaicTileConfig.one_warp_producer``)."""
-    x = jnp.asarray(x)
-    return lax.div(x, jnp.asarray(divisor, x.dtype))
-
-
-def remainder(x, divisor):
-    """``x % divisor`` for ``x >= 0`` and ``divisor > 0``, as :func:`quotient`."""
-    x = jnp.asarray(x)
-    return lax.rem(x, jnp.asarray(divisor, x.dtype))
-
-
 def tile_first_row(first_row, block_m: int, num_rows: int, *, tile_align: int | None = None):
     """The first row of a work item's tile (a traced scalar in a kernel, or an array)."""
     align = tile_align or block_m
-    row0 = quotient(first_row, align) * align
+    row0 = first_row // align * align
     if align == block_m:
         return row0
     # Off the grid a tile may run past the array's end: it moves back to end there.
@@ -101,4 +84,4 @@ def tile_first_row(first_row, block_m: int, num_rows: int, *, tile_align: int | 
 def rows_in_tile(first_row, row0, end, block_m: int):
     """``(lo, hi)``: the rows ``[lo, hi)`` of the tile starting at ``row0`` that the work item
     owns (``first_row`` to its interval's ``end``, within the tile)."""
-    return first_row - row0, jnp.minimum(jnp.maximum(end - row0, 0), block_m)
+    return first_row - row0, jnp.clip(end - row0, 0, block_m)
