@@ -122,7 +122,8 @@ def test_input_dgrad_batches_under_vmap_of_grad():
     fused_input = functools.partial(fused, kernel=REFERENCE_INPUT_DGRAD)
     text = str(jax.make_jaxpr(lambda b: per_example(fused_input))(batch))
     assert "jaxmoe_gated_input" not in text  # batched: the unfused forms
-    _all_close(per_example(fused_input), per_example(composition))
+    # Jitted: the same batching rules, without eager op-by-op dispatch.
+    _all_close(*(jax.jit(per_example, static_argnums=0)(op) for op in (fused_input, composition)))
 
 
 def test_input_dgrad_runs_the_backend_kernel_where_it_applies(monkeypatch):
@@ -289,17 +290,9 @@ def _mosaic_ffn_gradients(kernel, k, f):
     return operands
 
 
-# The fused down dgrad's one interpreter call (~10 s) is the one inside the gradient: its
-# operands and results, recorded, are checked against a float64 NumPy reference. SwiGLU through
-# the kernel; each in-kernel (act, act') pair against jax's derivative of the activation above.
-def test_gradients_through_the_fused_backward_and_its_kernel_against_numpy(monkeypatch):
-    kernel = PallasMosaicGatedGroupedMatmul(
-        grouped=ReferenceGroupedMatmul(), fused_backward=True, interpret=True
-    )
-    calls = _recording(monkeypatch, "down_dgrad")
-    _, _, _, down_w = _mosaic_ffn_gradients(kernel, k=64, f=FF)
-    assert len(calls) == 1  # the kernel ran: no silent fallback to the unfused dgrad
-    (out_bar, gate, up, rhs_down, sizes), got = calls[0]
+def _check_down_dgrad(call, down_w):
+    """The fused down dgrad's recorded operands and results against float64 NumPy."""
+    (out_bar, gate, up, rhs_down, sizes), got = call
     assert gate.shape == (M, FF) and np.array_equal(sizes, MOSAIC_SIZES)
     want = _np_down_dgrad(out_bar, gate, up, rhs_down, MOSAIC_SIZES, "swiglu")
     unfused = ffn_primitives.unfused_glu_dgrad(
@@ -317,38 +310,13 @@ def test_gradients_through_the_fused_backward_and_its_kernel_against_numpy(monke
     assert reason == "fused_backward=False"
 
 
-def test_fused_down_dgrad_lowers_for_cuda():
-    # The GPU path reads the down weights transposed (which the interpreter cannot run).
-    fn = jax.jit(
-        functools.partial(fused_mosaic.fused_down_dgrad, activation="swiglu", interpret=False)
-    )
-    shapes = [(M, H), (M, FF), (M, FF), (4, FF, H), (4,)]
-    dtypes = [jnp.bfloat16] * 4 + [jnp.int32]
-    args = [jax.ShapeDtypeStruct(s, d) for s, d in zip(shapes, dtypes, strict=True)]
-    assert "mosaic_gpu" in fn.trace(*args).lower(lowering_platforms=("cuda",)).as_text()
-
-
-# --- the fused input dgrad (Mosaic GPU's interpreter) -------------------------------------------
-
-# The Mosaic gmm's default tiles (128 x 256 x 64): the input gradient's N (the hidden size) is a
-# multiple of 256, its contraction (F) of 64.
-INPUT_K, INPUT_F = 256, 128
-
-
-# The fused input dgrad's one interpreter call is the one inside the gradient: its operands and
-# result, recorded, are checked against a float64 NumPy reference.
-def test_gradients_through_the_fused_input_dgrad_and_its_kernel_against_numpy(monkeypatch):
-    kernel = PallasMosaicGatedGroupedMatmul(
-        grouped=ReferenceGroupedMatmul(), fused_input_dgrad=True, interpret=True
-    )
-    calls = _recording(monkeypatch, "input_dgrad")
-    _mosaic_ffn_gradients(kernel, k=INPUT_K, f=INPUT_F)
-    assert len(calls) == 1  # the kernel ran: no silent fallback to the two products
-    (gate_bar, up_bar, gate_w, up_w, sizes), got = calls[0]
-    assert gate_w.shape == (len(MOSAIC_SIZES), INPUT_K, INPUT_F)
+def _check_input_dgrad(call, k):
+    """The fused input dgrad's recorded operands and result against float64 NumPy."""
+    (gate_bar, up_bar, gate_w, up_w, sizes), got = call
+    assert gate_w.shape == (len(MOSAIC_SIZES), k, FF)
     assert np.array_equal(sizes, MOSAIC_SIZES)
     as64 = lambda a: np.asarray(jnp.asarray(a, jnp.float32), np.float64)  # noqa: E731
-    want = np.zeros((M, INPUT_K))
+    want = np.zeros((M, k))
     start = 0
     for group, size in enumerate(MOSAIC_SIZES):
         rows = slice(start, start + size)
@@ -366,6 +334,44 @@ def test_gradients_through_the_fused_input_dgrad_and_its_kernel_against_numpy(mo
     off = PallasMosaicGatedGroupedMatmul(fused_input_dgrad=False, interpret=True)
     gate_bar, gate_w = jnp.asarray(gate_bar), jnp.asarray(gate_w)
     assert off.input_dgrad_unsupported_reason(gate_bar, gate_w, sizes) == "fused_input_dgrad=False"
+
+
+# The Mosaic gmm's default tiles (128 x 256 x 64): the input gradient's N (the hidden size K) is a
+# multiple of 256, its contraction (F) of 64; the down dgrad's N (F) too, its contraction (H).
+INPUT_K, INPUT_F = 256, 128
+
+
+# One gradient through both fused backward kernels (the down dgrad with the activation's
+# derivative, and the input dgrad): with the fused forward, the test's three interpreter calls
+# (several seconds each; the two kernels had a test, and a forward, each). Each kernel's one
+# call is the one inside the gradient: its operands and results, recorded, are checked against
+# a float64 NumPy reference. SwiGLU through the kernels; each in-kernel (act, act') pair against
+# jax's derivative of the activation above.
+def test_gradients_through_the_fused_backward_kernels_against_numpy(monkeypatch):
+    kernel = PallasMosaicGatedGroupedMatmul(
+        grouped=ReferenceGroupedMatmul(),
+        fused_backward=True,
+        fused_input_dgrad=True,
+        interpret=True,
+    )
+    down_calls = _recording(monkeypatch, "down_dgrad")
+    input_calls = _recording(monkeypatch, "input_dgrad")
+    _, _, _, down_w = _mosaic_ffn_gradients(kernel, k=INPUT_K, f=FF)
+    # The kernels ran: no silent fallback to the unfused dgrad or the two products.
+    assert len(down_calls) == 1 and len(input_calls) == 1
+    _check_down_dgrad(down_calls[0], down_w)
+    _check_input_dgrad(input_calls[0], INPUT_K)
+
+
+def test_fused_down_dgrad_lowers_for_cuda():
+    # The GPU path reads the down weights transposed (which the interpreter cannot run).
+    fn = jax.jit(
+        functools.partial(fused_mosaic.fused_down_dgrad, activation="swiglu", interpret=False)
+    )
+    shapes = [(M, H), (M, FF), (M, FF), (4, FF, H), (4,)]
+    dtypes = [jnp.bfloat16] * 4 + [jnp.int32]
+    args = [jax.ShapeDtypeStruct(s, d) for s, d in zip(shapes, dtypes, strict=True)]
+    assert "mosaic_gpu" in fn.trace(*args).lower(lowering_platforms=("cuda",)).as_text()
 
 
 def test_fused_input_dgrad_lowers_for_cuda():

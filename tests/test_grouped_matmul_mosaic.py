@@ -17,8 +17,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from hypothesis import example, given, settings
-from hypothesis import strategies as st
 from test_grouped_matmul import check_all, np_gmm, random_inputs
 
 from jaxmoe.ops.grouped_matmul import pallas_mosaic, pallas_mosaic_tiles
@@ -30,19 +28,14 @@ from jaxmoe.ops.grouped_matmul.pallas_triton import PallasTritonGroupedMatmul, T
 M, K, N = 256, 128, 256
 SMALL = MosaicTileConfig(block_m=64, block_n=128, block_k=64, stages=2, group_swizzle=2)
 CONFIGS = {
-    "plain": SMALL,
-    # K / block_k = 2 steps, a multiple of the 2 stages: one pipeline across a CTA's tiles;
-    # tiles from each group's first row.
-    "chained": MosaicTileConfig(
-        64, 128, 64, stages=2, group_swizzle=2, pipelined_tiles=True, group_start_tiles=True
-    ),
-    # The swizzled epilogue (whole slabs through 64-column swizzled chunks, boundary slabs
-    # through the unswizzled slab): two chunks per slab, the slots alternating within it ...
-    "swizzled": MosaicTileConfig(64, 256, 64, stages=2, group_swizzle=2, swizzled_epilogue=True),
-    # ... one chunk per slab, two slabs per tile (the slots alternating between slabs): the
-    # default's 128-row tile with a 64-row slab, whose cut slabs take the unswizzled 64-row
-    # slab (the unswizzled half slab's test, as on the ring in "ring_three_slots") ...
-    "swizzled_half_slab": MosaicTileConfig(
+    # jax's pipeline per tile with 64-row tiles (SMALL) has its straddling case in
+    # test_backend_forward_and_grads_against_reference (an empty group, cut tiles, tail rows).
+    # One pipeline chained across a CTA's tiles (K / block_k = 2 steps, a multiple of the 2
+    # stages), tiles from each group's first row, and the swizzled epilogue on it: the default's
+    # 128-row tile with a 64-row slab, one chunk per slab, two slabs per tile (the slots
+    # alternating between slabs), whose cut slabs take the unswizzled 64-row slab (the
+    # unswizzled half slab's test; the ring runs the same epilogue code).
+    "chained_swizzled_half_slab": MosaicTileConfig(
         128,
         128,
         64,
@@ -51,33 +44,35 @@ CONFIGS = {
         pipelined_tiles=True,
         epilogue_rows=64,
         swizzled_epilogue=True,
+        group_start_tiles=True,
     ),
-    # ... and one store per result (one slot).
-    "swizzled_one_slot": MosaicTileConfig(
-        64, 128, 64, stages=2, group_swizzle=2, swizzled_epilogue=True
+    # The hand-written ring (2 K steps per tile on 2 slots: the slot wraps inside a tile and
+    # across tiles), the swizzled epilogue with one store per result (one slot), and the last
+    # round cut into K halves where it would leave a worker idle (14 units on 2 CTAs: nothing
+    # is cut here; test_mosaic_last_round.py for the cuts). The ring's unswizzled stores:
+    # "split_rows_wide" (the epilogue's code is the same for either warpgroup split).
+    "ring_split_last_round": MosaicTileConfig(
+        64,
+        128,
+        64,
+        stages=2,
+        group_swizzle=2,
+        swizzled_epilogue=True,
+        ring=True,
+        split_last_round=True,
     ),
-    # The hand-written ring across a CTA's tiles (2 K steps per tile, 2 and 3 slots: the slot
-    # wraps inside a tile and across tiles), with the half slab and with the swizzled epilogue.
-    "ring": MosaicTileConfig(64, 128, 64, stages=2, group_swizzle=2, ring=True),
-    "ring_three_slots": MosaicTileConfig(
-        128, 128, 64, stages=3, group_swizzle=2, epilogue_rows=64, ring=True
-    ),
+    # Two 64-column chunks per slab on the ring, the slots alternating within it (also with
+    # the paired K loop: test_pair_sums_two_products_in_one_k_loop).
     "ring_swizzled": MosaicTileConfig(
         64, 256, 64, stages=2, group_swizzle=2, swizzled_epilogue=True, ring=True
     ),
-    # The last round cut into K halves where it would leave a worker idle (no units at all:
-    # nothing is cut, no unit read; test_mosaic_last_round.py for the cuts).
-    "ring_split_last_round": MosaicTileConfig(
-        64, 128, 64, stages=2, group_swizzle=2, ring=True, split_last_round=True
-    ),
     # The compute warpgroups split a tile's rows (64 each): a group boundary in either half.
     # At block_n 256 (the default's shape) the unswizzled slab is staged in two 128-column
-    # parts, whole slabs and cut ones; the swizzled one in four chunks; and on jax's pipeline
-    # (128 columns: one part; so is the fused gated kernel's default, tested with it).
-    # The swizzled one is the default tiles with three ring slots, not four (so it follows
-    # the default): tiles from each group's first row (work_list) load and store at rows off
-    # the block_m grid, the last groups' tiles moved back to end at M, owning only their rows
-    # (so do jax's pipeline's 64-row tiles, "chained"); the unswizzled one stays on the grid.
+    # parts, whole slabs and cut ones; on jax's pipeline (128 columns: one part; so is the
+    # fused gated kernel's default, tested with it). The swizzled one (the default tiles with
+    # three ring slots, not four: four chunks, tiles from each group's first row off the
+    # block_m grid, the last groups' tiles moved back to end at M) is "multicast" below in
+    # clusters, and alone in test_forward_single_group_holds_every_row_of_sizes_past_m.
     "split_rows_wide": MosaicTileConfig(
         128, 256, 64, stages=2, group_swizzle=2, epilogue_rows=64, ring=True, split_rows=True
     ),
@@ -112,9 +107,32 @@ def mosaic_forward(group_sizes, cfg, m=M, k=K, n=N, seed=0):
     return np.asarray(out.astype(jnp.float32), np.float64), np_gmm(lhs, rhs, group_sizes)
 
 
-# Every config but "ring": its tiles run here as "ring_split_last_round" (the same two-slot ring,
-# a last round maybe cut into pieces) and in test_pair_sums_two_products_in_one_k_loop.
-@pytest.mark.parametrize("name", [name for name in CONFIGS if name != "ring"])
+# Four configs, each holding several options. The parametrizations removed, and what covers
+# each now:
+# - "plain" (SMALL): test_backend_forward_and_grads_against_reference;
+# - "chained": "chained_swizzled_half_slab";
+# - "swizzled" (64 x 256 on jax's pipeline): "ring_swizzled" in
+#   test_pair_sums_two_products_in_one_k_loop (the same epilogue), "chained_swizzled_half_slab"
+#   (the swizzled epilogue on jax's pipeline);
+# - "swizzled_half_slab": "chained_swizzled_half_slab";
+# - "swizzled_one_slot": "ring_split_last_round";
+# - "ring_three_slots": three slots in test_pair_sums_two_products_in_one_k_loop["multicast"]
+#   and test_forward_single_group_holds_every_row_of_sizes_past_m (stages=3), the unswizzled
+#   half slab in "chained_swizzled_half_slab"'s cut slabs;
+# - "ring_swizzled": test_pair_sums_two_products_in_one_k_loop["ring_swizzled"];
+# - "split_rows_swizzled_wide" and "multicast": test_pair_sums_two_products_in_one_k_loop
+#   ["multicast"] (these tiles in clusters, on the same groups) and
+#   test_forward_single_group_holds_every_row_of_sizes_past_m (these tiles alone);
+# - "multicast_narrow": test_multicast_pairs_share_a_group_or_load_their_own.
+@pytest.mark.parametrize(
+    "name",
+    [
+        "chained_swizzled_half_slab",
+        "ring_split_last_round",
+        "split_rows_wide",
+        "split_rows_pipeline",
+    ],
+)
 def test_forward_empty_groups_straddling_tiles_and_tail(name):
     # Groups end at rows 70, 70, 73, 173, 213: an empty group, a 3-row group inside one tile,
     # boundaries inside tiles (odd run lengths exercise every power-of-two store) and 43 tail
@@ -125,18 +143,31 @@ def test_forward_empty_groups_straddling_tiles_and_tail(name):
     assert np.all(got[213:] == 0), "rows past sum(group_sizes) are not zero"
 
 
-# Whole tiles only, no tail, on the default's layout. The other configs' whole tiles and slabs
-# are in test_forward_empty_groups_straddling_tiles_and_tail (rows 0-63 are one group), the
-# multicast's all-shared pairs in test_multicast_pairs_share_a_group_or_load_their_own.
-def test_forward_single_group_holds_every_row():
-    got, want = mosaic_forward([0, M, 0], CONFIGS["split_rows_swizzled_wide"], seed=1)
+# Whole tiles only, no tail, on the default's layout; the sizes sum past M (group 1 is cut at M,
+# group 2 starts past it: both clipped). The other configs' whole tiles and slabs are in
+# test_forward_empty_groups_straddling_tiles_and_tail (rows 0-63 are one group), the multicast's
+# all-shared pairs in test_multicast_pairs_share_a_group_or_load_their_own. (This was also
+# test_forward_random_group_sizes' explicit example, [90, 90, 90]; its one derandomized draw,
+# [0, 0, 0], is test_forward_no_rows_at_all_is_zeros["ring_default_split_last_round"].)
+def test_forward_single_group_holds_every_row_of_sizes_past_m():
+    got, want = mosaic_forward([0, M + 30, 40], CONFIGS["split_rows_swizzled_wide"], seed=1)
     assert np.max(np.abs(got - want)) / np.max(np.abs(want)) <= 1.6e-2
 
 
-# jax's pipeline and the hand-written ring (with the last-round cut on: nothing to cut).
-@pytest.mark.parametrize("name", ["plain", "ring_split_last_round"])
+# jax's pipeline, and the default's layout on the hand-written ring with the last-round cut on
+# (no units at all: nothing to cut).
+NO_ROWS = {
+    "plain": SMALL,
+    "ring_default_split_last_round": dataclasses.replace(
+        CONFIGS["split_rows_swizzled_wide"], split_last_round=True
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(NO_ROWS))
 def test_forward_no_rows_at_all_is_zeros(name):
-    got, _ = mosaic_forward([0, 0], CONFIGS[name], m=64, n=CONFIGS[name].block_n)
+    cfg = NO_ROWS[name]
+    got, _ = mosaic_forward([0, 0], cfg, m=cfg.block_m, n=cfg.block_n)
     assert np.all(got == 0)
 
 
@@ -144,9 +175,10 @@ def test_multicast_pairs_share_a_group_or_load_their_own():
     # Clusters of two CTAs take work items (2p, 2p + 1). Groups 0 and 1 have one item each (a
     # pair of two groups: each CTA loads its own weights), group 2's two items are one pair (the
     # weights multicast), group 3's one item is the odd last one (its partner recomputes it),
-    # then 68 tail rows (zeros, each CTA its own tail tiles).
+    # then 68 tail rows (zeros, each CTA its own tail tiles). At block_n 128 ("multicast_narrow");
+    # block_n 256: test_pair_sums_two_products_in_one_k_loop["multicast"].
     sizes = [100, 28, 256, 60]
-    got, want = mosaic_forward(sizes, CONFIGS["multicast"], m=512, seed=5)
+    got, want = mosaic_forward(sizes, CONFIGS["multicast_narrow"], m=512, seed=5)
     assert np.max(np.abs(got - want)) / np.max(np.abs(want)) <= 1.6e-2
     assert np.all(got[sum(sizes) :] == 0)
 
@@ -155,8 +187,8 @@ def test_swizzled_epilogue_groups_aligned_to_tiles_and_tail():
     # The MoE layer's case (groups padded to the alignment): every stored slab is whole, so every
     # store takes the swizzled path; an empty group, and 64 tail rows (zeros, by the same path).
     # The 128-row tiles' 64-row group leaves the other slab empty. (The 64-row tiles' whole
-    # slabs: "swizzled" in test_forward_empty_groups_straddling_tiles_and_tail.)
-    got, want = mosaic_forward([128, 0, 64], CONFIGS["swizzled_half_slab"], seed=4)
+    # slabs: "ring_swizzled" in test_pair_sums_two_products_in_one_k_loop.)
+    got, want = mosaic_forward([128, 0, 64], CONFIGS["chained_swizzled_half_slab"], seed=4)
     assert np.max(np.abs(got - want)) / np.max(np.abs(want)) <= 1.6e-2
     assert np.all(got[192:] == 0)
 
@@ -225,7 +257,9 @@ def test_pallas_name_is_strict_auto_falls_back_triton_is_triton(monkeypatch):
 # on the GPU its two buffers are one aliased region (plgpu.RefUnion), which only lowering tests.
 LOWERED = {
     "default": None,
-    "chained": CONFIGS["chained"],
+    "chained": MosaicTileConfig(
+        64, 128, 64, stages=2, group_swizzle=2, pipelined_tiles=True, group_start_tiles=True
+    ),
     "swizzled": MosaicTileConfig(stages=4, epilogue_rows=64, swizzled_epilogue=True),
     "swizzled_chained": MosaicTileConfig(
         stages=4, epilogue_rows=64, pipelined_tiles=True, swizzled_epilogue=True
@@ -398,18 +432,9 @@ def test_each_warpgroup_slab_lies_on_its_own_swizzled_slots(block_n, epilogue_ro
     assert pallas_mosaic_tiles.epilogue_smem_bytes(cfg, out_bytes) == 2 * max(slab, slots) * 2
 
 
-# The default path's variants (the plain pipeline per tile has its fixed cases above).
-@pytest.mark.parametrize("name", ["split_rows_swizzled_wide"])
-@settings(max_examples=1, deadline=None, derandomize=True)
-@given(sizes=st.lists(st.integers(0, 90), min_size=3, max_size=3))
-@example(sizes=[90, 90, 90])
-def test_forward_random_group_sizes(name, sizes):
-    # Sums from 0 to 270 > M. The draws are derandomized (one kernel call costs seconds in the
-    # interpreter), so truncation at M is an explicit example; tails of other lengths: the
-    # straddling tests above.
-    got, want = mosaic_forward(sizes, CONFIGS[name], seed=sum(sizes))
-    assert np.max(np.abs(got - want)) <= 1.6e-2 * max(np.max(np.abs(want)), 1e-6)
-    assert np.all(got[min(sum(sizes), M) :] == 0)
+# test_forward_random_group_sizes (one derandomized draw and one explicit example on the
+# default's layout) is now test_forward_single_group_holds_every_row_of_sizes_past_m (sizes
+# past M) and test_forward_no_rows_at_all_is_zeros (its draw, [0, 0, 0]).
 
 
 def test_a_gpu_other_than_hopper_is_refused(monkeypatch):
@@ -425,9 +450,11 @@ def test_a_gpu_other_than_hopper_is_refused(monkeypatch):
     )
 
 
-# The plain ring, and the default's layout with the weight multicast ("multicast" is
-# "split_rows_swizzled_wide" in clusters: its pairs that do not share a group load their own).
-@pytest.mark.parametrize("name", ["ring", "multicast"])
+# The ring with the swizzled epilogue's two chunks per slab, and the default's layout with the
+# weight multicast ("multicast" is "split_rows_swizzled_wide" in clusters: its pairs that do
+# not share a group load their own). These are also the single products' straddling cases on
+# those tiles (the pair's K loop is the single product's run twice).
+@pytest.mark.parametrize("name", ["ring_swizzled", "multicast"])
 def test_pair_sums_two_products_in_one_k_loop(name):
     # lhs @ rhs[g] + lhs2 @ rhs2[g]: the ring's steps run over the first pair, then the second
     # (2 + 2 K steps per tile on two slots; the slot wraps inside and across tiles). Groups cut
@@ -449,11 +476,11 @@ def test_pair_refuses_mismatched_operands_and_tiles_off_the_ring():
     lhs, rhs, _ = random_inputs(M, K, N, 2, "bfloat16")
     sizes = jnp.asarray([100, 100], jnp.int32)
     with pytest.raises(ValueError, match="lhs2"):
-        pallas_mosaic.gmm_pair(lhs, rhs, lhs[:, :64], rhs, sizes, tiles=CONFIGS["ring"])
+        pallas_mosaic.gmm_pair(lhs, rhs, lhs[:, :64], rhs, sizes, tiles=CONFIGS["ring_swizzled"])
     with pytest.raises(ValueError, match="rhs2"):
         pallas_mosaic.gmm_pair(lhs, rhs, lhs, rhs.astype(jnp.float16), sizes)
     with pytest.raises(NotImplementedError, match="ring"):
-        pallas_mosaic.gmm_pair(lhs, rhs, lhs, rhs, sizes, tiles=CONFIGS["plain"])
+        pallas_mosaic.gmm_pair(lhs, rhs, lhs, rhs, sizes, tiles=SMALL)
 
 
 @pytest.mark.parametrize("transpose_rhs", [False, True], ids=["fwd", "dgrad"])

@@ -242,9 +242,9 @@ def test_runs_are_bitwise_deterministic(backend):
         np.testing.assert_array_equal(a, c)
 
 
+# (The unskewed reference and xla cases: their -skewed cases, the same programs (same config,
+# alignment 8, shared expert) on data whose padded blocks and poisoned tail hold empty experts too.)
 POISON_CASES = {
-    "reference": {"grouped_matmul_backend": "reference"},
-    "xla": {"grouped_matmul_backend": "xla"},
     "reference-skewed": {"grouped_matmul_backend": "reference", "skewed": True},
     "xla-skewed": {"grouped_matmul_backend": "xla", "skewed": True},
     "capacity": {"capacity_factor": 0.75},

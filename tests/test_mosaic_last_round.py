@@ -2,11 +2,11 @@
 :mod:`jaxmoe.ops.grouped_matmul.pallas_mosaic_schedule`): the schedule's arithmetic against a
 plain count and a brute-force choice of pieces, then the kernel with it, in Mosaic GPU's
 interpreter, against the NumPy reference (the pieces' float32 partial sums and the fix-up that
-adds them): plain in halves and thirds (two parts on a CTA), as a pair in quarters, and in
-clusters of two CTAs multicasting the weights, where a cut unit is an odd last item that both
-CTAs compute. On an H100 (run 26 calls 4-5, run 27 calls 3-4) the results were checked against
-the uncut kernel's from a NaN-poisoned buffer (the kernel alone leaves NaN where the fix-up
-writes)."""
+adds them): as a pair in thirds (two parts on a CTA, a piece across the pair's products),
+and plain in halves in clusters of two CTAs multicasting the weights, where a cut unit is an odd
+last item that both CTAs compute. On an H100 (run 26 calls 4-5, run 27 calls 3-4) the results
+were checked against the uncut kernel's from a NaN-poisoned buffer (the kernel alone leaves NaN
+where the fix-up writes)."""
 
 from __future__ import annotations
 
@@ -95,29 +95,28 @@ def last_round(sizes, m, n, cfg, workers, steps):
 RING = MosaicTileConfig(64, 128, 64, stages=2, group_swizzle=2, ring=True, split_last_round=True)
 
 
-@pytest.mark.parametrize(
-    "pair, ctas, n, pieces",
-    [(False, 2, 384, 2), (True, 4, 384, 4), (False, 3, 256, 3)],
-    ids=["gmm-halves", "pair-quarters", "gmm-thirds"],
-)
-def test_pieces_of_the_last_round_add_up(monkeypatch, pair, ctas, n, pieces):
-    # 7 items x n / 128 N tiles of 3 K steps (6 for the pair: its pieces split between the
-    # pair's products). 21 units: on 2 CTAs the last in two halves; the pair's on 4 CTAs in
-    # four pieces. 14 units on 3 CTAs: the last 2 in thirds, two parts on each CTA.
+# One kernel call for the cuts of several pieces: the pair in thirds, two parts on each CTA, a
+# piece across the pair's two products. The plain product's cut (in halves): the clustered test
+# below. Removed: "gmm-thirds" (the plain product in thirds, two parts on each CTA: the same
+# parts here, and the plain product's cut in test_halves_in_clusters_of_two_ctas) and
+# "pair-quarters" (four pieces: the arithmetic in test_every_unit_runs_whole_once_or_in_pieces,
+# the kernel's parts and fix-up take any count of pieces alike, three here).
+def test_pieces_of_the_last_round_add_up(monkeypatch):
+    # 7 items x 2 N tiles of 6 K steps (3 per product): 14 units on 3 CTAs, the last 2 in
+    # thirds of 2 K steps, [0, 2), [2, 4) (the first product's last step, the second's first)
+    # and [4, 6); 6 parts, two on each CTA.
+    ctas = 3
     monkeypatch.setattr(pallas_mosaic_common, "num_sms", lambda interpret: ctas)
-    m, k = 256, 192
-    steps = pallas_mosaic_schedule.unit_steps(k, RING, paired=pair)
+    m, k, n = 256, 192, 256
+    steps = pallas_mosaic_schedule.unit_steps(k, RING, paired=True)
     units, split = last_round(SIZES, m, n, RING, workers=ctas, steps=steps)
-    assert (int(split.cut_units), int(split.pieces)) == (units % ctas, pieces)
+    assert (units, int(split.cut_units), int(split.pieces)) == (14, 2, 3)
+    assert [int(split.parts_of(cta)) for cta in range(ctas)] == [2, 2, 2]
     lhs, rhs, _ = random_inputs(m, k, n, len(SIZES), "bfloat16", 3)
+    lhs2, rhs2, _ = random_inputs(m, k, n, len(SIZES), "bfloat16", 4)
     sizes = jnp.asarray(SIZES, jnp.int32)
-    want = np_gmm(lhs, rhs, SIZES)
-    if pair:
-        lhs2, rhs2, _ = random_inputs(m, k, n, len(SIZES), "bfloat16", 4)
-        got = pallas_mosaic.gmm_pair(lhs, rhs, lhs2, rhs2, sizes, tiles=RING)
-        want = want + np_gmm(lhs2, rhs2, SIZES)
-    else:
-        got = pallas_mosaic.gmm(lhs, rhs, sizes, tiles=RING)
+    got = pallas_mosaic.gmm_pair(lhs, rhs, lhs2, rhs2, sizes, tiles=RING)
+    want = np_gmm(lhs, rhs, SIZES) + np_gmm(lhs2, rhs2, SIZES)
     got = np.asarray(got.astype(jnp.float32), np.float64)
     assert np.max(np.abs(got - want)) / np.max(np.abs(want)) <= 1.6e-2
     assert np.all(got[sum(SIZES) :] == 0)
