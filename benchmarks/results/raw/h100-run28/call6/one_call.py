@@ -1,8 +1,11 @@
 import sys
-import jax, jax.numpy as jnp
+
+import jax.numpy as jnp
+
 from jaxmoe.bench.gemm import group_sizes_for
 from jaxmoe.bench.gemm_cases import jax_case, torch_case
 from jaxmoe.bench.presets import GEMM_SHAPES
+
 shape = GEMM_SHAPES["mixtral-down"]
 sizes = group_sizes_for(shape, "balanced")
 if sys.argv[1] == "torch":
