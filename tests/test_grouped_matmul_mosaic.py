@@ -17,6 +17,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from test_grouped_matmul import check_all, np_gmm, random_inputs
 
 from jaxmoe.ops.grouped_matmul import pallas_mosaic, pallas_mosaic_tiles
@@ -146,9 +148,8 @@ def test_forward_empty_groups_straddling_tiles_and_tail(name):
 # Whole tiles only, no tail, on the default's layout; the sizes sum past M (group 1 is cut at M,
 # group 2 starts past it: both clipped). The other configs' whole tiles and slabs are in
 # test_forward_empty_groups_straddling_tiles_and_tail (rows 0-63 are one group), the multicast's
-# all-shared pairs in test_multicast_pairs_share_a_group_or_load_their_own. (This was also
-# test_forward_random_group_sizes' explicit example, [90, 90, 90]; its one derandomized draw,
-# [0, 0, 0], is test_forward_no_rows_at_all_is_zeros["ring_default_split_last_round"].)
+# all-shared pairs in test_multicast_pairs_share_a_group_or_load_their_own. (This was
+# test_forward_random_group_sizes' explicit example, [90, 90, 90].)
 def test_forward_single_group_holds_every_row_of_sizes_past_m():
     got, want = mosaic_forward([0, M + 30, 40], CONFIGS["split_rows_swizzled_wide"], seed=1)
     assert np.max(np.abs(got - want)) / np.max(np.abs(want)) <= 1.6e-2
@@ -432,9 +433,15 @@ def test_each_warpgroup_slab_lies_on_its_own_swizzled_slots(block_n, epilogue_ro
     assert pallas_mosaic_tiles.epilogue_smem_bytes(cfg, out_bytes) == 2 * max(slab, slots) * 2
 
 
-# test_forward_random_group_sizes (one derandomized draw and one explicit example on the
-# default's layout) is now test_forward_single_group_holds_every_row_of_sizes_past_m (sizes
-# past M) and test_forward_no_rows_at_all_is_zeros (its draw, [0, 0, 0]).
+# Random group sizes on the default's layout (one kernel call a draw: one draw). Sizes >= 1 so
+# that CI's derandomized draw is not the no-rows case (test_forward_no_rows_at_all_is_zeros);
+# its sizes past M: test_forward_single_group_holds_every_row_of_sizes_past_m.
+@settings(max_examples=1, deadline=None, derandomize=True)
+@given(sizes=st.lists(st.integers(1, 90), min_size=3, max_size=3))
+def test_forward_random_group_sizes(sizes):
+    got, want = mosaic_forward(sizes, CONFIGS["split_rows_swizzled_wide"], seed=sum(sizes))
+    assert np.max(np.abs(got - want)) <= 1.6e-2 * max(np.max(np.abs(want)), 1e-6)
+    assert np.all(got[min(sum(sizes), M) :] == 0)
 
 
 def test_a_gpu_other_than_hopper_is_refused(monkeypatch):
