@@ -53,18 +53,15 @@ def main() -> None:
     parser.add_argument("--smi-period-s", type=float, default=0.2)
     args = parser.parse_args()
     os.makedirs(args.out_dir, exist_ok=True)
-    rows = []
     emit_row = row_emitter(
         os.path.join(args.out_dir, "gemm-clock-probe.json"),
         results_header(" ".join(sys.argv), device=str(jax.devices()[0])),
     )
 
-    def emit(row):
+    def emit(row):  # the row, printed and written, with its cycles per call
         if row.get("ms_per_call") and row.get("sm_mhz"):
             row["mcycles_per_call"] = row["ms_per_call"] * row["sm_mhz"] / 1e3
-        rows.append(row)
         emit_row(row)
-        print(json.dumps(row), flush=True)
 
     shape = GEMM_SHAPES[args.shape]
     sizes = group_sizes_for(shape, args.routing)
