@@ -212,15 +212,25 @@ def _worker(per_cta: bool):
     return index, count
 
 
+def round_robin_count(num_items, worker, num_workers):
+    """How many of ``num_items`` items dealt round-robin to ``num_workers`` workers (items
+    ``worker``, ``worker + num_workers``, ...) worker ``worker`` takes."""
+    return jnp.maximum(num_items - worker + num_workers - 1, 0) // num_workers
+
+
+def round_robin_index(local_item, worker, num_workers):
+    """The global index of worker ``worker``'s ``local_item``-th item (as
+    :func:`round_robin_count` deals them)."""
+    return worker + local_item * num_workers
+
+
 def cta_tile_count(num_tiles, *, per_cta: bool = False):
     """How many of ``num_tiles`` tiles (round-robin over the grid's CTAs or clusters; over all
     CTAs with ``per_cta``, in a clustered grid) this CTA takes."""
-    worker, num_workers = _worker(per_cta)
-    return jnp.maximum(num_tiles - worker + num_workers - 1, 0) // num_workers
+    return round_robin_count(num_tiles, *_worker(per_cta))
 
 
 def cta_tile_index(local_tile, *, per_cta: bool = False):
     """The global index of this CTA's ``local_tile``-th tile (round-robin, as
     :func:`cta_tile_count`)."""
-    worker, num_workers = _worker(per_cta)
-    return worker + local_tile * num_workers
+    return round_robin_index(local_tile, *_worker(per_cta))

@@ -155,15 +155,14 @@ class LastRound:
     def parts_of(self, worker):
         """How many parts worker ``worker`` runs: parts ``worker``, ``worker + workers``, ...
         of the ``pieces * cut_units``."""
-        parts = self.pieces * self.cut_units
-        return jnp.maximum(parts - worker + self.workers - 1, 0) // self.workers
+        return common.round_robin_count(self.pieces * self.cut_units, worker, self.workers)
 
     def part(self, worker, index):
         """``worker``'s ``index``-th part (``index < parts_of(worker)``): ``(unit, first_step,
         count, slot)``, K steps ``[first_step, first_step + count)`` of ``unit``, its float32
         partial sum to workspace slot ``slot`` (the part's number: piece ``slot // cut_units``
         of cut unit ``slot % cut_units``)."""
-        slot = worker + index * self.workers
+        slot = common.round_robin_index(index, worker, self.workers)
         cut = jnp.maximum(self.cut_units, 1)
         piece = slot // cut
         first_step = piece * self.steps // self.pieces
