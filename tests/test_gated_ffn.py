@@ -5,6 +5,7 @@ the fused Mosaic backward (Mosaic GPU's interpreter, bf16) against a float64 Num
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax
@@ -361,6 +362,60 @@ def test_gradients_through_the_fused_backward_kernels_against_numpy(monkeypatch)
     assert len(down_calls) == 1 and len(input_calls) == 1
     _check_down_dgrad(down_calls[0], down_w)
     _check_input_dgrad(input_calls[0], INPUT_K)
+
+
+# The epilogue's operands ride the ring (pallas_mosaic_ring_operands): several tiles per CTA and
+# two K steps each, so the tiles' epilogue steps wrap the 4-slot ring at every phase; the pair of
+# CTAs multicasting the weights (the default on large experts) shares the ring's releases. Rows
+# past the groups and a tile cut by a group boundary take zeros and row runs.
+def test_fused_down_dgrad_operands_on_the_ring_across_tiles_with_multicast():
+    m, h, f = 256, 128, 512
+    sizes = np.array([70, 0, 120, 41], np.int32)
+    keys = jax.random.split(jax.random.key(3), 4)
+    out_bar, gate, up = (
+        jax.random.normal(key, shape, jnp.bfloat16)
+        for key, shape in zip(keys, [(m, h), (m, f), (m, f)], strict=False)
+    )
+    down_w = (jax.random.normal(keys[3], (4, f, h)) / np.sqrt(f)).astype(jnp.bfloat16)
+    tiles = fused_mosaic.pallas_mosaic_tiles.default_mosaic_gmm_tiles(m, h, f)
+    tiles = dataclasses.replace(tiles, multicast_weights=True)
+    got = fused_mosaic.fused_down_dgrad(
+        out_bar, gate, up, down_w, jnp.asarray(sizes), activation="swiglu", tiles=tiles
+    )
+    want = _np_down_dgrad(out_bar, gate, up, down_w, sizes, "swiglu")
+    for got_bar, want_bar in zip(got, want, strict=True):
+        assert _rel_err(got_bar, want_bar) < 4e-3
+        assert np.all(np.asarray(got_bar[sizes.sum() :]) == 0)
+
+
+def test_fused_down_dgrad_names_the_tiles_its_ring_cannot_carry():
+    # The epilogue operands ride split-rows ring tiles whose slots hold a [64, 128] part; other
+    # tiles are refused before anything is traced, so the backend takes the unfused dgrad.
+    default = fused_mosaic.pallas_mosaic_tiles.default_mosaic_gmm_tiles(M, H, FF)
+    split_columns = dataclasses.replace(default, split_rows=False)
+    short_k = dataclasses.replace(default, block_n=64, block_k=32)
+    shapes = dict(out_bar_shape=(M, H), rhs_down_shape=(4, FF, H), dtype=jnp.bfloat16)
+    assert fused_mosaic.down_dgrad_unsupported_reason(**shapes, cfg=default, interpret=True) is None
+    reason = fused_mosaic.down_dgrad_unsupported_reason(**shapes, cfg=split_columns, interpret=True)
+    assert "split_rows tiles only" in reason
+    reason = fused_mosaic.down_dgrad_unsupported_reason(**shapes, cfg=short_k, interpret=True)
+    assert "does not fit the ring's weight slot" in reason
+    kernel = PallasMosaicGatedGroupedMatmul(
+        fused_backward=True, down_dgrad_tiles=split_columns, interpret=True
+    )
+    out_bar, gate = jnp.zeros((M, H), jnp.bfloat16), jnp.zeros((M, FF), jnp.bfloat16)
+    down_w = jnp.zeros((4, FF, H), jnp.bfloat16)
+    assert "split_rows" in kernel.down_dgrad_unsupported_reason(out_bar, down_w, MOSAIC_SIZES)
+    with pytest.raises(NotImplementedError, match="split_rows tiles only"):
+        fused_mosaic.fused_down_dgrad(
+            out_bar,
+            gate,
+            gate,
+            down_w,
+            jnp.asarray(MOSAIC_SIZES),
+            activation="swiglu",
+            tiles=split_columns,
+        )
 
 
 def test_fused_down_dgrad_lowers_for_cuda():

@@ -39,12 +39,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
-from jax.experimental import pallas as pl
-from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from jaxmoe.ops.gated_grouped_matmul.base import GatedGroupedMatmulBackend
 from jaxmoe.ops.grouped_matmul import pallas_mosaic, pallas_mosaic_tiles, pallas_triton
 from jaxmoe.ops.grouped_matmul import pallas_mosaic_common as common
+from jaxmoe.ops.grouped_matmul.pallas_mosaic_ring_operands import ring_operands_unsupported_reason
 from jaxmoe.ops.grouped_matmul.pallas_mosaic_tiles import MosaicTileConfig, check_tiles
 
 Array = jax.Array
@@ -182,23 +181,11 @@ def fused_gmm(
     return tuple(outs) if residuals else (outs,)
 
 
-def down_dgrad_epilogue(
-    hidden_bar, gate_gmem, up_gmem, *, group, row0, col0, activation: str, interpreted: bool
-):
-    """``(gate_bar, up_bar) = (h_bar * up * act'(gate), h_bar * act(gate))`` for one slab of a
-    compute warpgroup's float32 ``h_bar`` accumulator, ``gate`` and ``up`` read from GPU memory
-    at its rows and columns in the accumulator's layout."""
-    del group
-    rows, cols = hidden_bar.shape
-    tiles = [ref.at[pl.ds(row0, rows), pl.ds(col0, cols)] for ref in (gate_gmem, up_gmem)]
-    if interpreted:  # the interpreter knows plain reads only, and no layouts
-        gate, up = (tile[...] for tile in tiles)
-    else:
-        # Each thread loads the elements it holds of the accumulator (as the FP8 epilogue
-        # reads its scales): no shared memory, which the ring and the slab fill.
-        gate, up = (
-            plgpu.load(tile, (), layout=plgpu.Layout.WGMMA, optimized=False) for tile in tiles
-        )
+def down_dgrad_epilogue(hidden_bar, gate, up, *, group, row0, col0, activation: str):
+    """``(gate_bar, up_bar) = (h_bar * up * act'(gate), h_bar * act(gate))`` for one column part
+    of a compute warpgroup's float32 ``h_bar`` accumulator, ``gate`` and ``up`` its blocks in
+    registers (carried to shared memory by the ring: ``pallas_mosaic_ring_operands``)."""
+    del group, row0, col0
     activated, slope = _KERNEL_ACTIVATION_SLOPES[activation](gate.astype(jnp.float32))
     return hidden_bar * up.astype(jnp.float32) * slope, hidden_bar * activated
 
@@ -211,9 +198,13 @@ def down_dgrad_unsupported_reason(
     which reads a transposed copy)."""
     num_groups, f, h = rhs_down_shape
     rhs_shape = (num_groups, h, f) if interpret else rhs_down_shape
-    return pallas_mosaic_tiles.unsupported_reason(
-        out_bar_shape, rhs_shape, dtype, dtype, not interpret, cfg, interpret
-    )
+    reasons = [
+        pallas_mosaic_tiles.unsupported_reason(
+            out_bar_shape, rhs_shape, dtype, dtype, not interpret, cfg, interpret
+        ),
+        ring_operands_unsupported_reason(cfg, 2, jnp.dtype(dtype).itemsize),
+    ]
+    return "; ".join(reason for reason in reasons if reason) or None
 
 
 def fused_down_dgrad(
@@ -233,9 +224,10 @@ def fused_down_dgrad(
         gate_bar = h_bar * up * act'(gate)       up_bar = h_bar * act(gate)
 
     per group, zeros past the groups. ``h_bar`` never leaves the registers: the activation's
-    derivative runs in the dgrad's epilogue (:func:`down_dgrad_epilogue`), so the separate
-    elementwise pass (read ``h_bar``, ``gate``, ``up``; write two) and ``h_bar``'s store and
-    load are gone. More accurate than the unfused path, which rounds ``h_bar`` and each
+    derivative runs in the dgrad's epilogue (:func:`down_dgrad_epilogue`; ``gate`` and ``up``
+    reach it through the kernel's shared-memory ring: ``pallas_mosaic_ring_operands``), so the
+    separate elementwise pass (read ``h_bar``, ``gate``, ``up``; write two) and ``h_bar``'s
+    store and load are gone. More accurate than the unfused path, which rounds ``h_bar`` and each
     elementwise step to ``out_bar``'s dtype.
 
     Args:
@@ -275,11 +267,10 @@ def fused_down_dgrad(
         out_dtype=gate.dtype,
         cfg=cfg,
         interpret_params=interpret_params,
-        epilogue=functools.partial(
-            down_dgrad_epilogue, activation=activation, interpreted=interpreted
-        ),
+        epilogue=functools.partial(down_dgrad_epilogue, activation=activation),
         epilogue_operands=(gate, up),
         num_outputs=2,
+        ring_operands=True,
     )
     return tuple(outs)
 
@@ -294,16 +285,16 @@ class PallasMosaicGatedGroupedMatmul(GatedGroupedMatmulBackend):
       fused_backward: under differentiation inside :func:`~.api.gated_ffn` (the layer's expert
         FFN), run the down projection's dgrad and the activation's derivative as one kernel
         (:func:`fused_down_dgrad`) wherever it applies, the unfused derivative on ``grouped``
-        elsewhere. ``False`` by measurement (H100, ``benchmarks/results/raw/h100-run13``): the
-        kernel is exact (1.66e-3 from a float32 reference on the three presets, balanced and
-        skewed, against the unfused path's 3.3-3.7e-3), but 0.95x (Mixtral), 1.00x (DeepSeek)
-        and 0.92x (Qwen3) the unfused dgrad plus its elementwise pass, and the layer's fwd+bwd
-        0.97-0.99x. Its epilogue runs with the tensor cores idle: on Mixtral the loads of
-        ``gate`` and ``up`` cost 0.31 ms, the second output 0.07-0.09, the derivative 0.08,
-        against a pass of ~0.35 ms (run 13 call 5; ``block_n`` 128: 0.84-0.87x). Again in run
-        24 call 7, with a cotangent that waits for the layer's output as in a model (so XLA
-        cannot fold ``h``'s pass into the unfused backward's): 0.968x (Mixtral), 0.957x
-        (Qwen3) the default's fwd+bwd.
+        elsewhere. The kernel is closer to a float32 reference (1.7e-3 against the unfused
+        path's 3.3-3.7e-3, Mixtral and Qwen3, balanced and skewed) and never writes ``h_bar``.
+        Since session 29 its epilogue operands ride the ring
+        (:mod:`jaxmoe.ops.grouped_matmul.pallas_mosaic_ring_operands`): 1.065x (Mixtral) and
+        1.080x (Qwen3) the unfused dgrad plus its elementwise pass (H100,
+        ``benchmarks/results/raw/h100-run29`` call 4; read from GPU memory in the epilogue it
+        was 0.95x and 0.92x, run 13). ``False`` by measurement all the same: the layer's
+        fwd+bwd is level or slower (run 29 calls 5-6: Mixtral 1.015x and 0.988x with the bench's
+        cotangent, 0.996x and 0.992x with one from the output; Qwen3 0.997x and 0.996x): the
+        ~0.1 ms the kernel saves is inside the layer probe's noise and does not show.
       down_dgrad_tiles: that kernel's block sizes; ``None``: the Mosaic ``gmm``'s default.
       fused_input_dgrad: the projections' input gradient ``gate_bar Wg^T + up_bar Wu^T`` as one
         kernel (:func:`jaxmoe.ops.grouped_matmul.pallas_mosaic.gmm_pair`: one K loop over both

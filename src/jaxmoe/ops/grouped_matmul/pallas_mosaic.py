@@ -162,6 +162,7 @@ def launch_gmm(
     num_outputs: int = 1,
     k_step_scale=None,
     second_pair=(),
+    ring_operands: bool = False,
 ):
     """The kernel on checked operands: builds the work list and launches one CTA per SM.
 
@@ -170,9 +171,10 @@ def launch_gmm(
     and ``num_outputs`` (then a tuple of ``[M, N]`` results is returned), ``k_step_scale`` (per
     K step scales, reading ``epilogue_operands`` too), ``second_pair`` (``(lhs2, rhs2)`` shaped
     like ``(lhs, rhs)``: the result is ``lhs @ rhs + lhs2 @ rhs2`` per group, on the ring):
-    see the kernel body. ``cfg.split_last_round`` applies to a plain product or pair only (no
-    ``epilogue``, ``more_rhs``, ``combine`` or ``k_step_scale``: its fix-up adds float32
-    partial sums of the accumulator itself); the others run without it.
+    see the kernel body. ``ring_operands``: the ``epilogue_operands`` ride the ring
+    (:mod:`.pallas_mosaic_ring_operands`). ``cfg.split_last_round`` applies to a plain product
+    or pair only (no ``epilogue``, ``more_rhs``, ``combine`` or ``k_step_scale``: its fix-up
+    adds float32 partial sums of the accumulator itself); the others run without it.
     """
     split = cfg.split_last_round and not (epilogue or more_rhs or combine or k_step_scale)
     cfg = dataclasses.replace(cfg, split_last_round=split)
@@ -193,6 +195,7 @@ def launch_gmm(
         num_outputs=num_outputs,
         k_step_scale=k_step_scale,
         paired=bool(second_pair),
+        ring_operands=ring_operands,
         interpreted=interpret_params is not None,
     )
     out_types = (jax.ShapeDtypeStruct((m, n), out_dtype),) * num_outputs

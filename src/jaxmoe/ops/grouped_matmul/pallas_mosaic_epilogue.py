@@ -34,14 +34,14 @@ from jaxmoe.ops.grouped_matmul import pallas_mosaic_common as common
 from jaxmoe.ops.grouped_matmul.pallas_mosaic_tiles import MosaicTileConfig, epilogue_layout
 
 
-def epilogue_allocation(cfg: MosaicTileConfig, out_dtype, interpreted: bool):
+def epilogue_allocation(cfg: MosaicTileConfig, out_dtype, interpreted: bool, slab_cols=None):
     """The epilogue's shared-memory buffers, for ``pl.run_scoped``: the unswizzled slab, with
     ``swizzled_epilogue`` the swizzled slots, with ``split_last_round`` a float32 stage for partial
     sums (aliased on the GPU, separate buffers in the interpreter); :class:`EpilogueStores`
     takes what the scope gives."""
     # Unswizzled so that a run may start at any row (group boundaries are arbitrary); each
     # warpgroup's slab is its first stage_rows rows of slab_rows (see epilogue_layout).
-    layout = epilogue_layout(cfg, jnp.dtype(out_dtype).itemsize)
+    layout = epilogue_layout(cfg, jnp.dtype(out_dtype).itemsize, slab_cols)
     runs_alloc = plgpu.SMEM(
         (common.NUM_COMPUTE_WARPGROUPS, layout["slab_rows"], layout["slab_cols"]), out_dtype
     )
@@ -82,13 +82,16 @@ class EpilogueStores:
     """One compute warpgroup's stores of its tiles' results, through the buffers of
     :func:`epilogue_allocation` (``out_smem``, as the scope gives them) into ``out_gmems`` (one
     ``[M, N]`` ref per output). ``wg`` is the warpgroup's index, ``wg_row`` and ``wg_col`` its
-    first row and column in a tile."""
+    first row and column in a tile; ``slab_cols``: :func:`.pallas_mosaic_tiles.epilogue_layout`'s
+    (``epilogue_allocation`` must be given the same)."""
 
-    def __init__(self, cfg: MosaicTileConfig, out_smem, out_gmems, *, wg, wg_row, wg_col):
+    def __init__(
+        self, cfg: MosaicTileConfig, out_smem, out_gmems, *, wg, wg_row, wg_col, slab_cols=None
+    ):
         self.cfg = cfg
         self.out_gmems = out_gmems
         self.out_dtype = out_gmems[0].dtype
-        self.layout = epilogue_layout(cfg, jnp.dtype(self.out_dtype).itemsize)
+        self.layout = epilogue_layout(cfg, jnp.dtype(self.out_dtype).itemsize, slab_cols)
         self.stage_rows = self.layout["rows"]
         self.wg_n = self.layout["wg_n"]
         self.wg = wg
@@ -146,7 +149,7 @@ class EpilogueStores:
         """A whole slab through the swizzled slots: ``chunk_cols`` columns per TMA store; the
         slot alternates over a tile's stores (``first_store``: how many came before)."""
         chunk_cols, num_slots = self.layout["chunk_cols"], self.layout["slots"]
-        for chunk in range(self.layout["chunks"]):
+        for chunk in range(values.shape[1] // chunk_cols):
             slot = (first_store + chunk) % num_slots
             # At most one store in flight: the one from the other slot.
             plgpu.wait_smem_to_gmem(num_slots - 1, wait_read_only=True)
@@ -172,20 +175,23 @@ class EpilogueStores:
         ``dst``, staged in the unswizzled slab as it is asked for (each once the previous
         part's stores have read the slab)."""
         cols = self.layout["slab_cols"]
-        for first_col in range(0, self.wg_n, cols):
+        for first_col in range(0, value.shape[1], cols):
             stage = self.stage_unswizzled(value[:, first_col : first_col + cols])
             yield stage, dst.at[:, pl.ds(first_col, cols)]
 
-    def store_part(self, value, out_gmem, row0, col0, first_row, lo, hi, first_store):
+    def store_part(self, value, out_gmem, row0, col0, first_row, lo, hi, first_store, first_col):
         """Slab ``first_row // stage_rows`` of a compute warpgroup's result (``value``:
-        ``[stage_rows, wg_n]``, ``first_row`` counted from the warpgroup's first row), its rows
-        in ``[lo, hi)`` of the tile only; ``first_store`` counts this warpgroup's swizzled stores
-        of the tile so far (the slots alternate)."""
-        rows, wg_n = self.stage_rows, self.wg_n
+        ``[stage_rows, columns]`` from the warpgroup's column ``first_col``; ``first_row``
+        counted from the warpgroup's first row), its rows in ``[lo, hi)`` of the tile only;
+        ``first_store`` counts this warpgroup's swizzled stores of the tile so far (the slots
+        alternate)."""
+        rows, cols = self.stage_rows, value.shape[1]
         first_row = self.wg_row + first_row  # the slab's first row in the tile
         part_lo = jnp.clip(lo - first_row, 0, rows)
         part_hi = jnp.clip(hi - first_row, 0, rows)
-        dst = out_gmem.at[pl.ds(row0 + first_row, rows), pl.ds(col0 + self.wg_col, wg_n)]
+        dst = out_gmem.at[
+            pl.ds(row0 + first_row, rows), pl.ds(col0 + self.wg_col + first_col, cols)
+        ]
         whole = (part_lo == 0) & (part_hi == rows)
         if not self.cfg.swizzled_epilogue:
             for stage, part_dst in self.staged_parts(value, dst):
@@ -213,20 +219,22 @@ class EpilogueStores:
                 self.store_runs(stage, part_dst, part_lo, part_hi)
             plgpu.wait_smem_to_gmem(0, wait_read_only=True)
 
-    def store(self, slab_results, row0, col0, lo, hi):
+    def store(self, slab_results, row0, col0, lo, hi, *, first_col=0, first_store=0):
         """A compute warpgroup's results of one tile, rows ``[lo, hi)`` only, slab by slab:
-        ``slab_results(first_row)`` gives the slab's ``[stage_rows, wg_n]`` value of each output
-        (computing an epilogue a slab at a time keeps fewer values in registers)."""
+        ``slab_results(first_row)`` gives the slab's ``[stage_rows, columns]`` value of each
+        output (computing an epilogue a slab at a time keeps fewer values in registers): all
+        the warpgroup's columns, or a part of them from its column ``first_col``, after
+        ``first_store`` swizzled stores of the tile's earlier parts."""
         if self.cfg.swizzled_epilogue and self.layout["slots"] == 1:
             # One slot: the previous result's store must have been read.
             plgpu.wait_smem_to_gmem(0, wait_read_only=True)
-        stores = 0
+        stores = first_store
         for first_row in range(0, self.layout["wg_m"], self.stage_rows):
             values = slab_results(first_row)
             for value, out in zip(values, self.out_gmems, strict=True):
                 value = value.astype(self.out_dtype)
-                self.store_part(value, out, row0, col0, first_row, lo, hi, stores)
-                stores += self.layout["chunks"]
+                self.store_part(value, out, row0, col0, first_row, lo, hi, stores, first_col)
+                stores += value.shape[1] // self.layout["chunk_cols"]
 
     def store_partial(self, acc, workspace_tile):
         """This warpgroup's share of a float32 accumulator ``acc`` (``[wg_m, wg_n]``) into its

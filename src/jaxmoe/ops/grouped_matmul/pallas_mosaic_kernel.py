@@ -34,7 +34,9 @@ Launched by :func:`.pallas_mosaic.launch_gmm`, which builds the work list. Layou
                  one store; a tile cut by a group boundary stores its rows ``[lo, hi)`` as
                  power-of-two runs (a TMA box has a static shape). With ``swizzled_epilogue`` a
                  whole slab is instead written in 64-column chunks to a 128-byte-swizzled
-                 buffer, one store left in flight.
+                 buffer, one store left in flight. With ``ring_operands`` the epilogue's
+                 ``[M, N]`` inputs arrive through the ring as a few more steps per tile
+                 (:mod:`.pallas_mosaic_ring_operands`).
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 from jaxmoe.ops.grouped_matmul import pallas_mosaic_common as common
 from jaxmoe.ops.grouped_matmul import pallas_mosaic_schedule as schedule
 from jaxmoe.ops.grouped_matmul.pallas_mosaic_epilogue import EpilogueStores, epilogue_allocation
+from jaxmoe.ops.grouped_matmul.pallas_mosaic_ring_operands import RingOperands
 from jaxmoe.ops.grouped_matmul.pallas_mosaic_tiles import MosaicTileConfig, warpgroup_tile
 
 
@@ -69,6 +72,7 @@ def mosaic_gmm_body(
     num_outputs: int = 1,
     k_step_scale=None,
     paired: bool = False,
+    ring_operands: bool = False,
     interpreted: bool = False,
 ):
     # ``paired``: a second ``(lhs, rhs)`` pair follows the rhs operands, of the same shapes, and
@@ -86,6 +90,10 @@ def mosaic_gmm_body(
     # per K step (the FP8 blockwise recipe: one K step is one scale block). Each step's product
     # goes into a fresh float32 ``wgmma`` accumulator; the main accumulator (a register value
     # carried by the pipeline) adds ``k_step_scale(partial)``. One rhs, no ``combine``.
+    # ``ring_operands``: the epilogue's operands (two ``[M, N]`` refs) ride the ring as a few
+    # more steps per tile (:mod:`.pallas_mosaic_ring_operands`), and ``epilogue(acc_part,
+    # *operand_blocks, group=, row0=, col0=)`` gets their blocks in registers, a column part of
+    # the warpgroup's accumulator at a time.
     # ``cfg.split_last_round``: the last round's units may be cut into pieces of their K loop
     # (:mod:`.pallas_mosaic_schedule`); a workspace ref (``[workspace_slots(workers) * cluster
     # CTAs, bm, bn]`` float32) follows the outputs.
@@ -93,6 +101,9 @@ def mosaic_gmm_body(
     assert not paired or (cfg.ring and num_rhs == 1 and epilogue is None and combine is None)
     assert not cfg.split_last_round or (
         cfg.ring and num_rhs == 1 and epilogue is None and combine is None and k_step_scale is None
+    )
+    assert not ring_operands or (
+        num_rhs == 1 and not paired and combine is None and k_step_scale is None
     )
     rhs_gmems = rhs_epilogue_and_out_gmem[:num_rhs]
     # (lhs, its weights) per pair of the K loop: one, or two when ``paired``.
@@ -123,6 +134,7 @@ def mosaic_gmm_body(
     else:
         rhs_spec = plgpu.BlockSpec((bk, bn), lambda kk: (kk, 0), transforms=transforms)
     chained = chains_tiles(cfg, k)
+    on_ring = RingOperands(cfg, epilogue_gmem, transforms) if ring_operands else None
 
     def make_pipeline(body, context, state=None):
         return plgpu.emit_pipeline_warp_specialized(
@@ -146,12 +158,18 @@ def mosaic_gmm_body(
 
     if cfg.ring:
         rhs_block = (bn, bk) if transpose_rhs else (bk, bn)
+        lhs_alloc = plgpu.SMEM((cfg.stages, bm, bk), lhs_gmem.dtype, transforms=transforms)
+        rhs_allocs = [
+            plgpu.SMEM((cfg.stages, *rhs_block), rhs.dtype, transforms=transforms)
+            for rhs in rhs_gmems
+        ]
+        if on_ring is not None:  # each buffer also viewed as one operand's blocks
+            lhs_alloc, rhs_allocs[0] = on_ring.allocations(
+                lhs_alloc, rhs_allocs[0], interpreted=interpreted
+            )
         allocations = {
-            "lhs": plgpu.SMEM((cfg.stages, bm, bk), lhs_gmem.dtype, transforms=transforms),
-            "rhs": [
-                plgpu.SMEM((cfg.stages, *rhs_block), rhs.dtype, transforms=transforms)
-                for rhs in rhs_gmems
-            ],
+            "lhs": lhs_alloc,
+            "rhs": rhs_allocs,
             # The interpreter has no cluster barriers (and runs a multicast copy as a local
             # copy of the whole block, so a CTA's own releases suffice there).
             **common.ring_barriers(
@@ -165,7 +183,9 @@ def mosaic_gmm_body(
             lhs_gmem.at[pl.ds(0, bm), :], *(rhs_block_source(rhs, 0, 0) for rhs in rhs_gmems)
         )
 
-    out_alloc = epilogue_allocation(cfg, out_dtype, interpreted)
+    # Results stored a run of columns at a time (ring_operands) are staged that wide.
+    slab_cols = None if on_ring is None else on_ring.apply_cols
+    out_alloc = epilogue_allocation(cfg, out_dtype, interpreted, slab_cols)
 
     @functools.partial(
         pl.run_scoped,
@@ -180,7 +200,9 @@ def mosaic_gmm_body(
         wg_row = wg * wg_m if cfg.split_rows else 0
         wg_col = 0 if cfg.split_rows else wg * wg_n
         wg_rows, wg_cols = pl.ds(wg_row, wg_m), pl.ds(wg_col, wg_n)
-        stores = EpilogueStores(cfg, out_smem, out_gmems, wg=wg, wg_row=wg_row, wg_col=wg_col)
+        stores = EpilogueStores(
+            cfg, out_smem, out_gmems, wg=wg, wg_row=wg_row, wg_col=wg_col, slab_cols=slab_cols
+        )
         num_compute_work = work_counts_gmem[0]
         # Read here, not in the loops: Mosaic GPU's interpreter (jax 0.10) resolves a cluster
         # axis index only outside them.
@@ -211,9 +233,11 @@ def mosaic_gmm_body(
                 zeros = (jnp.zeros((stores.stage_rows, wg_n), out_dtype),) * num_outputs
                 stores.store(lambda first_row: zeros, row0, col0, lo, hi)  # each its half
 
-        def make_context(group, row0, lo, hi, col0, partial_slot=None):
+        def make_context(group, row0, lo, hi, col0, partial_slot=None, ring_epilogue=None):
             """The tile's main loop and epilogue; for a part of a cut unit the accumulator goes
-            to workspace slot ``partial_slot`` instead."""
+            to workspace slot ``partial_slot`` instead. ``ring_epilogue(acc, apply)``: the
+            epilogue's steps on the ring (``ring_operands``), calling ``apply(first_col,
+            acc_columns, *operand_blocks)`` for each run of the warpgroup's columns."""
 
             def context(eval_pipeline):
                 if k_step_scale is not None:  # the main accumulator is the pipeline's carry
@@ -235,6 +259,11 @@ def mosaic_gmm_body(
                             stores.store(stores.slabs_of(combine(*accs)), row0, col0, lo, hi)
                             return
                         (acc,) = accs
+                        if ring_epilogue is not None:
+                            ring_epilogue(
+                                acc, functools.partial(store_ring_part, group, row0, lo, hi, col0)
+                            )
+                            return
 
                         def store_result():
                             slab_results = stores.epilogue_slabs(
@@ -252,6 +281,28 @@ def mosaic_gmm_body(
                 pl.run_scoped(acc_scope, *[plgpu.ACC((wg_m, wg_n), jnp.float32)] * num_rhs)
 
             return context
+
+        def store_ring_part(group, row0, lo, hi, col0, first_col, acc_columns, *operand_blocks):
+            """The epilogue of the warpgroup's columns from ``first_col`` (``ring_operands``),
+            their operands' blocks from the ring, stored."""
+            results = epilogue(
+                acc_columns,
+                *operand_blocks,
+                group=group,
+                row0=row0 + wg_row,
+                col0=col0 + wg_col + first_col,
+            )
+            results = results if isinstance(results, tuple) else (results,)
+            chunks_before = first_col // stores.layout["chunk_cols"]
+            stores.store(
+                lambda first_row: results,
+                row0,
+                col0,
+                lo,
+                hi,
+                first_col=first_col,
+                first_store=chunks_before * len(results),
+            )
 
         def make_mma(group, row0, col0):
             """One K step's ``wgmma`` (per rhs). On the ring they stay in flight (the ring
@@ -320,6 +371,13 @@ def mosaic_gmm_body(
             (:mod:`.pallas_mosaic_schedule`)."""
             steps = k // bk
             unit_steps = schedule.unit_steps(k, cfg, paired)
+            # The epilogue's steps per tile on the ring, after its K steps (ring_operands).
+            epilogue_steps = 0 if on_ring is None else on_ring.steps
+            operand_views = ()
+            if on_ring is not None:
+                (lhs_ring, lhs_view), (rhs_ring, rhs_view) = ring["lhs"], ring["rhs"][0]
+                ring = {**ring, "lhs": lhs_ring, "rhs": [rhs_ring]}
+                operand_views = (lhs_view, rhs_view)
             units = schedule.num_units(work, num_n_tiles, cfg)
             if cfg.split_last_round:
                 split = schedule.LastRound.of(units, lax.axis_size("sm"), unit_steps)
@@ -341,7 +399,7 @@ def mosaic_gmm_body(
             def producer_steps(parts):
                 def tile_steps(local_tile):
                     tile_info, first_step, count, _ = parts(local_tile)
-                    return (tile_info, first_step), count
+                    return (tile_info, first_step), count + epilogue_steps
 
                 return tile_steps
 
@@ -361,6 +419,19 @@ def mosaic_gmm_body(
                 def load(info, i, slot):
                     info, first_step = info
                     i = i + first_step
+                    if on_ring is not None:
+
+                        @pl.when(i < steps)
+                        def _k_step():
+                            load_blocks(*pairs[0], info, i, slot)
+
+                        @pl.when(i >= steps)
+                        def _epilogue_step():
+                            _, row0, _, _, col0, _ = info
+                            barrier = ring["loaded"].at[slot]
+                            on_ring.load(operand_views, row0, col0, i - steps, slot, barrier)
+
+                        return
                     if len(pairs) == 1:
                         load_blocks(*pairs[0], info, i, slot)
                         return
@@ -406,8 +477,25 @@ def mosaic_gmm_body(
                                 released=ring["released"],
                             )
 
-                        make_context(group, row0, lo, hi, col0, partial_slot)(eval_steps)
-                        return step + count
+                        ring_epilogue = None
+                        if on_ring is not None:
+
+                            def ring_epilogue(acc, apply):
+                                on_ring.epilogue(
+                                    acc,
+                                    operand_views,
+                                    step + count,
+                                    wg=wg,
+                                    loaded=ring["loaded"],
+                                    released=ring["released"],
+                                    apply=apply,
+                                    interpreted=interpreted,
+                                )
+
+                        make_context(group, row0, lo, hi, col0, partial_slot, ring_epilogue)(
+                            eval_steps
+                        )
+                        return step + count + epilogue_steps
 
                     return tile
 

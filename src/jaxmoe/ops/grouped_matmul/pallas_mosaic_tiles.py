@@ -127,13 +127,16 @@ SMEM_LIMIT_BYTES = 227 * 1024
 SWIZZLE_BYTES = 128
 
 
-def epilogue_layout(cfg: MosaicTileConfig, out_bytes: int = 2) -> dict[str, int]:
+def epilogue_layout(
+    cfg: MosaicTileConfig, out_bytes: int = 2, slab_cols: int | None = None
+) -> dict[str, int]:
     """The epilogue's shared-memory buffers (sizes in elements, per compute warpgroup).
 
     ``rows``: the slab's height; ``wg_m``, ``wg_n``: a compute warpgroup's rows and columns of a
     tile; ``slab_cols``: the unswizzled slab's width (``[rows, slab_cols]``; a wider warpgroup
     tile, ``split_rows`` at ``block_n`` 256, is staged ``slab_cols`` columns at a time, which
-    leaves room for a fourth ring slot); with ``swizzled_epilogue``, ``chunk_cols`` (one
+    leaves room for a fourth ring slot; narrower if ``slab_cols`` says so, for a kernel that
+    stores narrower results); with ``swizzled_epilogue``, ``chunk_cols`` (one
     swizzled row), ``chunks`` (column chunks per slab), ``stores`` (swizzled stores per result)
     and ``slots`` (buffers per warpgroup: two, or one when a result is a single store).
 
@@ -146,7 +149,7 @@ def epilogue_layout(cfg: MosaicTileConfig, out_bytes: int = 2) -> dict[str, int]
     """
     wg_m, wg_n = warpgroup_tile(cfg)
     rows = min(cfg.epilogue_rows or cfg.block_m, wg_m)
-    slab_cols = min(wg_n, STAGE_MAX_COLS)
+    slab_cols = min(wg_n, slab_cols or STAGE_MAX_COLS)
     chunk_cols = min(wg_n, SWIZZLE_BYTES // out_bytes)
     chunks = wg_n // chunk_cols
     stores = (wg_m // rows) * chunks
