@@ -235,9 +235,8 @@ def mosaic_gmm_body(
 
         def make_context(group, row0, lo, hi, col0, partial_slot=None, ring_epilogue=None):
             """The tile's main loop and epilogue; for a part of a cut unit the accumulator goes
-            to workspace slot ``partial_slot`` instead. ``ring_epilogue(acc, apply)``: the
-            epilogue's steps on the ring (``ring_operands``), calling ``apply(first_col,
-            acc_columns, *operand_blocks)`` for each run of the warpgroup's columns."""
+            to workspace slot ``partial_slot`` instead. ``ring_epilogue(acc, apply=)``: the
+            epilogue's steps on the ring (``ring_operands``: :meth:`RingOperands.epilogue`)."""
 
             def context(eval_pipeline):
                 if k_step_scale is not None:  # the main accumulator is the pipeline's carry
@@ -261,7 +260,10 @@ def mosaic_gmm_body(
                         (acc,) = accs
                         if ring_epilogue is not None:
                             ring_epilogue(
-                                acc, functools.partial(store_ring_part, group, row0, lo, hi, col0)
+                                acc,
+                                apply=on_ring.store_columns(
+                                    stores, epilogue, group, row0, lo, hi, col0
+                                ),
                             )
                             return
 
@@ -281,28 +283,6 @@ def mosaic_gmm_body(
                 pl.run_scoped(acc_scope, *[plgpu.ACC((wg_m, wg_n), jnp.float32)] * num_rhs)
 
             return context
-
-        def store_ring_part(group, row0, lo, hi, col0, first_col, acc_columns, *operand_blocks):
-            """The epilogue of the warpgroup's columns from ``first_col`` (``ring_operands``),
-            their operands' blocks from the ring, stored."""
-            results = epilogue(
-                acc_columns,
-                *operand_blocks,
-                group=group,
-                row0=row0 + wg_row,
-                col0=col0 + wg_col + first_col,
-            )
-            results = results if isinstance(results, tuple) else (results,)
-            chunks_before = first_col // stores.layout["chunk_cols"]
-            stores.store(
-                lambda first_row: results,
-                row0,
-                col0,
-                lo,
-                hi,
-                first_col=first_col,
-                first_store=chunks_before * len(results),
-            )
 
         def make_mma(group, row0, col0):
             """One K step's ``wgmma`` (per rhs). On the ring they stay in flight (the ring
@@ -375,9 +355,7 @@ def mosaic_gmm_body(
             epilogue_steps = 0 if on_ring is None else on_ring.steps
             operand_views = ()
             if on_ring is not None:
-                (lhs_ring, lhs_view), (rhs_ring, rhs_view) = ring["lhs"], ring["rhs"][0]
-                ring = {**ring, "lhs": lhs_ring, "rhs": [rhs_ring]}
-                operand_views = (lhs_view, rhs_view)
+                ring, operand_views = on_ring.split_ring(ring)
             units = schedule.num_units(work, num_n_tiles, cfg)
             if cfg.split_last_round:
                 split = schedule.LastRound.of(units, lax.axis_size("sm"), unit_steps)
@@ -479,19 +457,15 @@ def mosaic_gmm_body(
 
                         ring_epilogue = None
                         if on_ring is not None:
-
-                            def ring_epilogue(acc, apply):
-                                on_ring.epilogue(
-                                    acc,
-                                    operand_views,
-                                    step + count,
-                                    wg=wg,
-                                    loaded=ring["loaded"],
-                                    released=ring["released"],
-                                    apply=apply,
-                                    interpreted=interpreted,
-                                )
-
+                            ring_epilogue = functools.partial(
+                                on_ring.epilogue,
+                                views=operand_views,
+                                first_step=step + count,
+                                wg=wg,
+                                loaded=ring["loaded"],
+                                released=ring["released"],
+                                interpreted=interpreted,
+                            )
                         make_context(group, row0, lo, hi, col0, partial_slot, ring_epilogue)(
                             eval_steps
                         )

@@ -115,6 +115,14 @@ class RingOperands:
             return tuple(pairs)
         return tuple(plgpu.RefUnion(*pair) for pair in pairs)
 
+    @staticmethod
+    def split_ring(ring):
+        """``(ring, views)``: the kernel's ring (``"lhs"``, ``"rhs"``: one weight buffer) as the
+        scope gives it with :meth:`allocations`, split into the plain buffers and the operands'
+        views."""
+        (lhs_ring, lhs_view), (rhs_ring, rhs_view) = ring["lhs"], ring["rhs"][0]
+        return {**ring, "lhs": lhs_ring, "rhs": [rhs_ring]}, (lhs_view, rhs_view)
+
     def load(self, views, row0, col0, step, slot, barrier):
         """The memory warpgroup's copies of the tile's epilogue step ``step`` (dynamic, from 0)
         into ring slot ``slot``."""
@@ -125,7 +133,36 @@ class RingOperands:
         for operand, view in zip(self.operands_gmem, views, strict=True):
             plgpu.copy_gmem_to_smem(operand.at[rows, cols], view.at[slot, 0], barrier)
 
-    def epilogue(self, acc, views, first_step, *, wg, loaded, released, apply, interpreted):
+    @staticmethod
+    def store_columns(stores, epilogue, group, row0, lo, hi, col0):
+        """:meth:`epilogue`'s ``apply`` for a tile (``group``, its first row and column, its rows
+        ``[lo, hi)``): ``epilogue(acc_columns, *operand_blocks, group=, row0=, col0=)`` (the
+        columns' first row and column in the result), its results stored through ``stores``
+        (an :class:`.pallas_mosaic_epilogue.EpilogueStores`)."""
+
+        def apply(first_col, acc_columns, *operand_blocks):
+            results = epilogue(
+                acc_columns,
+                *operand_blocks,
+                group=group,
+                row0=row0 + stores.wg_row,
+                col0=col0 + stores.wg_col + first_col,
+            )
+            results = results if isinstance(results, tuple) else (results,)
+            chunks_before = first_col // stores.layout["chunk_cols"]
+            stores.store(
+                lambda first_row: results,
+                row0,
+                col0,
+                lo,
+                hi,
+                first_col=first_col,
+                first_store=chunks_before * len(results),
+            )
+
+        return apply
+
+    def epilogue(self, acc, *, views, first_step, wg, loaded, released, apply, interpreted):
         """A compute warpgroup's side of the tile's epilogue steps, from global ring step
         ``first_step``: ``apply(first_col, acc_columns, *operand_blocks)`` maps the
         accumulator's columns from ``first_col`` and the operands' blocks there (in registers)
