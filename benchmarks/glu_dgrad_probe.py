@@ -74,8 +74,9 @@ def main() -> None:
     from jaxmoe.bench.harness import relative_error, results_header, row_emitter
     from jaxmoe.bench.layer import expert_flops, forward_backward, layer_inputs
     from jaxmoe.bench.presets import LAYER_PRESETS
+    from jaxmoe.bench.tile_variants import gated_backend_with
     from jaxmoe.bench.timing import jax_sync, time_interleaved, warm_up
-    from jaxmoe.ops.gated_grouped_matmul import api, ffn_primitives
+    from jaxmoe.ops.gated_grouped_matmul import ffn_primitives
     from jaxmoe.ops.gated_grouped_matmul import pallas_mosaic as fused_mosaic
     from jaxmoe.ops.grouped_matmul import resolve_backend
     from jaxmoe.ops.grouped_matmul.pallas_mosaic_tiles import default_mosaic_gmm_tiles
@@ -205,7 +206,6 @@ def main() -> None:
     }
     cases = [(preset, c) for preset in presets for c in args.cotangents.split(",")]
     if "layer" in phases:
-        auto_fused = api._auto_fused_backend
         for preset, cotangent in cases:
             if out_of_time():
                 break
@@ -215,17 +215,15 @@ def main() -> None:
                 cfg, params, x, dy = layer_inputs(preset, jnp.bfloat16)
                 calls, grads = {}, {}
                 for name, kernel_fields in layer_variants.items():
-                    api._auto_fused_backend = lambda grouped, fields=kernel_fields: (
-                        fused_mosaic.PallasMosaicGatedGroupedMatmul(grouped=grouped, **fields)
-                    )
-                    layer = lambda p, x, cfg=cfg: jaxmoe.moe(p, x, cfg)[0]  # noqa: E731
-                    fn = jax.jit(passes[cotangent](layer))
-                    text = str(jax.make_jaxpr(fn)(params, x, dy))
-                    row[f"{name}_glu_dgrad_in_jaxpr"] = "jaxmoe_glu_dgrad" in text
-                    grads[name] = fn(params, x, dy)
-                    call = lambda fn=fn, args=(params, x, dy): fn(*args)  # noqa: E731
-                    calls[name] = (call, jax_sync, warm_up(call, jax_sync))
-                api._auto_fused_backend = auto_fused
+                    # Traced, run and warmed up (compiled) inside: the variant's program.
+                    with gated_backend_with(**kernel_fields):
+                        layer = lambda p, x, cfg=cfg: jaxmoe.moe(p, x, cfg)[0]  # noqa: E731
+                        fn = jax.jit(passes[cotangent](layer))
+                        text = str(jax.make_jaxpr(fn)(params, x, dy))
+                        row[f"{name}_glu_dgrad_in_jaxpr"] = "jaxmoe_glu_dgrad" in text
+                        grads[name] = fn(params, x, dy)
+                        call = lambda fn=fn, args=(params, x, dy): fn(*args)  # noqa: E731
+                        calls[name] = (call, jax_sync, warm_up(call, jax_sync))
                 for name in layer_variants:
                     if name == "unfused":
                         continue
@@ -252,8 +250,6 @@ def main() -> None:
             except Exception as error:  # noqa: BLE001
                 row["error"] = f"{type(error).__name__}: {error}"[:2000]
                 traceback.print_exc()
-            finally:
-                api._auto_fused_backend = auto_fused
             row["elapsed_s"] = round(time.time() - start, 1)
             emit(row)
 

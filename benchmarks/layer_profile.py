@@ -16,6 +16,12 @@ default on Mixtral's experts since session 22)::
 
     ... layer_profile.py --presets mixtral --passes fwd+bwd --settle-s 1 --sites gmm \
       --variants '{"no_multicast": {"multicast_weights": false}}'
+
+``--backend-variants`` sets fields of the layer's gated FFN backend instead, e.g. the fused down
+dgrad (``fused_backward``, off by default): its kernel time against the default's, per launch::
+
+    ... layer_profile.py --presets mixtral --passes fwd+bwd --settle-s 1.5 \
+      --backend-variants '{"fused_backward": {"fused_backward": true}}'
 """
 
 from __future__ import annotations
@@ -110,6 +116,13 @@ def main():
         "--sites", default="gmm,gated", help="kernels whose tiles --variants change"
     )
     parser.add_argument(
+        "--backend-variants",
+        default="{}",
+        help="jaxmoe only: JSON, variant name -> fields of the layer's gated FFN backend "
+        '(PallasMosaicGatedGroupedMatmul), e.g. \'{"fused_bwd": {"fused_backward": true}}\'; '
+        "each profiled after the tile variants",
+    )
+    parser.add_argument(
         "--dump-hlo",
         action="store_true",
         help="jaxmoe only: also write each function's optimized HLO (hlo-<preset>-<pass>.txt)",
@@ -119,7 +132,10 @@ def main():
     if recipe and args.fp8_wgrad == "fp8":
         recipe = jaxmoe.ops.fp8.Fp8Recipe(recipe, wgrad="fp8")
         args.fp8_recipe += "-fp8wgrad"
-    variants = json.loads(args.variants)
+    # name -> (tile changes, gated backend fields)
+    variants = {name: (changes, None) for name, changes in json.loads(args.variants).items()}
+    for name, fields in json.loads(args.backend_variants).items():
+        variants[name] = (None, fields)
     sites = tile_sites(args.sites)
     out_dir = pathlib.Path(args.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -130,11 +146,11 @@ def main():
         if args.fp8_recipe:
             cfg = dataclasses.replace(cfg, fp8_recipe=recipe)
         for pass_ in args.passes.split(","):
-            for variant, changes in {"default": None, **variants}.items():
+            for variant, (changes, fields) in {"default": (None, None), **variants}.items():
                 if args.impl == "jaxmoe":
                     operands = (params, x) if pass_ == "fwd" else (params, x, dy)
                     compiled, _ = compile_variant(
-                        layer_function(cfg, pass_), operands, sites, changes
+                        layer_function(cfg, pass_), operands, sites, changes, fields
                     )
                     breakdown = kernel_breakdown(
                         compiled, *operands, top=args.top, settle_s=args.settle_s

@@ -7,8 +7,14 @@ import numpy as np
 import pytest
 
 from jaxmoe.bench import tile_variants
+from jaxmoe.ops.gated_grouped_matmul import api as gated_api
 from jaxmoe.ops.gated_grouped_matmul import pallas_mosaic as gated_mosaic
-from jaxmoe.ops.grouped_matmul import pallas_mosaic, pallas_mosaic_tiles, pallas_mosaic_wgrad
+from jaxmoe.ops.grouped_matmul import (
+    ReferenceGroupedMatmul,
+    pallas_mosaic,
+    pallas_mosaic_tiles,
+    pallas_mosaic_wgrad,
+)
 
 
 def test_default_tiles_with_changes_every_site_inside_and_restores_them():
@@ -28,6 +34,17 @@ def test_default_tiles_with_changes_every_site_inside_and_restores_them():
     assert pallas_mosaic_tiles.default_mosaic_gmm_tiles(*shape) == before
     assert pallas_mosaic.default_mosaic_gmm_tiles(*shape) == before
     assert gated_mosaic.default_gated_tiles(*shape) == gated_before
+
+
+def test_gated_backend_with_sets_the_auto_backends_fields_inside_and_restores_it():
+    grouped = ReferenceGroupedMatmul()
+    assert not gated_api._auto_fused_backend(grouped).fused_backward  # the default
+    with tile_variants.gated_backend_with(fused_backward=True, fused_input_dgrad=False):
+        inside = gated_api._auto_fused_backend(grouped)
+        assert inside.fused_backward and not inside.fused_input_dgrad
+        assert inside.grouped is grouped
+    after = gated_api._auto_fused_backend(grouped)
+    assert not after.fused_backward and after.fused_input_dgrad
 
 
 def test_tile_sites_picks_the_kernels_asked_and_refuses_others():

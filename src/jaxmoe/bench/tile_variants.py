@@ -5,7 +5,8 @@ The layer's kernels read their default tiles (``default_mosaic_gmm_tiles``,
 :func:`default_tiles_with` swaps those functions for ones returning the defaults with some
 fields changed, so a function traced inside (with jax's tracing caches cleared first) runs the
 variant. :func:`compile_variant` does all of it and compiles ahead of time, which the next
-variant's cache clearing cannot undo.
+variant's cache clearing cannot undo. :func:`gated_backend_with` likewise sets fields of the
+layer's ``auto`` gated FFN backend (``fused_backward``, ``residuals_from_kernel``, ...).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import functools
 
 import jax
 
+from jaxmoe.ops.gated_grouped_matmul import api as gated_api
 from jaxmoe.ops.gated_grouped_matmul import pallas_mosaic as gated_mosaic
 from jaxmoe.ops.grouped_matmul import (
     pallas_mosaic,
@@ -75,18 +77,41 @@ def default_tiles_with(calls: list, sites=DEFAULT_TILE_SITES, **changes):
             setattr(module, name, default)
 
 
-def compile_variant(fn, operands, sites=DEFAULT_TILE_SITES, changes: dict | None = None):
+@contextlib.contextmanager
+def gated_backend_with(**fields):
+    """The layer's ``auto`` gated FFN backend (on a Hopper GPU the fused Mosaic one,
+    :class:`.PallasMosaicGatedGroupedMatmul`) with ``fields`` set, while inside."""
+    saved = gated_api._auto_fused_backend
+    gated_api._auto_fused_backend = lambda grouped: gated_mosaic.PallasMosaicGatedGroupedMatmul(
+        grouped=grouped, **fields
+    )
+    try:
+        yield
+    finally:
+        gated_api._auto_fused_backend = saved
+
+
+def compile_variant(
+    fn,
+    operands,
+    sites=DEFAULT_TILE_SITES,
+    changes: dict | None = None,
+    backend_fields: dict | None = None,
+):
     """``(compiled, tiles_read)``: ``jax.jit(fn)`` compiled ahead of time for ``operands``, traced
     with the default tiles of ``sites`` changed by ``changes`` (``None``: not patched, no reads
-    recorded), after clearing jax's tracing caches (a custom VJP's rule traced for another
-    variant would be reused). Compiled ahead of time because a jitted function is traced again
-    after the next variant's :func:`jax.clear_caches`, then outside the patch, i.e. as the
-    default. ``RuntimeError`` if ``changes`` were given and no kernel read the tiles."""
+    recorded) and the gated FFN backend's ``backend_fields`` set (:func:`gated_backend_with`),
+    after clearing jax's tracing caches (a custom VJP's rule traced for another variant would
+    be reused). Compiled ahead of time because a jitted function is traced again after the next
+    variant's :func:`jax.clear_caches`, then outside the patch, i.e. as the default.
+    ``RuntimeError`` if ``changes`` were given and no kernel read the tiles."""
     jax.clear_caches()
     tiles_read = []
-    patch = contextlib.nullcontext()
+    patch = contextlib.ExitStack()
     if changes is not None:
-        patch = default_tiles_with(tiles_read, sites, **changes)
+        patch.enter_context(default_tiles_with(tiles_read, sites, **changes))
+    if backend_fields is not None:
+        patch.enter_context(gated_backend_with(**backend_fields))
     with patch:
         compiled = jax.jit(fn).lower(*operands).compile()
     if changes is not None and not tiles_read:
