@@ -292,9 +292,9 @@ class PallasMosaicGatedGroupedMatmul(GatedGroupedMatmulBackend):
         1.080x (Qwen3) the unfused dgrad plus its elementwise pass (H100,
         ``benchmarks/results/raw/h100-run29`` call 4; read from GPU memory in the epilogue it
         was 0.95x and 0.92x, run 13). ``False`` by measurement all the same: the layer's
-        fwd+bwd is level or slower (run 29 calls 5-6: Mixtral 1.015x and 0.988x with the bench's
-        cotangent, 0.996x and 0.992x with one from the output; Qwen3 0.997x and 0.996x): the
-        ~0.1 ms the kernel saves is inside the layer probe's noise and does not show.
+        fwd+bwd is level, leaning slower (run 29 calls 5-6: Mixtral 1.015x and 0.988x with the
+        bench's cotangent, 0.996x and 0.992x with one from the output; Qwen3 0.997x and
+        0.996x): the ~0.1 ms the kernel saves is inside the layer probe's noise.
       down_dgrad_tiles: that kernel's block sizes; ``None``: the Mosaic ``gmm``'s default.
       fused_input_dgrad: the projections' input gradient ``gate_bar Wg^T + up_bar Wu^T`` as one
         kernel (:func:`jaxmoe.ops.grouped_matmul.pallas_mosaic.gmm_pair`: one K loop over both
