@@ -37,7 +37,11 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from jaxmoe.ops.grouped_matmul import pallas_mosaic_common as common
-from jaxmoe.ops.grouped_matmul.pallas_mosaic_tiles import MosaicTileConfig, warpgroup_tile
+from jaxmoe.ops.grouped_matmul.pallas_mosaic_tiles import (
+    SWIZZLE_BYTES,
+    MosaicTileConfig,
+    warpgroup_tile,
+)
 
 # The operands a step carries: one per copy of a K step (the lhs block and one weight block).
 NUM_RING_OPERANDS = 2
@@ -88,8 +92,9 @@ class RingOperands:
         self.part_cols = part_columns(cfg)
         self.parts = wg_n // self.part_cols
         self.steps = common.NUM_COMPUTE_WARPGROUPS * self.parts
-        # One 128-byte row: the swizzle's width, and the swizzled epilogue's store.
-        self.apply_cols = min(self.part_cols, 128 // operands_gmem[0].dtype.itemsize)
+        # One 128-byte row: the swizzle's width, and the swizzled epilogue's store
+        # (epilogue_layout's chunk_cols, which store_columns counts its stores by).
+        self.apply_cols = min(self.part_cols, SWIZZLE_BYTES // operands_gmem[0].dtype.itemsize)
 
     def _view(self, slot_elements: int, dtype):
         # [stages, parts per slot, wg_m, part_cols]: slot s of the view lies in slot s of the
