@@ -3,8 +3,10 @@ forward with each as the default.
 
 The fused gated kernel is the forward's largest op (~55% of the Mixtral layer's forward).
 Variants: the default, jax's pipeline per tile (the default before run 16), the ring without
-the swizzled epilogue, and the compute warpgroups splitting a tile's rows (``split_rows``,
-``m64n128`` products) with and without the swizzled epilogue. Per variant and layer preset
+the swizzled epilogue, the compute warpgroups splitting a tile's rows (``split_rows``,
+``m64n128`` products) with and without the swizzled epilogue, ``exact`` (the activation without
+``approx_math``, the default before session 30) and ``swizzled`` (the swizzled epilogue). Per
+variant and layer preset
 (``M = tokens * top_k`` rows, balanced): ``h`` against the default variant's (max relative
 difference; the same K order, so expected 0), then all variants timed in the same settled
 interleaved rounds; then the layer's forward (``jit(moe)``) with each variant as
@@ -61,6 +63,9 @@ def main() -> None:
         "ring": dict(swizzled_epilogue=False),
         "split": dict(split_rows=True),
         "split_unswizzled": dict(split_rows=True, swizzled_epilogue=False),
+        # The activation's exact math (the default before session 30, when approx_math came).
+        "exact": dict(approx_math=False),
+        "swizzled": dict(swizzled_epilogue=True),
     }
 
     def variant_tiles(name, m, k, n):

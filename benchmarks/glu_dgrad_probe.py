@@ -58,6 +58,7 @@ def main() -> None:
     parser.add_argument("--presets", default="mixtral,dsv3,qwen3")
     parser.add_argument("--phases", default="kernel,layer")
     parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--kernel-variants", default="fused,fused_bn128")
     parser.add_argument("--layer-variants", default="fused,unfused,fused_bn128,unfused_residuals")
     parser.add_argument("--time-budget-s", type=float, default=400)
     parser.add_argument(
@@ -79,7 +80,6 @@ def main() -> None:
     from jaxmoe.ops.gated_grouped_matmul import ffn_primitives
     from jaxmoe.ops.gated_grouped_matmul import pallas_mosaic as fused_mosaic
     from jaxmoe.ops.grouped_matmul import resolve_backend
-    from jaxmoe.ops.grouped_matmul.pallas_mosaic_tiles import default_mosaic_gmm_tiles
 
     os.makedirs(args.out_dir, exist_ok=True)
     emit = row_emitter(
@@ -101,18 +101,28 @@ def main() -> None:
             return np.full(g, m // g, np.int32)
         return hard_group_sizes(m, g)
 
-    def fused_with(tiles):
-        return jax.jit(
-            lambda *a: fused_mosaic.fused_down_dgrad(*a, activation="swiglu", tiles=tiles)
-        )
+    def fused_with(**changes):
+        """The fused kernel on the gmm's default tiles for the operands' shape, changed."""
 
-    base_tiles = default_mosaic_gmm_tiles(1, 1, 1)
-    # The fused kernel's tiles: the gmm default, and block_n 128 (half the epilogue's loads and
-    # registers per thread).
+        def run(out_bar, gate, up, down_w, sizes):
+            (m, h), f = out_bar.shape, down_w.shape[1]
+            tiles = dataclasses.replace(fused_mosaic.default_down_dgrad_tiles(m, h, f), **changes)
+            return fused_mosaic.fused_down_dgrad(
+                out_bar, gate, up, down_w, sizes, activation="swiglu", tiles=tiles
+            )
+
+        return jax.jit(run)
+
+    base_tiles = fused_mosaic.default_down_dgrad_tiles(1, 1, 1)
+    # The fused kernel's tiles: the gmm default; block_n 128 (half the epilogue's loads and
+    # registers per thread); the activation's exact math (approx_math off: the default before
+    # session 30).
     kernel_variants = {
-        "fused": fused_with(None),
-        "fused_bn128": fused_with(dataclasses.replace(base_tiles, block_n=128)),
+        "fused": fused_with(),
+        "fused_bn128": fused_with(block_n=128),
+        "fused_exact": fused_with(approx_math=False),
     }
+    kernel_variants = {name: kernel_variants[name] for name in args.kernel_variants.split(",")}
     unfused = jax.jit(
         lambda *a: ffn_primitives.unfused_glu_dgrad(*a, kernel=unfused_kernel, activation="swiglu")
     )

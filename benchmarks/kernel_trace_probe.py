@@ -13,6 +13,11 @@ for an experiment); ``--changes`` (JSON) sets fields of the default tiles::
     PYTHONPATH=src python benchmarks/kernel_trace_probe.py --out-dir $OUT
     PYTHONPATH=src python benchmarks/kernel_trace_probe.py --out-dir $OUT \
       --cases mixtral-down:layer --changes '{"multicast_weights": true}'
+    PYTHONPATH=src python benchmarks/kernel_trace_probe.py --out-dir $OUT --kernel gated \
+      --cases mixtral-up:balanced --rows 2048 --changes '{"approx_math": true}'
+
+``--kernel gated`` traces the fused gated kernel instead (``act(x Wg) * (x Wu)``, writing the
+residuals as under differentiation, on its own default tiles; both weights are the shape's).
 
 Per case (``shape:routing``, routing ``balanced``, ``layer``: multinomial loads on 7/8 of the
 rows, each padded to 64, as the MoE layer's, or explicit sizes ``s0/s1/...``), the trace of
@@ -40,6 +45,7 @@ import numpy as np
 from jaxmoe.bench.gemm import group_sizes_for, layer_group_sizes
 from jaxmoe.bench.gemm_cases import jax_inputs
 from jaxmoe.bench.presets import GEMM_SHAPES
+from jaxmoe.ops.gated_grouped_matmul import pallas_mosaic as gated_mosaic
 from jaxmoe.ops.grouped_matmul import (
     pallas_mosaic,
     pallas_mosaic_common,
@@ -138,6 +144,7 @@ def main() -> None:
         "--cases", default="mixtral-down:balanced,mixtral-down:layer,dsv3-up:balanced"
     )
     parser.add_argument("--transpose", action="store_true", help="the dgrad (transposed rhs)")
+    parser.add_argument("--kernel", choices=("gmm", "gated"), default="gmm")
     parser.add_argument("--profile-space", type=int, default=40)
     parser.add_argument("--calls", type=int, default=3)
     parser.add_argument(
@@ -165,9 +172,13 @@ def main() -> None:
         shape = GEMM_SHAPES[shape_name]
         if args.rows:
             shape = dataclasses.replace(shape, m=args.rows)
+        default_tiles = (
+            gated_mosaic.default_gated_tiles
+            if args.kernel == "gated"
+            else pallas_mosaic_tiles.default_mosaic_gmm_tiles
+        )
         tiles = dataclasses.replace(
-            pallas_mosaic_tiles.default_mosaic_gmm_tiles(shape.m, shape.k, shape.n),
-            **json.loads(args.changes),
+            default_tiles(shape.m, shape.k, shape.n), **json.loads(args.changes)
         )
         case_dir = os.path.join(args.out_dir, case.replace(":", "-").replace("/", "_"))
         os.makedirs(case_dir, exist_ok=True)
@@ -176,13 +187,29 @@ def main() -> None:
         )
         # Traced afresh per case, so that its kernel is compiled with this case's profile_dir.
         jax.clear_caches()
-        kernel = functools.partial(
-            pallas_mosaic.gmm, transpose_rhs=args.transpose, tiles=tiles, interpret=False
-        )
+        if args.kernel == "gated":
+
+            def kernel(lhs, w, sizes, tiles=tiles):  # both weights the shape's, with residuals
+                return gated_mosaic.fused_gmm(
+                    lhs,
+                    w,
+                    w,
+                    sizes,
+                    activation="swiglu",
+                    residuals=True,
+                    tiles=tiles,
+                    interpret=False,
+                )
+
+        else:
+            kernel = functools.partial(
+                pallas_mosaic.gmm, transpose_rhs=args.transpose, tiles=tiles, interpret=False
+            )
         fn = jax.jit(kernel)
         plain = jax.jit(functools.partial(kernel))  # its own cache: traced without the profiler
         row = {
             "case": case,
+            "kernel": args.kernel,
             "transpose": args.transpose,
             "changes": args.changes,
             "profile_space": args.profile_space,

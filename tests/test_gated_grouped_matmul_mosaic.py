@@ -61,9 +61,11 @@ def _relative(got, want):
 @pytest.mark.parametrize(
     "activation, dtype, cfg",
     [
-        ("geglu", "float16", CHAINED_SWIZZLED),
+        # The activations' approx_math forms here (sigmoid from exp2 and rsqrt; exact on a CPU),
+        # the exact ones in the multicast case.
+        ("geglu", "float16", dataclasses.replace(CHAINED_SWIZZLED, approx_math=True)),
         # The ring with 64-row tiles (the ring's unswizzled store: SPLIT_ROWS below).
-        ("swiglu", "bfloat16", dataclasses.replace(RING, swizzled_epilogue=True)),
+        ("swiglu", "bfloat16", dataclasses.replace(RING, swizzled_epilogue=True, approx_math=True)),
         # The default's layout: the compute warpgroups split 128-row tiles (a boundary in
         # each warpgroup's half), tiles from each group's first row (rows off the grid, the last
         # tiles moved back), in clusters of two CTAs, both weights' blocks multicast where a
@@ -149,32 +151,39 @@ def test_by_default_the_kernel_writes_the_residuals_under_differentiation(monkey
     assert asked and not any(asked), asked
 
 
-@pytest.mark.parametrize("swizzled", [False, True], ids=["unswizzled", "swizzled"])
+@pytest.mark.parametrize(
+    "changes",
+    [{}, {"swizzled_epilogue": True}, {"approx_math": False}],
+    ids=["default", "swizzled", "exact"],
+)
 @pytest.mark.parametrize("residuals", [False, True])
 @pytest.mark.parametrize("k", [2048, 512], ids=["plain", "chained"])
-def test_default_tiles_lower_for_cuda(residuals, k, swizzled):
+def test_default_tiles_lower_for_cuda(residuals, k, changes):
     # No GPU needed: the two-accumulator kernel passes Mosaic GPU's lowering with the default
-    # tiles (a 4-deep ring; at K = 512 one pipeline across a CTA's tiles).
+    # tiles (a 4-deep ring; at K = 512 one pipeline across a CTA's tiles). Their activation is
+    # on PTX's approximate instructions (approx_math), the exact math's is not.
     fn = jax.jit(
         functools.partial(
             fused_mosaic.fused_gmm,
             activation="geglu",
             residuals=residuals,
             interpret=False,
-            tiles=dataclasses.replace(
-                fused_mosaic.default_gated_tiles(256, k, 512), swizzled_epilogue=True
-            )
-            if swizzled
-            else None,
+            tiles=dataclasses.replace(fused_mosaic.default_gated_tiles(256, k, 512), **changes),
         )
     )
-    lowered = fn.trace(
-        jax.ShapeDtypeStruct((256, k), jnp.bfloat16),
-        jax.ShapeDtypeStruct((4, k, 512), jnp.bfloat16),
-        jax.ShapeDtypeStruct((4, k, 512), jnp.bfloat16),
-        jax.ShapeDtypeStruct((4,), jnp.int32),
-    ).lower(lowering_platforms=("cuda",))
-    assert "mosaic_gpu" in lowered.as_text()
+    text = (
+        fn.trace(
+            jax.ShapeDtypeStruct((256, k), jnp.bfloat16),
+            jax.ShapeDtypeStruct((4, k, 512), jnp.bfloat16),
+            jax.ShapeDtypeStruct((4, k, 512), jnp.bfloat16),
+            jax.ShapeDtypeStruct((4,), jnp.int32),
+        )
+        .lower(lowering_platforms=("cuda",))
+        .as_text()
+    )
+    assert "mosaic_gpu" in text
+    approx = changes.get("approx_math", True)
+    assert ("ex2.approx" in text and "rsqrt.approx" in text) == approx
 
 
 def test_default_tiles_take_block_n_128_and_fit():
@@ -182,6 +191,7 @@ def test_default_tiles_take_block_n_128_and_fit():
     assert (cfg.block_m, cfg.block_n, cfg.block_k, cfg.stages) == (128, 128, 64, 4)
     assert cfg.ring and cfg.split_rows  # measured the fastest (run 16)
     assert cfg.group_start_tiles  # as the plain gmm's default (run 18)
+    assert cfg.approx_math  # the activation on approximate instructions (run 30)
     check_tiles(cfg, num_rhs=2)
 
 

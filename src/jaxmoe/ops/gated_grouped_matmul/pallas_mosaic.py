@@ -49,42 +49,61 @@ from jaxmoe.ops.grouped_matmul.pallas_mosaic_tiles import MosaicTileConfig, chec
 Array = jax.Array
 
 
-def _silu(x):
-    return x * lax.logistic(x)
-
-
+_LOG2_E = np.float32(np.log2(np.e))
 _SQRT_2_OVER_PI = np.sqrt(2 / np.pi).astype(np.float32)
 
 
-def _gelu_tanh_term(x):
-    # t = tanh(c (x + a x^3)) of jax.nn.gelu(approximate=True), spelled in primitives Mosaic GPU
-    # lowers.
-    return jnp.tanh(_SQRT_2_OVER_PI * (x + 0.044715 * (x * x * x)))
+def _sigmoid(x, approx: bool):
+    # approx: 1 / (1 + e^-x) as rsqrt(1 + 2^(-x log2 e))^2, which under the kernel's approx_math
+    # is two special-function instructions (ex2.approx, rsqrt.approx); lax.logistic lowers to
+    # an exact expf and an IEEE division. Both give 0 for x -> -inf (rsqrt(inf) = 0) and 1 for
+    # x -> +inf.
+    if not approx:
+        return lax.logistic(x)
+    root = lax.rsqrt(1.0 + jnp.exp2(x * -_LOG2_E))
+    return root * root
 
 
-def _gelu_tanh(x):
-    return x * (0.5 * (1.0 + _gelu_tanh_term(x)))
+def _gelu_tanh_arg(x):
+    # y = c (x + a x^3), gelu(x) = x (1 + tanh(y)) / 2 (jax.nn.gelu(approximate=True)).
+    return _SQRT_2_OVER_PI * (x + 0.044715 * (x * x * x))
 
 
-def _silu_and_slope(x):
+def _gelu_tanh_arg_slope(x):
+    return _SQRT_2_OVER_PI * (1.0 + (3 * 0.044715) * (x * x))
+
+
+def _silu(x, approx: bool = False):
+    return x * _sigmoid(x, approx)
+
+
+def _gelu_tanh(x, approx: bool = False):
+    if approx:  # (1 + tanh(y)) / 2 = sigmoid(2 y): approx_math's tanh.approx (~2^-11) is coarse
+        return x * _sigmoid(2.0 * _gelu_tanh_arg(x), True)
+    return x * (0.5 * (1.0 + jnp.tanh(_gelu_tanh_arg(x))))
+
+
+def _silu_and_slope(x, approx: bool = False):
     # silu(x) = x s, silu'(x) = s + x s (1 - s), s = sigmoid(x).
-    s = lax.logistic(x)
+    s = _sigmoid(x, approx)
     return x * s, s * (1.0 + x * (1.0 - s))
 
 
-def _gelu_tanh_and_slope(x):
-    # gelu(x) = x (1 + t) / 2, t = tanh(c (x + a x^3)):
-    # gelu'(x) = (1 + t) / 2 + x (1 - t^2) c (1 + 3 a x^2) / 2.
-    t = _gelu_tanh_term(x)
+def _gelu_tanh_and_slope(x, approx: bool = False):
+    if approx:
+        # gelu(x) = x s, s = sigmoid(2 y): gelu'(x) = s + 2 x s (1 - s) y'. No 1 + tanh(y) to
+        # cancel where tanh(y) -> -1.
+        s = _sigmoid(2.0 * _gelu_tanh_arg(x), True)
+        return x * s, s + 2.0 * x * s * (1.0 - s) * _gelu_tanh_arg_slope(x)
+    # gelu(x) = x (1 + t) / 2, t = tanh(y): gelu'(x) = (1 + t) / 2 + x (1 - t^2) y' / 2.
+    t = jnp.tanh(_gelu_tanh_arg(x))
     half_x = 0.5 * x
-    slope = 0.5 * (1.0 + t) + half_x * (1.0 - t * t) * (
-        _SQRT_2_OVER_PI * (1.0 + (3 * 0.044715) * (x * x))
-    )
+    slope = 0.5 * (1.0 + t) + half_x * (1.0 - t * t) * _gelu_tanh_arg_slope(x)
     return half_x * (1.0 + t), slope
 
 
 # In-kernel (float32 accumulator) forms of base.GATE_ACTIVATIONS, and of (act, act') for the
-# fused backward.
+# fused backward; each takes ``approx`` (the kernel's ``MosaicTileConfig.approx_math``).
 _KERNEL_ACTIVATIONS = {"swiglu": _silu, "geglu": _gelu_tanh}
 _KERNEL_ACTIVATION_SLOPES = {"swiglu": _silu_and_slope, "geglu": _gelu_tanh_and_slope}
 
@@ -106,10 +125,32 @@ def default_gated_tiles(m: int, k: int, n: int) -> MosaicTileConfig:
     after the second variant's cache clearing the first was traced again with the defaults).
     Without the plain ``gmm``'s weight multicast (``multicast_weights``), which the kernel
     supports: with it, the Mixtral layer's forward took 5.112 against 5.095 ms a call (H100,
-    ``benchmarks/results/raw/h100-run23/call1``, alternating 3 s phases, medians of four)."""
+    ``benchmarks/results/raw/h100-run23/call1``, alternating 3 s phases, medians of four).
+
+    Session 30: the activation on approximate instructions (``approx_math``; H100
+    ``benchmarks/results/raw/h100-run30/call1``): the kernel 1.012x (Mixtral) and 1.018x (Qwen3),
+    ``h`` within 2e-5 of the exact math's; its epilogue 4.8 us a tile against 6.3 (traced, of a
+    68.7 us main loop on Mixtral's K = 4096).
+    """
     del m, k, n
     return MosaicTileConfig(
-        block_n=128, stages=4, epilogue_rows=64, ring=True, split_rows=True, group_start_tiles=True
+        block_n=128,
+        stages=4,
+        epilogue_rows=64,
+        ring=True,
+        split_rows=True,
+        group_start_tiles=True,
+        approx_math=True,
+    )
+
+
+def default_down_dgrad_tiles(m: int, h: int, f: int) -> MosaicTileConfig:
+    """Block sizes of :func:`fused_down_dgrad` (``[M, H] x [G, F, H]^T``): the Mosaic ``gmm``'s
+    default, with the activation's derivative on approximate instructions (``approx_math``;
+    H100 ``benchmarks/results/raw/h100-run30/call1``: 1.030x on Mixtral, 1.050x on Qwen3
+    against the exact math, the same 1.66e-3 from a float32 reference)."""
+    return dataclasses.replace(
+        pallas_mosaic_tiles.default_mosaic_gmm_tiles(m, h, f), approx_math=True
     )
 
 
@@ -160,7 +201,7 @@ def fused_gmm(
         raise NotImplementedError(
             f"fused gated gmm: lhs {lhs.shape} {lhs.dtype}, rhs {rhs_gate.shape}: {reason}."
         )
-    act = _KERNEL_ACTIVATIONS[activation]
+    act = functools.partial(_KERNEL_ACTIVATIONS[activation], approx=cfg.approx_math)
 
     def combine(gate, up):
         hidden = act(gate) * up
@@ -181,12 +222,15 @@ def fused_gmm(
     return tuple(outs) if residuals else (outs,)
 
 
-def down_dgrad_epilogue(hidden_bar, gate, up, *, group, row0, col0, activation: str):
+def down_dgrad_epilogue(
+    hidden_bar, gate, up, *, group, row0, col0, activation: str, approx: bool = False
+):
     """``(gate_bar, up_bar) = (h_bar * up * act'(gate), h_bar * act(gate))`` for one column part
     of a compute warpgroup's float32 ``h_bar`` accumulator, ``gate`` and ``up`` its blocks in
-    registers (carried to shared memory by the ring: ``pallas_mosaic_ring_operands``)."""
+    registers (carried to shared memory by the ring: ``pallas_mosaic_ring_operands``);
+    ``approx``: the kernel's ``approx_math``."""
     del group, row0, col0
-    activated, slope = _KERNEL_ACTIVATION_SLOPES[activation](gate.astype(jnp.float32))
+    activated, slope = _KERNEL_ACTIVATION_SLOPES[activation](gate.astype(jnp.float32), approx)
     return hidden_bar * up.astype(jnp.float32) * slope, hidden_bar * activated
 
 
@@ -236,7 +280,7 @@ def fused_down_dgrad(
       rhs_down: ``[G, F, H]`` down weights.
       group_sizes: ``[G]`` int32, clipped to ``M``.
       activation: ``"swiglu"`` or ``"geglu"``.
-      tiles: block sizes; ``None``: the Mosaic ``gmm``'s default.
+      tiles: block sizes; ``None``: :func:`default_down_dgrad_tiles`.
       interpret: ``None`` runs Mosaic GPU's interpreter when JAX's default backend is not a GPU.
 
     Raises:
@@ -245,7 +289,7 @@ def fused_down_dgrad(
     pallas_triton._check(out_bar, rhs_down, group_sizes, True, "fused down dgrad")
     m, h = out_bar.shape
     f = rhs_down.shape[1]
-    cfg = tiles or pallas_mosaic_tiles.default_mosaic_gmm_tiles(m, h, f)
+    cfg = tiles or default_down_dgrad_tiles(m, h, f)
     check_tiles(cfg)
     interpret_params = common.interpret_params(interpret)
     interpreted = interpret_params is not None
@@ -267,7 +311,9 @@ def fused_down_dgrad(
         out_dtype=gate.dtype,
         cfg=cfg,
         interpret_params=interpret_params,
-        epilogue=functools.partial(down_dgrad_epilogue, activation=activation),
+        epilogue=functools.partial(
+            down_dgrad_epilogue, activation=activation, approx=cfg.approx_math
+        ),
         epilogue_operands=(gate, up),
         num_outputs=2,
         ring_operands=True,
@@ -291,11 +337,14 @@ class PallasMosaicGatedGroupedMatmul(GatedGroupedMatmulBackend):
         (:mod:`jaxmoe.ops.grouped_matmul.pallas_mosaic_ring_operands`): 1.065x (Mixtral) and
         1.080x (Qwen3) the unfused dgrad plus its elementwise pass (H100,
         ``benchmarks/results/raw/h100-run29`` call 4; read from GPU memory in the epilogue it
-        was 0.95x and 0.92x, run 13). ``False`` by measurement all the same: the layer's
-        fwd+bwd is level, leaning slower (run 29 calls 5-6: Mixtral 1.015x and 0.988x with the
-        bench's cotangent, 0.996x and 0.992x with one from the output; Qwen3 0.997x and
-        0.996x): the ~0.1 ms the kernel saves is inside the layer probe's noise.
-      down_dgrad_tiles: that kernel's block sizes; ``None``: the Mosaic ``gmm``'s default.
+        was 0.95x and 0.92x, run 13); since session 30, with its activation on approximate
+        instructions, 1.071x and 1.113x (run 30 call 1). ``False`` by measurement all the
+        same: the layer's fwd+bwd is level, leaning slower (run 29 calls 5-6: Mixtral 1.015x
+        and 0.988x with the bench's cotangent, 0.996x and 0.992x with one from the output;
+        Qwen3 0.997x and 0.996x; run 30 call 2: Mixtral 0.985x and 0.994x, Qwen3 1.019x). Per
+        launch it saves ~0.15 ms of Mixtral's ~14 ms (run 30 call 3), which the sustained,
+        power-limited rounds do not show.
+      down_dgrad_tiles: that kernel's block sizes; ``None``: :func:`default_down_dgrad_tiles`.
       fused_input_dgrad: the projections' input gradient ``gate_bar Wg^T + up_bar Wu^T`` as one
         kernel (:func:`jaxmoe.ops.grouped_matmul.pallas_mosaic.gmm_pair`: one K loop over both
         products, one ``[M, K]`` result) where the Mosaic ``gmm`` takes the operands. ``True``
@@ -338,9 +387,7 @@ class PallasMosaicGatedGroupedMatmul(GatedGroupedMatmulBackend):
 
     def _down_dgrad_tiles(self, out_bar_shape, rhs_down_shape):
         m, h = out_bar_shape
-        return self.down_dgrad_tiles or pallas_mosaic_tiles.default_mosaic_gmm_tiles(
-            m, h, rhs_down_shape[1]
-        )
+        return self.down_dgrad_tiles or default_down_dgrad_tiles(m, h, rhs_down_shape[1])
 
     def down_dgrad_unsupported_reason(self, out_bar, rhs_down, group_sizes):
         if not self.fused_backward:

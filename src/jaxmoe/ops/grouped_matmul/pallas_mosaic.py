@@ -210,6 +210,7 @@ def launch_gmm(
         out_types[0] if len(out_types) == 1 else out_types,
         interpret_params,
         cluster_ctas=cluster_ctas(cfg),
+        approx_math=cfg.approx_math,
     )
     results = kernel(
         work_counts,

@@ -175,9 +175,12 @@ CLUSTER_AXIS = "cluster"
 MULTICAST_CLUSTER_CTAS = 2
 
 
-def persistent_kernel(body, out_type, interpret_params, *, cluster_ctas: int = 1):
+def persistent_kernel(
+    body, out_type, interpret_params, *, cluster_ctas: int = 1, approx_math: bool = False
+):
     """``body`` as a persistent kernel: one CTA per SM, the compute warpgroups and the memory one
-    (thread axis ``"wg"``), warpgroup lowering semantics.
+    (thread axis ``"wg"``), warpgroup lowering semantics; ``approx_math``: Mosaic GPU's
+    approximate transcendental instructions (``MosaicTileConfig.approx_math``).
 
     The grid axis ``"sm"`` numbers the CTAs, or with ``cluster_ctas=2`` the clusters of two CTAs
     (each CTA's place in its cluster: axis ``CLUSTER_AXIS``)."""
@@ -192,7 +195,9 @@ def persistent_kernel(body, out_type, interpret_params, *, cluster_ctas: int = 1
         **clusters,
         num_threads=NUM_COMPUTE_WARPGROUPS + 1,
         thread_name="wg",
-        compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Warpgroup),
+        compiler_params=plgpu.CompilerParams(
+            lowering_semantics=plgpu.LoweringSemantics.Warpgroup, approx_math=approx_math
+        ),
         interpret=interpret_params,
     )
 

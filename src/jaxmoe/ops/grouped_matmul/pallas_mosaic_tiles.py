@@ -82,6 +82,13 @@ class MosaicTileConfig:
     four pieces of their K loop, run by more CTAs (:mod:`.pallas_mosaic_schedule`), where that
     shortens the round; the pieces' float32 partial sums go to a workspace and one XLA scatter
     after the kernel adds and stores them.
+
+    ``approx_math``: the kernel compiled with Mosaic GPU's ``approx_math``, and an epilogue that
+    asks for it (the fused gated kernels' activations) built on ``exp2`` and ``rsqrt``: each is
+    then one special-function instruction (``ex2.approx``, ``rsqrt.approx``, relative error
+    ~2^-22, float32's order and far below a bf16 result's rounding) instead of an exact
+    ``expf`` and an IEEE division of a dozen instructions each, run while the tensor cores
+    wait for the epilogue. Kernels without transcendental math are unchanged by it.
     """
 
     block_m: int = 128
@@ -97,6 +104,7 @@ class MosaicTileConfig:
     group_start_tiles: bool = False
     multicast_weights: bool = False
     split_last_round: bool = False
+    approx_math: bool = False
 
 
 # With group_start_tiles a tile starts on this row grid: a TMA copy into a tiled shared buffer
