@@ -17,7 +17,13 @@ for an experiment); ``--changes`` (JSON) sets fields of the default tiles::
       --cases mixtral-up:balanced --rows 2048 --changes '{"approx_math": true}'
 
 ``--kernel gated`` traces the fused gated kernel instead (``act(x Wg) * (x Wu)``, writing the
-residuals as under differentiation, on its own default tiles; both weights are the shape's).
+residuals as under differentiation, on its own default tiles; both weights are the shape's);
+``--kernel down_dgrad`` the fused down dgrad (``fused_backward``): the shape ``(M, K, N)`` read
+as the down projection ``[M, F] x [F, H]``, its dgrad ``dy [M, H] @ w[g]^T`` with ``x`` as both
+``gate`` and ``up`` (``mixtral-down``: Mixtral's)::
+
+    PYTHONPATH=src python benchmarks/kernel_trace_probe.py --out-dir $OUT --kernel down_dgrad \
+      --cases mixtral-down:balanced --rows 2048
 
 Per case (``shape:routing``, routing ``balanced``, ``layer``: multinomial loads on 7/8 of the
 rows, each padded to 64, as the MoE layer's, or explicit sizes ``s0/s1/...``), the trace of
@@ -144,7 +150,7 @@ def main() -> None:
         "--cases", default="mixtral-down:balanced,mixtral-down:layer,dsv3-up:balanced"
     )
     parser.add_argument("--transpose", action="store_true", help="the dgrad (transposed rhs)")
-    parser.add_argument("--kernel", choices=("gmm", "gated"), default="gmm")
+    parser.add_argument("--kernel", choices=("gmm", "gated", "down_dgrad"), default="gmm")
     parser.add_argument("--profile-space", type=int, default=40)
     parser.add_argument("--calls", type=int, default=3)
     parser.add_argument(
@@ -172,11 +178,11 @@ def main() -> None:
         shape = GEMM_SHAPES[shape_name]
         if args.rows:
             shape = dataclasses.replace(shape, m=args.rows)
-        default_tiles = (
-            gated_mosaic.default_gated_tiles
-            if args.kernel == "gated"
-            else pallas_mosaic_tiles.default_mosaic_gmm_tiles
-        )
+        default_tiles = {
+            "gmm": pallas_mosaic_tiles.default_mosaic_gmm_tiles,
+            "gated": gated_mosaic.default_gated_tiles,
+            "down_dgrad": lambda m, k, n: gated_mosaic.default_down_dgrad_tiles(m, n, k),
+        }[args.kernel]
         tiles = dataclasses.replace(
             default_tiles(shape.m, shape.k, shape.n), **json.loads(args.changes)
         )
@@ -201,6 +207,20 @@ def main() -> None:
                     interpret=False,
                 )
 
+        elif args.kernel == "down_dgrad":
+
+            def kernel(out_bar, w, sizes, gate, tiles=tiles):  # gate as up too
+                return gated_mosaic.fused_down_dgrad(
+                    out_bar,
+                    gate,
+                    gate,
+                    w,
+                    sizes,
+                    activation="swiglu",
+                    tiles=tiles,
+                    interpret=False,
+                )
+
         else:
             kernel = functools.partial(
                 pallas_mosaic.gmm, transpose_rhs=args.transpose, tiles=tiles, interpret=False
@@ -210,21 +230,24 @@ def main() -> None:
         row = {
             "case": case,
             "kernel": args.kernel,
-            "transpose": args.transpose,
+            "transpose": args.transpose or args.kernel == "down_dgrad",
             "changes": args.changes,
             "profile_space": args.profile_space,
         }
         try:
-            # The gemm bench's operands: x @ w[g], or dy @ w[g]^T for the dgrad.
+            # The gemm bench's operands: x @ w[g], or dy @ w[g]^T for a dgrad.
             x, w, dy = jax_inputs(shape, jnp.bfloat16, 0)
-            lhs = dy if args.transpose else x
+            transposed = row["transpose"]
+            lhs = dy if transposed else x
             if "/" in routing:  # explicit sizes, e.g. a layer bench's padded groups
                 sizes = jnp.asarray([int(size) for size in routing.split("/")], jnp.int32)
             elif routing == "layer":
                 sizes = jnp.asarray(layer_group_sizes(shape))
             else:
                 sizes = jnp.asarray(group_sizes_for(shape, routing))
-            out_cols = shape.k if args.transpose else shape.n
+            # The down dgrad's gate (and up): x, shaped as its result.
+            operands = (lhs, w, sizes) + ((x,) if args.kernel == "down_dgrad" else ())
+            out_cols = shape.k if transposed else shape.n
             needed = profile_space_needed(sizes, shape.m, out_cols, tiles, args.ranges_per_tile)
             if args.profile_space < needed:
                 raise ValueError(
@@ -234,17 +257,17 @@ def main() -> None:
                 )
             with mock.patch.object(pallas_mosaic_common.plgpu, "CompilerParams", profiled):
                 for _ in range(args.calls):
-                    jax.block_until_ready(fn(lhs, w, sizes))
+                    jax.block_until_ready(fn(*operands))
             if args.settle_ms:
                 # The kernel without the profiler, back to back until the GPU's clock has
                 # settled under the load (power-limited), then one profiled call at that clock.
                 jax.effects_barrier()
-                jax.block_until_ready(plain(lhs, w, sizes))
+                jax.block_until_ready(plain(*operands))
                 deadline = time.perf_counter() + args.settle_ms / 1e3
                 while time.perf_counter() < deadline:
-                    outs = [plain(lhs, w, sizes) for _ in range(4)]
+                    outs = [plain(*operands) for _ in range(4)]
                 jax.block_until_ready(outs)
-                jax.block_until_ready(fn(lhs, w, sizes))
+                jax.block_until_ready(fn(*operands))
             jax.effects_barrier()  # the profile is written by a host callback
             newest = max(glob.glob(os.path.join(case_dir, "*-trace.json")), key=os.path.getmtime)
             with open(newest) as f:
