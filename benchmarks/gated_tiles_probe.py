@@ -6,11 +6,10 @@ Variants: the default, jax's pipeline per tile (the default before run 16), the 
 the swizzled epilogue, the compute warpgroups splitting a tile's rows (``split_rows``,
 ``m64n128`` products) with and without the swizzled epilogue, ``exact`` (the activation without
 ``approx_math``, the default before session 30) and ``swizzled`` (the swizzled epilogue). Per
-variant and layer preset
-(``M = tokens * top_k`` rows, balanced): ``h`` against the default variant's (max relative
-difference; the same K order, so expected 0), then all variants timed in the same settled
-interleaved rounds; then the layer's forward (``jit(moe)``) with each variant as
-``default_gated_tiles``. Rows go to ``<out-dir>/gated-tiles-probe.json``.
+variant and layer preset (``M = tokens * top_k`` rows, balanced): ``h`` against the default
+variant's (max relative difference; the same K order, so expected 0), then all variants timed
+in the same settled interleaved rounds; then the layer's forward (``jit(moe)``) with each
+variant as ``default_gated_tiles``. Rows go to ``<out-dir>/gated-tiles-probe.json``.
 
     PYTHONPATH=src python benchmarks/gated_tiles_probe.py --out-dir $OUT
 """

@@ -102,7 +102,7 @@ def main() -> None:
         return hard_group_sizes(m, g)
 
     def fused_with(**changes):
-        """The fused kernel on the gmm's default tiles for the operands' shape, changed."""
+        """The fused kernel on its default tiles for the operands' shape, changed."""
 
         def run(out_bar, gate, up, down_w, sizes):
             (m, h), f = out_bar.shape, down_w.shape[1]
@@ -114,9 +114,9 @@ def main() -> None:
         return jax.jit(run)
 
     base_tiles = fused_mosaic.default_down_dgrad_tiles(1, 1, 1)
-    # The fused kernel's tiles: the gmm default; block_n 128 (half the epilogue's loads and
-    # registers per thread); the activation's exact math (approx_math off: the default before
-    # session 30).
+    # The fused kernel's tiles: its default (the gmm's, approx_math on); block_n 128 (half the
+    # epilogue's loads and registers per thread); the activation's exact math (approx_math off:
+    # the default before session 30).
     kernel_variants = {
         "fused": fused_with(),
         "fused_bn128": fused_with(block_n=128),
