@@ -17,6 +17,7 @@ from test_gated_grouped_matmul import _close, _np_act, _operands
 from jaxmoe.ops.gated_grouped_matmul import (
     ReferenceGatedGroupedMatmul,
     api,
+    base,
     ffn_primitives,
     gated_ffn,
     gated_grouped_matmul,
@@ -269,6 +270,11 @@ def test_in_kernel_activation_and_slope_are_the_activation_and_its_derivative(ac
     np.testing.assert_allclose(
         fused_mosaic._KERNEL_ACTIVATIONS[activation](jnp.asarray(x), approx), value, rtol=1e-6
     )
+    if not approx:  # the exact forms are jax's own activation and derivative, as before
+        act = base.GATE_ACTIVATIONS[activation]
+        np.testing.assert_allclose(value, act(jnp.asarray(x)), rtol=1e-6, atol=1e-6)
+        grad = jax.vmap(jax.grad(act))(jnp.asarray(x))
+        np.testing.assert_allclose(slope, grad, rtol=1e-5, atol=1e-6)
 
 
 def _recording(monkeypatch, method):
