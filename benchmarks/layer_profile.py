@@ -17,11 +17,12 @@ default on Mixtral's experts since session 22)::
     ... layer_profile.py --presets mixtral --passes fwd+bwd --settle-s 1 --sites gmm \
       --variants '{"no_multicast": {"multicast_weights": false}}'
 
-``--backend-variants`` sets fields of the layer's gated FFN backend instead, e.g. the fused down
-dgrad (``fused_backward``, off by default): its kernel time against the default's, per launch::
+``--backend-variants`` sets fields of the layer's gated FFN backend instead, e.g. without the
+fused down dgrad (``fused_backward``, on by default since session 31): the default's kernel
+times against the unfused backward's, per launch::
 
     ... layer_profile.py --presets mixtral --passes fwd+bwd --settle-s 1.5 \
-      --backend-variants '{"fused_backward": {"fused_backward": true}}'
+      --backend-variants '{"unfused_backward": {"fused_backward": false}}'
 """
 
 from __future__ import annotations

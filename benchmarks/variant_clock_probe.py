@@ -15,7 +15,12 @@ clock and power draw over the same span. Rows go to ``<out-dir>/variant-clock-pr
 (the plain gmm's default multicasts on Mixtral since session 22; the fused gated kernel runs
 in the forward only, since under ``jax.grad`` the gate and up projections are plain gmm calls
 that keep their residuals; ``--sites wgrad`` with ``{"multicast_rhs": true}`` the wgrad's
-clusters).
+clusters). ``--backend-variants`` (a JSON object of variant name to fields of the layer's gated
+FFN backend, :func:`jaxmoe.bench.tile_variants.gated_backend_with`) adds variants of the
+backend instead, e.g. the fused down dgrad::
+
+    PYTHONPATH=src python benchmarks/variant_clock_probe.py --out-dir $OUT --variants '{}' \
+        --backend-variants '{"fused_backward": {"fused_backward": true}}' --phases 12
 """
 
 from __future__ import annotations
@@ -56,6 +61,11 @@ def main() -> None:
     parser.add_argument("--pass", dest="pass_", choices=("fwd", "fwd+bwd"), default="fwd+bwd")
     parser.add_argument("--variants", default='{"multicast": {"multicast_weights": true}}')
     parser.add_argument("--sites", default="gated")
+    parser.add_argument(
+        "--backend-variants",
+        default="{}",
+        help="JSON: variant name -> gated FFN backend fields (no tile changes)",
+    )
     parser.add_argument("--phases", type=int, default=6, help="phases in all, variants alternating")
     parser.add_argument("--phase-s", type=float, default=3.0)
     parser.add_argument("--smi-period-s", type=float, default=0.2)
@@ -74,6 +84,9 @@ def main() -> None:
     functions = {}
     for name, changes in variants.items():
         functions[name], _ = compile_variant(function, operands, sites, changes)
+        jax.block_until_ready(functions[name](*operands))
+    for name, fields in json.loads(args.backend_variants).items():
+        functions[name], _ = compile_variant(function, operands, backend_fields=fields)
         jax.block_until_ready(functions[name](*operands))
 
     run_phases(

@@ -38,13 +38,14 @@ def test_default_tiles_with_changes_every_site_inside_and_restores_them():
 
 def test_gated_backend_with_sets_the_auto_backends_fields_inside_and_restores_it():
     grouped = ReferenceGroupedMatmul()
-    assert not gated_api._auto_fused_backend(grouped).fused_backward  # the default
-    with tile_variants.gated_backend_with(fused_backward=True, fused_input_dgrad=False):
+    default = gated_api._auto_fused_backend(grouped)
+    assert default.fused_backward and default.fused_input_dgrad  # the defaults
+    with tile_variants.gated_backend_with(fused_backward=False, fused_input_dgrad=False):
         inside = gated_api._auto_fused_backend(grouped)
-        assert inside.fused_backward and not inside.fused_input_dgrad
+        assert not inside.fused_backward and not inside.fused_input_dgrad
         assert inside.grouped is grouped
     after = gated_api._auto_fused_backend(grouped)
-    assert not after.fused_backward and after.fused_input_dgrad
+    assert after.fused_backward and after.fused_input_dgrad
 
 
 def test_tile_sites_picks_the_kernels_asked_and_refuses_others():

@@ -323,7 +323,8 @@ def _check_down_dgrad(call, down_w):
         assert _rel_err(got_bar, want_bar) < 4e-3
         assert _rel_err(got_bar, want_bar) <= _rel_err(unfused_bar, want_bar)
         assert np.all(np.asarray(got_bar[MOSAIC_SIZES.sum() :]) == 0)  # rows past the groups
-    kernel_off = PallasMosaicGatedGroupedMatmul(interpret=True)  # the default: measured slower
+    assert PallasMosaicGatedGroupedMatmul(interpret=True).fused_backward  # the default
+    kernel_off = PallasMosaicGatedGroupedMatmul(fused_backward=False, interpret=True)
     reason = kernel_off.down_dgrad_unsupported_reason(jnp.asarray(out_bar), down_w, sizes)
     assert reason == "fused_backward=False"
 

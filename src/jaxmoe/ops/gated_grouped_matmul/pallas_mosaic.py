@@ -332,18 +332,16 @@ class PallasMosaicGatedGroupedMatmul(GatedGroupedMatmulBackend):
         FFN), run the down projection's dgrad and the activation's derivative as one kernel
         (:func:`fused_down_dgrad`) wherever it applies, the unfused derivative on ``grouped``
         elsewhere. The kernel is closer to a float32 reference (1.7e-3 against the unfused
-        path's 3.3-3.7e-3, Mixtral and Qwen3, balanced and skewed) and never writes ``h_bar``.
-        Since session 29 its epilogue operands ride the ring
-        (:mod:`jaxmoe.ops.grouped_matmul.pallas_mosaic_ring_operands`): 1.065x (Mixtral) and
-        1.080x (Qwen3) the unfused dgrad plus its elementwise pass (H100,
-        ``benchmarks/results/raw/h100-run29`` call 4; read from GPU memory in the epilogue it
-        was 0.95x and 0.92x, run 13); since session 30, with its activation on approximate
-        instructions, 1.071x and 1.113x (run 30 call 1). ``False`` by measurement all the
-        same: the layer's fwd+bwd is level, leaning slower (run 29 calls 5-6: Mixtral 1.015x
-        and 0.988x with the bench's cotangent, 0.996x and 0.992x with one from the output;
-        Qwen3 0.997x and 0.996x; run 30 call 2: Mixtral 0.985x and 0.994x, Qwen3 1.019x). Per
-        launch it saves ~0.15 ms of Mixtral's ~14 ms (run 30 call 3), which the sustained,
-        power-limited rounds do not show.
+        path's 3.3-3.7e-3, Mixtral and Qwen3, balanced and skewed) and never writes ``h_bar``;
+        its epilogue operands ride the ring
+        (:mod:`jaxmoe.ops.grouped_matmul.pallas_mosaic_ring_operands`). Alone it is 1.07-1.11x
+        (Mixtral) and 1.11-1.15x (Qwen3) the unfused dgrad plus its elementwise pass (H100,
+        ``benchmarks/results/raw/h100-run30`` call 1, ``h100-run31`` call 1). ``True`` since
+        session 31, by the layer's fwd+bwd settled, each variant alone in alternating 3 s
+        phases (``benchmarks/variant_clock_probe.py``, ``h100-run31/call5``): Mixtral 1.013x
+        (faster in all five phase pairs; the default against itself 1.001x), Qwen3 1.012x (four
+        of five). Interleaved rounds had measured it at 0.985-1.019x over runs 29-31, inside
+        their own noise (the default against itself: 1.0135x, ``h100-run31/call4``).
       down_dgrad_tiles: that kernel's block sizes; ``None``: :func:`default_down_dgrad_tiles`.
       fused_input_dgrad: the projections' input gradient ``gate_bar Wg^T + up_bar Wu^T`` as one
         kernel (:func:`jaxmoe.ops.grouped_matmul.pallas_mosaic.gmm_pair`: one K loop over both
@@ -373,7 +371,7 @@ class PallasMosaicGatedGroupedMatmul(GatedGroupedMatmulBackend):
     name: str = dataclasses.field(default="pallas", init=False)
     residuals_from_kernel: bool = True
     tiles: MosaicTileConfig | None = None
-    fused_backward: bool = False
+    fused_backward: bool = True
     down_dgrad_tiles: MosaicTileConfig | None = None
     fused_input_dgrad: bool = True
     interpret: bool | None = None
