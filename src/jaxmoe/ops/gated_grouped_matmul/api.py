@@ -115,8 +115,8 @@ def gated_ffn(
     epilogue, ``gate_bar = h_bar * up * act'(gate)`` and ``up_bar = h_bar * act(gate)``, where
     the unfused path writes ``h_bar`` and runs an elementwise pass over it, ``gate`` and ``up``.
     The Mosaic backend has that kernel, on by default (``fused_backward``: exact, more
-    accurate, and 1.01x the layer's fwd+bwd on an H100). Rows past ``sum(group_sizes)`` are
-    zero.
+    accurate, and the layer's fwd+bwd 1.01x faster on an H100). Rows past
+    ``sum(group_sizes)`` are zero.
     Differentiable in ``lhs`` and the three weights to any order; works under ``jit``, ``vmap``
     and ``shard_map``.
 
