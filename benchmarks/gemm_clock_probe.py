@@ -36,7 +36,7 @@ from jaxmoe.bench.presets import GEMM_SHAPES
 from jaxmoe.ops.grouped_matmul import pallas_mosaic, pallas_mosaic_tiles
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from variant_clock_probe import run_phases  # noqa: E402 - the probes' one phase runner
+from variant_clock_probe import run_phases, summarize_phases  # noqa: E402 - the one phase runner
 
 
 def main() -> None:
@@ -89,7 +89,9 @@ def main() -> None:
         )
     for call, sync in contenders.values():  # compile and warm up outside the phases
         sync(call())
-    run_phases(contenders, args.phases, args.phase_s, args.smi_period_s, emit)
+    emit(
+        summarize_phases(run_phases(contenders, args.phases, args.phase_s, args.smi_period_s, emit))
+    )
 
 
 if __name__ == "__main__":

@@ -7,7 +7,8 @@ kernels 5-10% slower, the memory-bound XLA fusions not). Here each variant (its 
 changed on ``--sites``' kernels, :mod:`jaxmoe.bench.tile_variants`) runs the layer alone in
 phases of ``--phase-s`` seconds, alternating (A, B, A, B, ...), while ``nvidia-smi`` is read
 every ``--smi-period-s``: per phase, ms per call over its last two thirds, and the median SM
-clock and power draw over the same span. Rows go to ``<out-dir>/variant-clock-probe.json``::
+clock and power draw over the same span; then one row with each variant's median over its
+phases and its speedup over the default's. Rows go to ``<out-dir>/variant-clock-probe.json``::
 
     PYTHONPATH=src python benchmarks/variant_clock_probe.py --out-dir $OUT \\
         --variants '{"multicast": {"multicast_weights": true}}' --sites gated --pass fwd
@@ -89,7 +90,7 @@ def main() -> None:
         functions[name], _ = compile_variant(function, operands, backend_fields=fields)
         jax.block_until_ready(functions[name](*operands))
 
-    run_phases(
+    rows = run_phases(
         {
             name: (lambda fn=fn: fn(*operands), jax.block_until_ready)
             for name, fn in functions.items()
@@ -99,14 +100,36 @@ def main() -> None:
         args.smi_period_s,
         emit,
     )
+    emit(summarize_phases(rows))
 
 
-def run_phases(contenders: dict, phases: int, phase_s: float, smi_period_s: float, emit) -> None:
+def summarize_phases(rows: list[dict]) -> dict:
+    """Per variant, the median ms per call over its phases, leaving out the run's first phase
+    (the clock still coming down from idle), and its speedup over the first variant's (run 31
+    call 5: the default against itself 1.0009x this way)."""
+    by_variant = {}
+    for row in rows:
+        by_variant.setdefault(row["variant"], [])
+        if row["phase"] > 0:
+            by_variant[row["variant"]].append(row["ms_per_call"])
+    medians = {name: statistics.median(ms) for name, ms in by_variant.items() if ms}
+    first = next(iter(medians.values()), None)
+    return {
+        "summary": {
+            name: {"median_ms": ms, "speedup": first / ms, "phases": len(by_variant[name])}
+            for name, ms in medians.items()
+        }
+    }
+
+
+def run_phases(
+    contenders: dict, phases: int, phase_s: float, smi_period_s: float, emit
+) -> list[dict]:
     """Runs each contender alone in phases of ``phase_s`` seconds, alternating (A, B, ..., A,
     B, ...), while ``nvidia-smi`` is read every ``smi_period_s`` in a thread; emits per phase
-    the ms per call over its last two thirds and the median SM clock and power over that span.
-    ``contenders``: name -> ``(call, sync)``, ``call()`` launching one call and ``sync(out)``
-    waiting for it."""
+    the ms per call over its last two thirds and the median SM clock and power over that span,
+    and returns those rows. ``contenders``: name -> ``(call, sync)``, ``call()`` launching one
+    call and ``sync(out)`` waiting for it."""
     readings, stop = [], threading.Event()
 
     def read_smi():
@@ -118,7 +141,7 @@ def run_phases(contenders: dict, phases: int, phase_s: float, smi_period_s: floa
 
     reader = threading.Thread(target=read_smi, daemon=True)
     reader.start()
-    names = list(contenders)
+    names, rows = list(contenders), []
     try:
         for phase in range(phases):
             name = names[phase % len(names)]
@@ -138,7 +161,7 @@ def run_phases(contenders: dict, phases: int, phase_s: float, smi_period_s: floa
                         steady_calls += 4
             steady_end = time.perf_counter()
             span = [r for r in readings if steady_start <= r[0] <= steady_end]
-            emit(
+            rows.append(
                 {
                     "phase": phase,
                     "variant": name,
@@ -149,9 +172,11 @@ def run_phases(contenders: dict, phases: int, phase_s: float, smi_period_s: floa
                     "smi_readings": len(span),
                 }
             )
+            emit(rows[-1])
     finally:
         stop.set()
         reader.join()
+    return rows
 
 
 if __name__ == "__main__":
