@@ -6,15 +6,9 @@ import tempfile
 
 # Once: pytest-xdist's workers inherit the controller's environment and import this file again.
 # The tests' programs are small, so compiling them is most of the suite's time: LLVM at -O0 saves
-# about 30%, and without its expensive passes 5-7% more (what jax_disable_most_optimizations
-# sets; XLA's HLO passes, which the tests' HLO checks see, are untouched). It changes how the CPU
-# code is optimised, which can move last bits (e.g. no fused multiply-adds); every test compares
-# within a tolerance or runs both sides under these flags.
-for flag in (
-    "--xla_force_host_platform_device_count=8",
-    "--xla_backend_optimization_level=0",
-    "--xla_llvm_disable_expensive_passes=true",
-):
+# about 30%. It changes how the CPU code is optimised, which can move last bits (e.g. no fused
+# multiply-adds); every test compares within a tolerance or runs both sides under these flags.
+for flag in ("--xla_force_host_platform_device_count=8", "--xla_backend_optimization_level=0"):
     if flag.split("=")[0] not in os.environ.get("XLA_FLAGS", ""):
         os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + flag).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
