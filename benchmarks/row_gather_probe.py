@@ -10,7 +10,14 @@ pass's two gathers (tokens and output gradient, one fusion) 383 us. Variants of 
   either side), so that XLA moves half as many elements per row (run 24 call 9: 1.2-1.3x alone,
   0.90-0.95x in the layers, where the bitcasts keep XLA from fusing the gather);
 * ``blocks``: the rows reshaped to ``[T, H / 8, 8]`` (no bitcast; 16 bytes of bf16 per inner
-  row), gathered along the first axis and reshaped back.
+  row), gathered along the first axis and reshaped back;
+* ``triton_<rows>x<cols>w<warps>`` (session 32): the row gather op's Pallas Triton kernel
+  (:mod:`jaxmoe.ops.row_gather.pallas_triton`) with that block and warp count.
+
+Since session 32 the dispatch's forward gather is the row gather op (the kernel on a GPU), so
+the ``layer`` phase's patches reach only the gathers fused with their neighbours (the combine's
+and the transposes'); run 32 calls 3-4 ran this probe before that, as kept in
+``benchmarks/results/raw/h200-run32/call4/row_gather_probe.py``.
 
 1. ``gather`` rows: the gather alone on each preset's dispatch (``x [T, H]``, the plan's
    ``row_assignment // K``), every variant checked equal to ``take``, GB/s written.
@@ -39,6 +46,7 @@ from jaxmoe.bench.harness import results_header, row_emitter
 from jaxmoe.bench.layer import layer_inputs
 from jaxmoe.bench.presets import LAYER_PRESETS
 from jaxmoe.bench.timing import jax_sync, time_interleaved, warm_up
+from jaxmoe.ops.row_gather import pallas_triton
 from jaxmoe.stages import resolve_alignment
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -69,7 +77,28 @@ def gather_blocks(values: jax.Array, index: jax.Array) -> jax.Array:
     return gathered.reshape(index.shape[0], cols)
 
 
-VARIANTS = {"take": TAKE, "words": gather_words, "blocks": gather_blocks}
+def gather_triton(values: jax.Array, index: jax.Array, *, rows: int, cols: int, warps: int):
+    """The row gather kernel with a ``rows x cols`` block and ``warps`` warps where it takes
+    the operands, ``take`` elsewhere (the permutation's 1-D weight gathers, odd widths)."""
+    if values.ndim != 2 or index.ndim != 1:
+        return TAKE(values, index)
+    if pallas_triton.unsupported_reason(values, index, rows=rows, columns=cols):
+        return TAKE(values, index)
+    return pallas_triton.gather_rows(
+        values,
+        index,
+        rows=rows,
+        columns=cols,
+        num_warps=warps,
+        interpret=jax.default_backend() != "gpu",
+    )
+
+
+TRITON_SHAPES = ((8, 1024, 4), (16, 512, 4), (4, 2048, 4), (16, 1024, 8), (32, 512, 8))
+VARIANTS = {"take": TAKE, "words": gather_words, "blocks": gather_blocks} | {
+    f"triton_{r}x{c}w{w}": functools.partial(gather_triton, rows=r, cols=c, warps=w)
+    for r, c, w in TRITON_SHAPES
+}
 
 
 @contextlib.contextmanager

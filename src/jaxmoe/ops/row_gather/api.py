@@ -1,0 +1,64 @@
+"""``gather_rows``: the public entry point. Checks the arguments and dispatches to a backend.
+
+``out[i] = values[index[i]]`` for ``values`` ``[T, H]`` and ``index`` ``[R]``, zeros where
+``index[i]`` is outside ``[0, T)`` (the permutation's sentinel for padding and dropped rows).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from jaxmoe.ops.row_gather import pallas_triton, xla
+
+BACKEND_NAMES = ("auto", "xla", "pallas_triton")
+# What ``"auto"`` sends to the kernel on a CUDA GPU: the float rows it was measured on (bf16) and
+# their wider and equal-width kin; anything else takes XLA's gather.
+_KERNEL_DTYPES = (jnp.bfloat16, jnp.float16, jnp.float32)
+
+
+def _check(values, index) -> None:
+    if values.ndim != 2:
+        raise ValueError(f"gather_rows: `values` must be 2-D [T, H]; got shape {values.shape}.")
+    if index.ndim != 1 or not jnp.issubdtype(index.dtype, jnp.integer):
+        raise ValueError(
+            f"gather_rows: `index` must be a 1-D integer array [R]; got {index.dtype} of shape "
+            f"{index.shape}."
+        )
+
+
+def gather_rows(
+    values: jax.Array, index: jax.Array, *, backend: str = "auto", interpret: bool = False
+) -> jax.Array:
+    """``values[index]`` by rows, zeros for out-of-range entries.
+
+    Args:
+      values: ``[T, H]``.
+      index: ``[R]`` integers; entries outside ``[0, T)`` give zero rows.
+      backend: ``"xla"`` (``jnp.take``), ``"pallas_triton"`` (a kernel; raises
+        ``NotImplementedError`` for shapes it does not take), or ``"auto"``: the kernel where
+        JAX's default backend is a GPU (the grouped matmul's rule) and the shapes and dtype
+        suit it, XLA elsewhere.
+      interpret: run the Pallas kernel in Pallas' interpreter (CPU tests).
+
+    Returns:
+      ``[R, H]`` of ``values.dtype``.
+    """
+    values, index = jnp.asarray(values), jnp.asarray(index)
+    _check(values, index)
+    if backend == "xla":
+        return xla.gather_rows(values, index)
+    if backend == "pallas_triton":
+        return pallas_triton.gather_rows(values, index, interpret=interpret)
+    if backend != "auto":
+        raise ValueError(
+            f"gather_rows: unknown `backend` {backend!r}; choose one of {BACKEND_NAMES}."
+        )
+    suits_kernel = (
+        jax.default_backend() == "gpu"
+        and values.dtype in _KERNEL_DTYPES
+        and pallas_triton.unsupported_reason(values, index) is None
+    )
+    if suits_kernel:
+        return pallas_triton.gather_rows(values, index, interpret=interpret)
+    return xla.gather_rows(values, index)

@@ -1,0 +1,138 @@
+"""The row gather op: every backend against one plain reference, its argument checks, what
+``auto`` picks, and the permutation's dispatch through it."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxmoe
+from jaxmoe.ops import row_gather
+from jaxmoe.ops.row_gather import api, pallas_triton
+
+
+def reference_gather(values, index) -> np.ndarray:
+    """``values[index]`` by rows in NumPy, zero rows where ``index`` is outside ``[0, T)``."""
+    values, index = np.asarray(values.astype(jnp.float32)), np.asarray(index)
+    out = np.zeros((index.shape[0], values.shape[1]), np.float32)
+    inside = (index >= 0) & (index < values.shape[0])
+    out[inside] = values[index[inside]]
+    return out
+
+
+def operands(num_values, num_columns, num_out, dtype, seed=0):
+    values = jax.random.normal(jax.random.key(seed), (num_values, num_columns)).astype(dtype)
+    # Entries below 0 and at or past T (the permutation's sentinel is T) give zero rows.
+    index = jax.random.randint(jax.random.key(seed + 1), (num_out,), -5, num_values + 5)
+    return values, index.astype(jnp.int32)
+
+
+@pytest.mark.parametrize("backend", ["xla", "pallas_triton"])
+@pytest.mark.parametrize(
+    ("num_values", "num_columns", "num_out", "dtype"),
+    [
+        (37, 1024, 64, jnp.bfloat16),  # two column blocks
+        (5, 256, 16, jnp.float32),  # one block narrower than the kernel's 512 columns
+        (300, 512, 48, jnp.float16),
+        (1, 512, 32, jnp.bfloat16),  # one row: most entries out of range
+    ],
+)
+def test_backends_match_reference(backend, num_values, num_columns, num_out, dtype):
+    values, index = operands(num_values, num_columns, num_out, dtype)
+    out = row_gather.gather_rows(values, index, backend=backend, interpret=True)
+    assert out.shape == (num_out, num_columns) and out.dtype == dtype
+    np.testing.assert_array_equal(
+        np.asarray(out.astype(jnp.float32)), reference_gather(values, index)
+    )
+
+
+def test_kernel_refuses_shapes_it_does_not_take():
+    values, index = operands(8, 768, 32, jnp.bfloat16)  # 768 columns: not a multiple of 512
+    with pytest.raises(NotImplementedError, match="768 columns"):
+        row_gather.gather_rows(values, index, backend="pallas_triton", interpret=True)
+    values, index = operands(8, 512, 24, jnp.bfloat16)  # 24 entries: not a multiple of 16
+    with pytest.raises(NotImplementedError, match="24 entries"):
+        row_gather.gather_rows(values, index, backend="pallas_triton", interpret=True)
+
+
+@pytest.mark.parametrize(
+    ("values_shape", "index", "match"),
+    [
+        ((8,), jnp.zeros((16,), jnp.int32), "`values` must be 2-D"),
+        ((8, 512), jnp.zeros((4, 4), jnp.int32), "`index` must be a 1-D integer"),
+        ((8, 512), jnp.zeros((16,), jnp.float32), "`index` must be a 1-D integer"),
+    ],
+)
+def test_bad_arguments_name_the_argument(values_shape, index, match):
+    with pytest.raises(ValueError, match=match):
+        row_gather.gather_rows(jnp.zeros(values_shape), index)
+
+
+def test_unknown_backend():
+    with pytest.raises(ValueError, match="unknown `backend` 'triton'"):
+        row_gather.gather_rows(jnp.zeros((8, 512)), jnp.zeros((16,), jnp.int32), backend="triton")
+
+
+class KernelCalls:
+    """``pallas_triton.gather_rows``, counting its calls."""
+
+    def __init__(self):
+        self.count = 0
+        self.kernel = pallas_triton.gather_rows
+
+    def __call__(self, *args, **kwargs):
+        self.count += 1
+        return self.kernel(*args, **kwargs)
+
+
+@pytest.mark.parametrize(
+    ("platform", "num_columns", "dtype", "kernel"),
+    [
+        ("gpu", 1024, jnp.bfloat16, True),
+        ("gpu", 1024, jnp.float32, True),
+        ("gpu", 768, jnp.bfloat16, False),  # a shape the kernel does not take
+        ("gpu", 1024, jnp.int32, False),  # a dtype it was not measured on
+        ("cpu", 1024, jnp.bfloat16, False),
+    ],
+)
+def test_auto_picks_the_kernel_on_a_gpu_where_it_applies(
+    monkeypatch, platform, num_columns, dtype, kernel
+):
+    calls = KernelCalls()
+    monkeypatch.setattr(api.jax, "default_backend", lambda: platform)
+    monkeypatch.setattr(pallas_triton, "gather_rows", calls)
+    values, index = operands(40, num_columns, 32, dtype)
+    out = row_gather.gather_rows(values, index, interpret=True)
+    assert calls.count == int(kernel)
+    np.testing.assert_array_equal(
+        np.asarray(out.astype(jnp.float32)), reference_gather(values, index)
+    )
+
+
+def test_dispatch_gathers_through_the_op(monkeypatch):
+    """The permutation's dispatch (forward) takes its rows from ``row_gather.gather_rows``,
+    here the kernel in the interpreter: the same buffer and input gradient as XLA's gather."""
+    num_tokens, top_k, num_experts, hidden = 32, 2, 4, 512
+    experts = jax.random.randint(jax.random.key(0), (num_tokens, top_k), 0, num_experts)
+    x = jax.random.normal(jax.random.key(1), (num_tokens, hidden), jnp.float32)
+    plan = jaxmoe.plan_dispatch(experts, num_experts, alignment=16)
+    cotangent = jax.random.normal(jax.random.key(2), (plan.num_rows, hidden))
+
+    def buffer_and_grad():
+        buffer, vjp = jax.vjp(lambda x: jaxmoe.dispatch(x, plan), x)
+        return buffer, vjp(cotangent)[0]
+
+    expected = buffer_and_grad()
+    calls, gather_rows = [], row_gather.gather_rows
+
+    def kernel(values, index):
+        calls.append(index.shape)
+        return gather_rows(values, index, backend="pallas_triton", interpret=True)
+
+    monkeypatch.setattr(row_gather, "gather_rows", kernel)
+    got = buffer_and_grad()
+    assert calls == [(plan.num_rows,)]
+    for a, b in zip(expected, got, strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
