@@ -10,7 +10,7 @@ def gather_rows(values: jax.Array, index: jax.Array) -> jax.Array:
     """``out[i] = values[index[i]]``, zeros where ``index[i]`` is outside ``[0, len(values))``.
 
     XLA fuses it with the elementwise work around it (a weight, a cast, a sum over copies),
-    which a kernel of its own cannot offer; on its own it writes ~1.3 TB/s on an H100 and ~1.7
+    which a kernel of its own cannot offer; on its own it writes ~1.3 TB/s on an H100 and ~1.5
     on an H200 (``benchmarks/results/raw/h200-run32/call3``)."""
     # jnp.take counts negative entries from the end; here they are out of range, as in the
     # kernel (the permutation never passes any).
