@@ -136,3 +136,34 @@ def test_dispatch_gathers_through_the_op(monkeypatch):
     assert calls == [(plan.num_rows,)]
     for a, b in zip(expected, got, strict=True):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+@pytest.mark.parametrize("check_vma", [True, False])
+def test_auto_inside_shard_map(monkeypatch, check_vma):
+    """Under ``shard_map(check_vma=True)`` (the sharded layer with a non-Pallas grouped matmul)
+    a Pallas output cannot declare its mesh variance: ``auto`` takes XLA's gather there and
+    the kernel under ``check_vma=False``; the named kernel says why it refuses."""
+    calls = KernelCalls()
+    monkeypatch.setattr(api.jax, "default_backend", lambda: "gpu")
+    monkeypatch.setattr(pallas_triton, "gather_rows", calls)
+    mesh = jax.make_mesh((2,), ("ep",), axis_types=(jax.sharding.AxisType.Auto,))
+    values, index = operands(64, 512, 64, jnp.float32)
+    spec = jax.sharding.PartitionSpec("ep")
+
+    def sharded(gather):
+        return jax.jit(
+            jax.shard_map(
+                gather, mesh=mesh, in_specs=(spec, spec), out_specs=spec, check_vma=check_vma
+            )
+        )
+
+    out = sharded(lambda v, i: row_gather.gather_rows(v, i, interpret=True))(values, index)
+    assert calls.count == int(not check_vma)
+    halves = zip(np.split(np.asarray(values), 2), np.split(np.asarray(index), 2), strict=True)
+    expected = np.concatenate([reference_gather(v, i) for v, i in halves])
+    np.testing.assert_array_equal(np.asarray(out), expected)
+    if check_vma:
+        with pytest.raises(NotImplementedError, match="check_vma=True"):
+            sharded(
+                lambda v, i: row_gather.gather_rows(v, i, backend="pallas_triton", interpret=True)
+            )(values, index)

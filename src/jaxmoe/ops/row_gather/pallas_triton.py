@@ -17,6 +17,8 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
+from jaxmoe import compat
+
 # Index entries (rows) and columns per program, and warps per program: measured, see above.
 ROWS = 16
 COLUMNS = 512
@@ -28,6 +30,10 @@ def unsupported_reason(
 ) -> str | None:
     """Why the kernel (``rows`` x ``columns`` blocks) cannot gather these operands, or
     ``None`` if it can."""
+    if compat.varying_axes(values) or compat.varying_axes(index):
+        # A Pallas output declares no mesh variance, which jax.shard_map(check_vma=True)
+        # refuses (the sharded layer turns the check off where its grouped matmul is Pallas).
+        return "operands vary over shard_map axes checked by check_vma=True"
     num_columns = values.shape[1]
     columns = min(columns, num_columns)
     if num_columns % columns:
