@@ -17,7 +17,9 @@ pass's two gathers (tokens and output gradient, one fusion) 383 us. Variants of 
 Since session 32 the dispatch's forward gather is the row gather op (the kernel on a GPU), so
 the ``layer`` phase's patches reach only the gathers fused with their neighbours (the combine's
 and the transposes'); run 32 calls 3-4 ran this probe before that, as kept in
-``benchmarks/results/raw/h200-run32/call4/row_gather_probe.py``.
+``benchmarks/results/raw/h200-run32/call4/row_gather_probe.py``. ``--weighted-spread`` adds a
+layer variant ``weighted_spread``: the combine's backward spread (a weight per row) on the row
+gather op's ``auto`` (the kernel with ``row_scale``) instead of XLA's fused gather.
 
 1. ``gather`` rows: the gather alone on each preset's dispatch (``x [T, H]``, the plan's
    ``row_assignment // K``), every variant checked equal to ``take``, GB/s written.
@@ -102,6 +104,16 @@ VARIANTS = {"take": TAKE, "words": gather_words, "blocks": gather_blocks} | {
 
 
 @contextlib.contextmanager
+def weighted_spread_variant():
+    saved = permutation.WEIGHTED_SPREAD_BACKEND
+    permutation.WEIGHTED_SPREAD_BACKEND = "auto"
+    try:
+        yield
+    finally:
+        permutation.WEIGHTED_SPREAD_BACKEND = saved
+
+
+@contextlib.contextmanager
 def gather_variant(name: str):
     saved = permutation._gather_rows
     permutation._gather_rows = VARIANTS[name]
@@ -117,6 +129,11 @@ def main() -> None:
     parser.add_argument("--presets", default="qwen3,dsv3,mixtral")
     parser.add_argument("--phases", default="gather,layer")
     parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument(
+        "--weighted-spread",
+        action="store_true",
+        help="layer phase: also the combine's backward spread on the row gather kernel",
+    )
     parser.add_argument(
         "--variants", default=",".join(VARIANTS), help="comma-separated; 'take' always runs"
     )
@@ -162,6 +179,8 @@ def main() -> None:
 
     if "layer" in phases:
         patches = {name: functools.partial(gather_variant, name) for name in variants}
+        if args.weighted_spread:
+            patches["weighted_spread"] = weighted_spread_variant
         for row in layer_rows(presets, patches, baseline="take", rounds=args.rounds):
             row["elapsed_s"] = round(time.time() - start, 1)
             emit(row)

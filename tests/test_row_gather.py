@@ -9,16 +9,21 @@ import numpy as np
 import pytest
 
 import jaxmoe
+from jaxmoe import permutation
 from jaxmoe.ops import row_gather
 from jaxmoe.ops.row_gather import api, pallas_triton
 
 
-def reference_gather(values, index) -> np.ndarray:
-    """``values[index]`` by rows in NumPy, zero rows where ``index`` is outside ``[0, T)``."""
+def reference_gather(values, index, row_scale=None) -> np.ndarray:
+    """``values[index]`` by rows in NumPy, zero rows where ``index`` is outside ``[0, T)``;
+    with ``row_scale``, each row times its scale in float32, rounded to ``values.dtype``."""
+    dtype = values.dtype
     values, index = np.asarray(values.astype(jnp.float32)), np.asarray(index)
     out = np.zeros((index.shape[0], values.shape[1]), np.float32)
     inside = (index >= 0) & (index < values.shape[0])
     out[inside] = values[index[inside]]
+    if row_scale is not None:
+        out = (out * np.asarray(row_scale, np.float32)[:, None]).astype(dtype).astype(np.float32)
     return out
 
 
@@ -48,6 +53,19 @@ def test_backends_match_reference(backend, num_values, num_columns, num_out, dty
     )
 
 
+@pytest.mark.parametrize("backend", ["xla", "pallas_triton"])
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32])
+def test_row_scale_matches_reference(backend, dtype):
+    values, index = operands(50, 1024, 48, dtype, seed=3)
+    row_scale = jax.random.uniform(jax.random.key(9), (48,), jnp.float32, -2.0, 2.0)
+    out = row_gather.gather_rows(
+        values, index, row_scale=row_scale, backend=backend, interpret=True
+    )
+    assert out.dtype == dtype
+    expected = reference_gather(values, index, row_scale)
+    np.testing.assert_array_equal(np.asarray(out.astype(jnp.float32)), expected)
+
+
 def test_kernel_refuses_shapes_it_does_not_take():
     values, index = operands(8, 768, 32, jnp.bfloat16)  # 768 columns: not a multiple of 512
     with pytest.raises(NotImplementedError, match="768 columns"):
@@ -70,20 +88,32 @@ def test_bad_arguments_name_the_argument(values_shape, index, match):
         row_gather.gather_rows(jnp.zeros(values_shape), index)
 
 
+@pytest.mark.parametrize("row_scale", [jnp.ones((8,)), jnp.ones((16,), jnp.int32)])
+def test_bad_row_scale_names_the_argument(row_scale):
+    with pytest.raises(ValueError, match="`row_scale` must be a float array shaped like"):
+        row_gather.gather_rows(
+            jnp.zeros((8, 512)), jnp.zeros((16,), jnp.int32), row_scale=row_scale
+        )
+
+
 def test_unknown_backend():
     with pytest.raises(ValueError, match="unknown `backend` 'triton'"):
         row_gather.gather_rows(jnp.zeros((8, 512)), jnp.zeros((16,), jnp.int32), backend="triton")
 
 
 class KernelCalls:
-    """``pallas_triton.gather_rows``, counting its calls."""
+    """``pallas_triton.gather_rows``, counting its calls; ``interpret``: always in Pallas'
+    interpreter (for callers that do not ask for it, as the permutation)."""
 
-    def __init__(self):
+    def __init__(self, interpret: bool = False):
         self.count = 0
         self.kernel = pallas_triton.gather_rows
+        self.interpret = interpret
 
     def __call__(self, *args, **kwargs):
         self.count += 1
+        if self.interpret:
+            kwargs["interpret"] = True
         return self.kernel(*args, **kwargs)
 
 
@@ -167,3 +197,30 @@ def test_auto_inside_shard_map(monkeypatch, check_vma):
             sharded(
                 lambda v, i: row_gather.gather_rows(v, i, backend="pallas_triton", interpret=True)
             )(values, index)
+
+
+@pytest.mark.parametrize("spread_backend", ["xla", "auto"])
+def test_combine_backward_spreads_through_the_op(monkeypatch, spread_backend):
+    """The combine's backward spreads the output gradient with a weight per row through the row
+    gather op, on ``permutation.WEIGHTED_SPREAD_BACKEND`` (``auto`` = the kernel on a GPU, here
+    faked in the interpreter): the same buffer gradient either way."""
+    num_tokens, top_k, num_experts, hidden = 32, 2, 4, 512
+    experts = jax.random.randint(jax.random.key(0), (num_tokens, top_k), 0, num_experts)
+    weights = jax.random.uniform(jax.random.key(1), (num_tokens, top_k), jnp.float32)
+    plan = jaxmoe.plan_dispatch(experts, num_experts, alignment=16)
+    buffer = jax.random.normal(jax.random.key(2), (plan.num_rows, hidden)).astype(jnp.bfloat16)
+    cotangent = jax.random.normal(jax.random.key(3), (num_tokens, hidden), jnp.float32)
+
+    def grads():
+        _, vjp = jax.vjp(lambda b, w: jaxmoe.combine(b, w, plan), buffer, weights)
+        return vjp(cotangent)
+
+    expected = grads()
+    calls = KernelCalls(interpret=True)
+    monkeypatch.setattr(api.jax, "default_backend", lambda: "gpu")
+    monkeypatch.setattr(pallas_triton, "gather_rows", calls)
+    monkeypatch.setattr(permutation, "WEIGHTED_SPREAD_BACKEND", spread_backend)
+    got = grads()
+    assert calls.count == int(spread_backend == "auto")
+    for a, b in zip(expected, got, strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))

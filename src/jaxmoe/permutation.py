@@ -160,6 +160,13 @@ def _sum_copies(values: jax.Array, assignment_row: jax.Array, weights=None) -> j
     return out if weights is not None else out.astype(values.dtype)
 
 
+# The row gather backend of the weighted spread (the combine's backward: the output gradient,
+# a weight per row). XLA fuses that gather with its weight and with the dispatch's; the kernel's
+# weighted form is exact but not yet measured in the layer (benchmarks/row_gather_probe.py
+# --weighted-spread), so it stays XLA's.
+WEIGHTED_SPREAD_BACKEND = "xla"
+
+
 def _spread(tokens, row_assignment, live_rows, top_k, weights=None):
     """``buffer[r] = w[a] * tokens[a // K]`` for each row holding assignment ``a``; zeros else.
 
@@ -170,14 +177,15 @@ def _spread(tokens, row_assignment, live_rows, top_k, weights=None):
     # The sentinel a = T*K maps to token T: out of range, so the gather fills zeros.
     token = row_assignment // top_k
     if weights is None:
-        # Nothing to fuse: the row gather op, a kernel of its own on a GPU (2x XLA's gather on
-        # the Qwen3- and DeepSeek-like dispatch; their layers' forward 1.04x and 1.02x, H200
+        # The row gather op: a kernel of its own on a GPU (2x XLA's gather on the Qwen3- and
+        # DeepSeek-like dispatch; their layers' forward 1.04x and 1.02x, H200
         # benchmarks/results/raw/h200-run32/call4).
         rows = row_gather.gather_rows(tokens, token)
     else:
-        rows = _gather_rows(tokens, token)
-        row_weight = _gather_rows(weights.reshape(-1), row_assignment).astype(jnp.float32)
-        rows = (rows.astype(jnp.float32) * row_weight[:, None]).astype(tokens.dtype)
+        row_weight = _gather_rows(weights.reshape(-1), row_assignment)
+        rows = row_gather.gather_rows(
+            tokens, token, row_scale=row_weight, backend=WEIGHTED_SPREAD_BACKEND
+        )
     return debug.poison_rows(rows, live_rows)
 
 

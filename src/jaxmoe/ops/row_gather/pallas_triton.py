@@ -47,14 +47,17 @@ def gather_rows(
     values: jax.Array,
     index: jax.Array,
     *,
+    row_scale: jax.Array | None = None,
     rows: int = ROWS,
     columns: int = COLUMNS,
     num_warps: int = NUM_WARPS,
     interpret: bool = False,
 ) -> jax.Array:
     """``out[i] = values[index[i]]``, zeros where ``index[i]`` is outside ``[0, len(values))``;
-    ``values`` ``[T, H]``, ``index`` ``[R]`` (see :func:`unsupported_reason`). ``rows``,
-    ``columns`` and ``num_warps``: the block and the warps per program (probes sweep them)."""
+    ``values`` ``[T, H]``, ``index`` ``[R]`` (see :func:`unsupported_reason`). With
+    ``row_scale`` ``[R]``: ``row_scale[i] * values[index[i]]`` in float32, cast back (as
+    :func:`.xla.gather_rows`, bit for bit). ``rows``, ``columns`` and ``num_warps``: the block
+    and the warps per program (probes sweep them)."""
     reason = unsupported_reason(values, index, rows=rows, columns=columns)
     if reason is not None:
         raise NotImplementedError(f"gather_rows (pallas_triton): {reason}")
@@ -62,25 +65,33 @@ def gather_rows(
     (num_out,) = index.shape
     columns = min(columns, num_columns)
 
-    def kernel(index_ref, values_ref, out_ref):
+    def kernel(index_ref, values_ref, *refs):
+        *scale_ref, out_ref = refs
         entries = index_ref[...]
         valid = (entries >= 0) & (entries < num_values)
         safe = jnp.where(valid, entries, 0)
         # Both indices as arrays (rows down, columns across): Pallas' interpreter gathers this
         # form as Triton does (a slice beside an array index it does not take).
         column_ids = pl.program_id(1) * columns + jnp.arange(columns, dtype=jnp.int32)
-        out_ref[...] = plgpu.load(
+        block = plgpu.load(
             values_ref.at[safe[:, None], column_ids[None, :]],
             mask=jnp.broadcast_to(valid[:, None], (rows, columns)),
             other=0,
         )
+        if scale_ref:
+            scale = scale_ref[0][...].astype(jnp.float32)
+            block = (block.astype(jnp.float32) * scale[:, None]).astype(block.dtype)
+        out_ref[...] = block
 
+    entry_block = pl.BlockSpec((rows,), lambda i, j: (i,))
+    scale_operands = () if row_scale is None else (row_scale,)
     return pl.pallas_call(
         kernel,
         grid=(num_out // rows, num_columns // columns),
-        in_specs=[pl.BlockSpec((rows,), lambda i, j: (i,)), pl.BlockSpec(memory_space=pl.ANY)],
+        in_specs=[entry_block, pl.BlockSpec(memory_space=pl.ANY)]
+        + [entry_block] * len(scale_operands),
         out_specs=pl.BlockSpec((rows, columns), lambda i, j: (i, j)),
         out_shape=jax.ShapeDtypeStruct((num_out, num_columns), values.dtype),
         compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=1),
         interpret=interpret,
-    )(index.astype(jnp.int32), values)
+    )(index.astype(jnp.int32), values, *scale_operands)
