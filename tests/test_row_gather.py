@@ -131,7 +131,7 @@ def test_auto_picks_the_kernel_on_a_gpu_where_it_applies(
     monkeypatch, platform, num_columns, dtype, kernel
 ):
     calls = KernelCalls()
-    monkeypatch.setattr(api.jax, "default_backend", lambda: platform)
+    monkeypatch.setattr(api, "_on_gpu", lambda: platform == "gpu")
     monkeypatch.setattr(pallas_triton, "gather_rows", calls)
     values, index = operands(40, num_columns, 32, dtype)
     out = row_gather.gather_rows(values, index, interpret=True)
@@ -174,7 +174,7 @@ def test_auto_inside_shard_map(monkeypatch, check_vma):
     a Pallas output cannot declare its mesh variance: ``auto`` takes XLA's gather there and
     the kernel under ``check_vma=False``; the named kernel says why it refuses."""
     calls = KernelCalls()
-    monkeypatch.setattr(api.jax, "default_backend", lambda: "gpu")
+    monkeypatch.setattr(api, "_on_gpu", lambda: True)
     monkeypatch.setattr(pallas_triton, "gather_rows", calls)
     mesh = jax.make_mesh((2,), ("ep",), axis_types=(jax.sharding.AxisType.Auto,))
     values, index = operands(64, 512, 64, jnp.float32)
@@ -217,10 +217,48 @@ def test_combine_backward_spreads_through_the_op(monkeypatch, spread_backend):
 
     expected = grads()
     calls = KernelCalls(interpret=True)
-    monkeypatch.setattr(api.jax, "default_backend", lambda: "gpu")
+    monkeypatch.setattr(api, "_on_gpu", lambda: True)
     monkeypatch.setattr(pallas_triton, "gather_rows", calls)
     monkeypatch.setattr(permutation, "WEIGHTED_SPREAD_BACKEND", spread_backend)
     got = grads()
     assert calls.count == int(spread_backend == "auto")
     for a, b in zip(expected, got, strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+@pytest.mark.parametrize("check_vma", [True, False])
+def test_sharded_layer_with_the_kernel(monkeypatch, check_vma):
+    """The expert-parallel layer with ``auto`` faked onto the kernel (in the interpreter):
+    unchecked (a Pallas grouped matmul's shard_map) its dispatches gather through the kernel,
+    checked they take XLA's gather; the same gradients as without it either way."""
+
+    class Xla(jaxmoe.ops.grouped_matmul.XlaGroupedMatmul):
+        supports_check_vma = check_vma
+
+    mesh = jax.make_mesh((4,), ("ep",), axis_types=(jax.sharding.AxisType.Auto,))
+    cfg = jaxmoe.MoEConfig(
+        num_experts=8,
+        top_k=2,
+        hidden_size=64,
+        ffn_size=32,
+        ep_axis="ep",
+        grouped_matmul_backend=Xla(),
+    )
+    params = jaxmoe.init_params(jax.random.key(0), cfg)
+    x = jax.random.normal(jax.random.key(1), (8, 32, 64), jnp.float32)  # send buffers of 144 rows
+
+    def grads():
+        def loss(p, x):
+            y, stats = jaxmoe.moe(p, x, cfg, mesh=mesh)
+            return jnp.sum(y * jnp.cos(x)) + stats.aux_loss
+
+        return jax.jit(jax.grad(loss, argnums=(0, 1)))(params, x)
+
+    expected = grads()
+    calls = KernelCalls(interpret=True)
+    monkeypatch.setattr(api, "_on_gpu", lambda: True)
+    monkeypatch.setattr(pallas_triton, "gather_rows", calls)
+    got = grads()
+    assert (calls.count > 0) == (not check_vma)
+    for a, b in zip(jax.tree.leaves(expected), jax.tree.leaves(got), strict=True):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))

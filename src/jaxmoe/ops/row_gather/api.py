@@ -19,6 +19,12 @@ BACKEND_NAMES = ("auto", "xla", "pallas_triton")
 _KERNEL_DTYPES = (jnp.bfloat16, jnp.float16, jnp.float32)
 
 
+def _on_gpu() -> bool:
+    """Whether ``"auto"`` may pick the kernel: JAX's default backend is a GPU (the grouped
+    matmul's rule)."""
+    return jax.default_backend() == "gpu"
+
+
 def _check(values, index, row_scale) -> None:
     if values.ndim != 2:
         raise ValueError(f"gather_rows: `values` must be 2-D [T, H]; got shape {values.shape}.")
@@ -72,7 +78,7 @@ def gather_rows(
             f"gather_rows: unknown `backend` {backend!r}; choose one of {BACKEND_NAMES}."
         )
     suits_kernel = (
-        jax.default_backend() == "gpu"
+        _on_gpu()
         and values.dtype in _KERNEL_DTYPES
         and pallas_triton.unsupported_reason(values, index) is None
     )
