@@ -19,7 +19,7 @@ the ``layer`` phase's patches reach only the gathers fused with their neighbours
 and the transposes'); run 32 calls 3-4 ran this probe before that, as kept in
 ``benchmarks/results/raw/h200-run32/call4/row_gather_probe.py``. ``--weighted-spread`` adds a
 layer variant ``weighted_spread``: the combine's backward spread (a weight per row) on the row
-gather op's ``auto`` (the kernel with ``row_scale``) instead of XLA's fused gather.
+gather kernel with ``row_scale`` instead of XLA's fused gather.
 
 1. ``gather`` rows: the gather alone on each preset's dispatch (``x [T, H]``, the plan's
    ``row_assignment // K``), every variant checked equal to ``take``, GB/s written.
@@ -106,7 +106,7 @@ VARIANTS = {"take": TAKE, "words": gather_words, "blocks": gather_blocks} | {
 @contextlib.contextmanager
 def weighted_spread_variant():
     saved = permutation.WEIGHTED_SPREAD_BACKEND
-    permutation.WEIGHTED_SPREAD_BACKEND = "auto"
+    permutation.WEIGHTED_SPREAD_BACKEND = "pallas_triton"
     try:
         yield
     finally:

@@ -162,8 +162,8 @@ def _sum_copies(values: jax.Array, assignment_row: jax.Array, weights=None) -> j
 
 # The row gather backend of the weighted spread (the combine's backward: the output gradient,
 # a weight per row). XLA fuses that gather with its weight and with the dispatch's; the kernel's
-# weighted form is exact but not yet measured in the layer (benchmarks/row_gather_probe.py
-# --weighted-spread), so it stays XLA's.
+# weighted form ("pallas_triton") is exact in the interpreter but not yet measured on a GPU
+# (benchmarks/row_gather_probe.py --weighted-spread), so it stays XLA's.
 WEIGHTED_SPREAD_BACKEND = "xla"
 
 
