@@ -66,6 +66,24 @@ def test_row_scale_matches_reference(backend, dtype):
     np.testing.assert_array_equal(np.asarray(out.astype(jnp.float32)), expected)
 
 
+@pytest.mark.parametrize("scaled", [False, True])
+def test_kernel_lowers_for_a_gpu(scaled):
+    """The Triton lowering (array-indexed masked loads, the scaled form too), from this CPU host,
+    at the Qwen3-like layer's dispatch shape."""
+    args = [
+        jax.ShapeDtypeStruct((8192, 2048), jnp.bfloat16),
+        jax.ShapeDtypeStruct((73600,), jnp.int32),
+    ]
+    if scaled:
+        args.append(jax.ShapeDtypeStruct((73600,), jnp.float32))
+
+    def gather(values, index, *row_scale):
+        return pallas_triton.gather_rows(values, index, row_scale=(row_scale or [None])[0])
+
+    text = jax.jit(gather).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+    assert ("jaxmoe_row_gather_scaled" in text) == scaled and "jaxmoe_row_gather" in text
+
+
 def test_kernel_refuses_shapes_it_does_not_take():
     values, index = operands(8, 768, 32, jnp.bfloat16)  # 768 columns: not a multiple of 512
     with pytest.raises(NotImplementedError, match="768 columns"):

@@ -94,4 +94,5 @@ def gather_rows(
         out_shape=jax.ShapeDtypeStruct((num_out, num_columns), values.dtype),
         compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=1),
         interpret=interpret,
+        name="jaxmoe_row_gather" if row_scale is None else "jaxmoe_row_gather_scaled",
     )(index.astype(jnp.int32), values, *scale_operands)
