@@ -5,7 +5,8 @@ Run 24 call 8's profiles: the dispatch gather of the Qwen3-like layer's forward 
 ``[R, 2048]`` bf16 buffer (~300 MB) in 228 us, ~1.3 TB/s, a sixth of the forward; the fwd+bwd
 pass's two gathers (tokens and output gradient, one fusion) 383 us. Variants of the gather:
 
-* ``take``: ``jnp.take(values, index, axis=0, mode="fill")`` on the bf16 rows (the library's);
+* ``take``: XLA's gather on the bf16 rows (the library's ``permutation._gather_rows``:
+  ``jnp.take(values, index, axis=0, mode="fill")`` until session 32, one ``lax.gather`` since);
 * ``words``: the same on a ``uint32`` view of the rows (two bf16 a word, ``bitcast_convert_type``
   either side), so that XLA moves half as many elements per row (run 24 call 9: 1.2-1.3x alone,
   0.90-0.95x in the layers, where the bitcasts keep XLA from fusing the gather);
