@@ -18,10 +18,10 @@ in the forward only, since under ``jax.grad`` the gate and up projections are pl
 that keep their residuals; ``--sites wgrad`` with ``{"multicast_rhs": true}`` the wgrad's
 clusters). ``--backend-variants`` (a JSON object of variant name to fields of the layer's gated
 FFN backend, :func:`jaxmoe.bench.tile_variants.gated_backend_with`) adds variants of the
-backend instead, e.g. the fused down dgrad::
+backend instead, e.g. without the fused down dgrad (on by default since session 31)::
 
     PYTHONPATH=src python benchmarks/variant_clock_probe.py --out-dir $OUT --variants '{}' \
-        --backend-variants '{"fused_backward": {"fused_backward": true}}' --phases 12
+        --backend-variants '{"unfused_backward": {"fused_backward": false}}' --phases 12
 """
 
 from __future__ import annotations

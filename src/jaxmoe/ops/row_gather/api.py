@@ -14,7 +14,7 @@ import jax.numpy as jnp
 from jaxmoe.ops.row_gather import pallas_triton, xla
 
 BACKEND_NAMES = ("auto", "xla", "pallas_triton")
-# What ``"auto"`` sends to the kernel on a CUDA GPU: the float rows it was measured on (bf16) and
+# What ``"auto"`` sends to the kernel on a GPU: the float rows it was measured on (bf16) and
 # their wider and equal-width kin; anything else takes XLA's gather.
 _KERNEL_DTYPES = (jnp.bfloat16, jnp.float16, jnp.float32)
 
