@@ -18,9 +18,11 @@ pass's two gathers (tokens and output gradient, one fusion) 383 us. Variants of 
 Since session 32 the dispatch's forward gather is the row gather op (the kernel on a GPU), so
 the ``layer`` phase's patches reach only the gathers fused with their neighbours (the combine's
 and the transposes'); run 32 calls 3-4 ran this probe before that, as kept in
-``benchmarks/results/raw/h200-run32/call4/row_gather_probe.py``. ``--weighted-spread`` adds a
-layer variant ``weighted_spread``: the combine's backward spread (a weight per row) on the row
-gather kernel with ``row_scale`` instead of XLA's fused gather.
+``benchmarks/results/raw/h200-run32/call4/row_gather_probe.py``. ``--weighted-spread-xla`` adds
+a layer variant ``weighted_spread_xla``: the combine's backward spread (a weight per row) on
+XLA's gather fused with its weight instead of the row gather kernel's ``row_scale`` form (the
+library's since session 33; run 33 call 1 measured the kernel as the variant, with the probe as
+kept in ``benchmarks/results/raw/h200-run33/call1/row_gather_probe.py``).
 
 1. ``gather`` rows: the gather alone on each preset's dispatch (``x [T, H]``, the plan's
    ``row_assignment // K``), every variant checked equal to ``take``, GB/s written.
@@ -105,9 +107,9 @@ VARIANTS = {"take": TAKE, "words": gather_words, "blocks": gather_blocks} | {
 
 
 @contextlib.contextmanager
-def weighted_spread_variant():
+def weighted_spread_xla_variant():
     saved = permutation.WEIGHTED_SPREAD_BACKEND
-    permutation.WEIGHTED_SPREAD_BACKEND = "pallas_triton"
+    permutation.WEIGHTED_SPREAD_BACKEND = "xla"
     try:
         yield
     finally:
@@ -131,9 +133,9 @@ def main() -> None:
     parser.add_argument("--phases", default="gather,layer")
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument(
-        "--weighted-spread",
+        "--weighted-spread-xla",
         action="store_true",
-        help="layer phase: also the combine's backward spread on the row gather kernel",
+        help="layer phase: also the combine's backward spread on XLA's fused gather",
     )
     parser.add_argument(
         "--variants", default=",".join(VARIANTS), help="comma-separated; 'take' always runs"
@@ -180,8 +182,8 @@ def main() -> None:
 
     if "layer" in phases:
         patches = {name: functools.partial(gather_variant, name) for name in variants}
-        if args.weighted_spread:
-            patches["weighted_spread"] = weighted_spread_variant
+        if args.weighted_spread_xla:
+            patches["weighted_spread_xla"] = weighted_spread_xla_variant
         for row in layer_rows(presets, patches, baseline="take", rounds=args.rounds):
             row["elapsed_s"] = round(time.time() - start, 1)
             emit(row)

@@ -157,10 +157,10 @@ def test_auto_picks_the_kernel_on_a_gpu_where_it_applies(
     np.testing.assert_array_equal(
         np.asarray(out.astype(jnp.float32)), reference_gather(values, index)
     )
-    # Scaled rows take XLA's gather under auto (the scaled kernel is not yet run on a GPU).
+    # Scaled rows go the same way.
     row_scale = jnp.linspace(-1.0, 1.0, 32)
     out = row_gather.gather_rows(values, index, row_scale=row_scale, interpret=True)
-    assert calls.count == int(kernel)
+    assert calls.count == 2 * int(kernel)
     np.testing.assert_array_equal(
         np.asarray(out.astype(jnp.float32)), reference_gather(values, index, row_scale)
     )
@@ -224,11 +224,11 @@ def test_auto_inside_shard_map(monkeypatch, check_vma):
             )(values, index)
 
 
-@pytest.mark.parametrize("spread_backend", ["xla", "pallas_triton"])
+@pytest.mark.parametrize("spread_backend", [None, "xla", "pallas_triton"])
 def test_combine_backward_spreads_through_the_op(monkeypatch, spread_backend):
     """The combine's backward spreads the output gradient with a weight per row through the row
-    gather op, on ``permutation.WEIGHTED_SPREAD_BACKEND`` (the kernel here in the
-    interpreter): the same gradients either way."""
+    gather op, on ``permutation.WEIGHTED_SPREAD_BACKEND`` (None: its default, which takes the
+    kernel on a GPU, faked here, in the interpreter): the same gradients either way."""
     num_tokens, top_k, num_experts, hidden = 32, 2, 4, 512
     experts = jax.random.randint(jax.random.key(0), (num_tokens, top_k), 0, num_experts)
     weights = jax.random.uniform(jax.random.key(1), (num_tokens, top_k), jnp.float32)
@@ -244,9 +244,10 @@ def test_combine_backward_spreads_through_the_op(monkeypatch, spread_backend):
     calls = KernelCalls(interpret=True)
     monkeypatch.setattr(api, "_on_gpu", lambda: True)
     monkeypatch.setattr(pallas_triton, "gather_rows", calls)
-    monkeypatch.setattr(permutation, "WEIGHTED_SPREAD_BACKEND", spread_backend)
+    if spread_backend is not None:
+        monkeypatch.setattr(permutation, "WEIGHTED_SPREAD_BACKEND", spread_backend)
     got = grads()
-    assert calls.count == int(spread_backend == "pallas_triton")
+    assert calls.count == int(spread_backend != "xla")
     for a, b in zip(expected, got, strict=True):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 

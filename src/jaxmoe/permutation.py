@@ -161,10 +161,10 @@ def _sum_copies(values: jax.Array, assignment_row: jax.Array, weights=None) -> j
 
 
 # The row gather backend of the weighted spread (the combine's backward: the output gradient,
-# a weight per row). XLA fuses that gather with its weight and with the dispatch's; the kernel's
-# weighted form ("pallas_triton") is exact in the interpreter but not yet measured on a GPU
-# (benchmarks/row_gather_probe.py --weighted-spread), so it stays XLA's.
-WEIGHTED_SPREAD_BACKEND = "xla"
+# a weight per row). "auto" takes the kernel's scaled form on a GPU: against XLA's gather fused
+# with its weight, Qwen3-like fwd+bwd 1.029x, DeepSeek-like 1.007x, the same gradients (H200,
+# benchmarks/results/raw/h200-run33/call1). A module constant so the probe can compare.
+WEIGHTED_SPREAD_BACKEND = "auto"
 
 
 def _spread(tokens, row_assignment, live_rows, top_k, weights=None):

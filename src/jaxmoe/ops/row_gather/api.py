@@ -59,9 +59,8 @@ def gather_rows(
         (float32 product, cast to ``values.dtype``).
       backend: ``"xla"`` (one ``lax.gather``), ``"pallas_triton"`` (a kernel; raises
         ``NotImplementedError`` for shapes it does not take), or ``"auto"``: the kernel where
-        JAX's default backend is a GPU (the grouped matmul's rule), the shapes and dtype suit
-        it and no ``row_scale`` is given, XLA elsewhere. (The kernel's scaled form is exact in
-        Pallas' interpreter but not yet compiled or timed on a GPU: ask for it by name.)
+        JAX's default backend is a GPU (the grouped matmul's rule) and the shapes and dtype
+        suit it, XLA elsewhere.
       interpret: run the Pallas kernel in Pallas' interpreter (CPU tests).
 
     Returns:
@@ -79,11 +78,10 @@ def gather_rows(
             f"gather_rows: unknown `backend` {backend!r}; choose one of {BACKEND_NAMES}."
         )
     suits_kernel = (
-        row_scale is None
-        and _on_gpu()
+        _on_gpu()
         and values.dtype in _KERNEL_DTYPES
         and pallas_triton.unsupported_reason(values, index) is None
     )
     if suits_kernel:
-        return pallas_triton.gather_rows(values, index, interpret=interpret)
+        return pallas_triton.gather_rows(values, index, row_scale=row_scale, interpret=interpret)
     return xla.gather_rows(values, index, row_scale=row_scale)
