@@ -23,7 +23,13 @@ as the down projection ``[M, F] x [F, H]``, its dgrad ``dy [M, H] @ w[g]^T`` wit
 ``gate`` and ``up`` (``mixtral-down``: Mixtral's)::
 
     PYTHONPATH=src python benchmarks/kernel_trace_probe.py --out-dir $OUT --kernel down_dgrad \
-      --cases mixtral-down:balanced --rows 2048
+      --cases mixtral-down:512/0/0/0/0/0/0/0 --rows 512 --profile-space 60 \
+      --scopes epilogue_math,epilogue_store,operand_read,operand_wait
+
+Since session 33 the down dgrad's epilogue is scoped (:mod:`jaxmoe.ops.grouped_matmul.\
+pallas_mosaic_ring_operands`): 16 ranges a tile on the default tiles (``--ranges-per-tile``
+defaults to the kernel's count), so few tiles per CTA fit; one group of 512 rows keeps every
+tile whole. ``--scopes`` summarises those scopes too (per tile and per occurrence).
 
 Per case (``shape:routing``, routing ``balanced``, ``layer``: multinomial loads on 7/8 of the
 rows, each padded to 64, as the MoE layer's, or explicit sizes ``s0/s1/...``), the trace of
@@ -58,6 +64,7 @@ from jaxmoe.ops.grouped_matmul import (
     pallas_mosaic_tiles,
     work_list,
 )
+from jaxmoe.ops.grouped_matmul import pallas_mosaic_ring_operands as ring_operands
 
 COMPUTE_WARPGROUPS = pallas_mosaic_common.NUM_COMPUTE_WARPGROUPS
 WARPGROUPS = COMPUTE_WARPGROUPS + 1
@@ -66,9 +73,9 @@ WARPGROUPS = COMPUTE_WARPGROUPS + 1
 REGIONS = ("main_loop", "epilogue")
 
 
-def regions(trace: dict) -> dict:
-    """``{(block, warpgroup): [(name, start_us, end_us), ...]}``, the ``REGIONS`` only, in order,
-    from a Perfetto trace (regions nest: any enclosing named scope is one too)."""
+def regions(trace: dict, names=REGIONS) -> dict:
+    """``{(block, warpgroup): [(name, start_us, end_us), ...]}``, the regions ``names`` only, in
+    order, from a Perfetto trace (regions nest: any enclosing named scope is one too)."""
     open_events, out = {}, {}
     for event in trace["traceEvents"]:
         tid = event["tid"] - 1
@@ -78,20 +85,23 @@ def regions(trace: dict) -> dict:
             stack.append((event["name"], event["ts"]))
             continue
         name, start = stack.pop()
-        if name in REGIONS:
+        if name in names:
             out.setdefault(key, []).append((name, start, event["ts"]))
     return {key: sorted(spans, key=lambda span: span[1]) for key, spans in out.items()}
 
 
-def summarize(trace: dict) -> dict:
-    by_warpgroup = regions(trace)
+def summarize(trace: dict, scopes=()) -> dict:
+    """The kernel's span, each compute warpgroup's share of it in the ``REGIONS`` and neither,
+    their per-tile durations, the warpgroups' start skew; ``scopes``: more named scopes inside
+    them (``--scopes``), each one's durations and share of the warpgroups' spans too."""
+    by_warpgroup = regions(trace, REGIONS + tuple(scopes))
     starts = [r[1] for rs in by_warpgroup.values() for r in rs]
     ends = [r[2] for rs in by_warpgroup.values() for r in rs]
-    shares = {name: [] for name in (*REGIONS, "neither")}
-    durations = {name: [] for name in REGIONS}
+    shares = {name: [] for name in (*REGIONS, "neither", *scopes)}
+    durations = {name: [] for name in (*REGIONS, *scopes)}
     for spans in by_warpgroup.values():
-        span = spans[-1][2] - spans[0][1]
-        for name in REGIONS:
+        span = max(end for _, _, end in spans) - spans[0][1]  # nested scopes end inside
+        for name in (*REGIONS, *scopes):
             times = [end - start for n, start, end in spans if n == name]
             durations[name] += times
             shares[name].append(sum(times) / span)
@@ -114,14 +124,30 @@ def summarize(trace: dict) -> dict:
             "max": float(values.max()),
         }
 
+    tiles = len(durations["main_loop"])
     return {
         "kernel_span_us": max(ends) - min(starts),
         "warpgroups": len(by_warpgroup),
-        "tiles_per_warpgroup": len(durations["main_loop"]) / max(len(by_warpgroup), 1),
+        "tiles_per_warpgroup": tiles / max(len(by_warpgroup), 1),
         "share": {name: float(np.mean(v)) for name, v in shares.items()},
-        **{f"{name}_us": stats(durations[name]) for name in REGIONS if durations[name]},
+        **{f"{name}_us": stats(values) for name, values in durations.items() if values},
+        # A scope that runs several times a tile: its time per tile, over all of them.
+        **{f"{name}_us_per_tile": sum(durations[name]) / max(tiles, 1) for name in scopes},
         "warpgroup_start_skew_us": stats(skews) if skews else None,
     }
+
+
+def kernel_ranges_per_tile(kernel: str, tiles) -> int:
+    """The profiler ranges a compute warpgroup records per tile: the ``REGIONS``, and in the
+    fused down dgrad the ring operands' epilogue scopes (session 33): per column part one
+    ``operand_wait``, per applied column chunk an ``operand_read``, ``epilogue_math`` and
+    ``epilogue_store``."""
+    if kernel != "down_dgrad":
+        return len(REGIONS)
+    part_cols = ring_operands.part_columns(tiles)
+    parts = pallas_mosaic_tiles.warpgroup_tile(tiles)[1] // part_cols
+    chunks = part_cols // min(part_cols, pallas_mosaic_tiles.SWIZZLE_BYTES // 2)  # bf16
+    return len(REGIONS) + parts * (1 + 3 * chunks)
 
 
 def profile_space_needed(
@@ -167,8 +193,16 @@ def main() -> None:
     parser.add_argument(
         "--ranges-per-tile",
         type=int,
-        default=len(REGIONS),
-        help="profiler ranges a warpgroup records per tile (more with experimental scopes)",
+        default=0,
+        help="profiler ranges a warpgroup records per tile, more with experimental scopes (0: "
+        "the kernel's own: the REGIONS, and the down dgrad's epilogue scopes)",
+    )
+    parser.add_argument(
+        "--scopes",
+        default="",
+        help="comma-separated named scopes inside the regions to summarise too, e.g. the ring "
+        "operands' epilogue_math,epilogue_store,operand_read,operand_wait (count them in "
+        "--ranges-per-tile)",
     )
     args = parser.parse_args()
     results = []
@@ -248,7 +282,8 @@ def main() -> None:
             # The down dgrad's gate (and up): x, shaped as its result.
             operands = (lhs, w, sizes) + ((x,) if args.kernel == "down_dgrad" else ())
             out_cols = shape.k if transposed else shape.n
-            needed = profile_space_needed(sizes, shape.m, out_cols, tiles, args.ranges_per_tile)
+            ranges = args.ranges_per_tile or kernel_ranges_per_tile(args.kernel, tiles)
+            needed = profile_space_needed(sizes, shape.m, out_cols, tiles, ranges)
             if args.profile_space < needed:
                 raise ValueError(
                     f"--profile-space {args.profile_space} is too small for this case: its "
@@ -271,7 +306,7 @@ def main() -> None:
             jax.effects_barrier()  # the profile is written by a host callback
             newest = max(glob.glob(os.path.join(case_dir, "*-trace.json")), key=os.path.getmtime)
             with open(newest) as f:
-                row.update(summarize(json.load(f)))
+                row.update(summarize(json.load(f), [n for n in args.scopes.split(",") if n]))
             row["trace"] = os.path.relpath(newest, args.out_dir)
         except Exception as error:  # noqa: BLE001 - the probe records failures and goes on
             row["error"] = f"{type(error).__name__}: {error}"[:1500]

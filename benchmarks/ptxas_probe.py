@@ -9,7 +9,9 @@ files). One kernel and one variant per process, so that each dump is that kernel
 
 Kernels (``--shape``'s ``[M, K] x [G, K, N]``, groups padded to 64 as the layer's): ``gmm``,
 ``dgrad`` (the transposed weights), ``pair`` (the gated FFN's input gradient, transposed),
-``gated`` (the fused gate/up forward, ``N`` columns per weight). ``--changes`` (JSON) applies to
+``gated`` (the fused gate/up forward, ``N`` columns per weight), ``down_dgrad`` (the fused down
+dgrad, ``fused_backward``: the shape read as the down projection ``[M, K] x [G, K, N]``, its
+dgrad ``dy @ w[g]^T`` with ``x`` as both ``gate`` and ``up``). ``--changes`` (JSON) applies to
 the kernel's default tiles. The call is run once and checked against the gemm bench's float32
 per-group reference (``gemm_cases.jax_reference``).
 """
@@ -32,7 +34,9 @@ from jaxmoe.ops.grouped_matmul import pallas_mosaic, pallas_mosaic_tiles
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--kernel", choices=("gmm", "dgrad", "pair", "gated"), default="gmm")
+    parser.add_argument(
+        "--kernel", choices=("gmm", "dgrad", "pair", "gated", "down_dgrad"), default="gmm"
+    )
     parser.add_argument("--shape", default="mixtral-down")
     parser.add_argument("--changes", default="{}")
     args = parser.parse_args()
@@ -55,6 +59,19 @@ def main() -> None:
         )
         got = fn(x, w, w2, sizes)
         want = jax.nn.silu(out) * jax_reference(x, w2, dy, host_sizes)[0]
+    elif args.kernel == "down_dgrad":
+        # x as both gate and up: gate_bar = dx * x * silu'(x), up_bar = dx * silu(x); the
+        # check reads gate_bar.
+        tiles = dataclasses.replace(gated_mosaic.default_down_dgrad_tiles(m, n, k), **changes)
+        fn = jax.jit(
+            lambda dy, x, w, s: gated_mosaic.fused_down_dgrad(
+                dy, x, x, w, s, activation="swiglu", tiles=tiles
+            )[0]
+        )
+        got = fn(dy, x, w, sizes)
+        gate = x.astype(jnp.float32)
+        slope = jax.vmap(jax.grad(jax.nn.silu))(gate.reshape(-1)).reshape(gate.shape)
+        want = dx * gate * slope
     else:
         tiles = dataclasses.replace(
             pallas_mosaic_tiles.default_mosaic_gmm_tiles(m, k, n), **changes

@@ -32,6 +32,7 @@ often as a K step does (one lhs and one weight copy): two operands.
 
 from __future__ import annotations
 
+import jax
 from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
@@ -146,24 +147,29 @@ class RingOperands:
         (an :class:`.pallas_mosaic_epilogue.EpilogueStores`)."""
 
         def apply(first_col, acc_columns, *operand_blocks):
-            results = epilogue(
-                acc_columns,
-                *operand_blocks,
-                group=group,
-                row0=row0 + stores.wg_row,
-                col0=col0 + stores.wg_col + first_col,
-            )
-            results = results if isinstance(results, tuple) else (results,)
+            # Scopes name the epilogue's pieces in Mosaic GPU's on-device profiler
+            # (benchmarks/kernel_trace_probe.py --scopes); without a profile_space they cost
+            # nothing.
+            with jax.named_scope("epilogue_math"):
+                results = epilogue(
+                    acc_columns,
+                    *operand_blocks,
+                    group=group,
+                    row0=row0 + stores.wg_row,
+                    col0=col0 + stores.wg_col + first_col,
+                )
+                results = results if isinstance(results, tuple) else (results,)
             chunks_before = first_col // stores.layout["chunk_cols"]
-            stores.store(
-                lambda first_row: results,
-                row0,
-                col0,
-                lo,
-                hi,
-                first_col=first_col,
-                first_store=chunks_before * len(results),
-            )
+            with jax.named_scope("epilogue_store"):
+                stores.store(
+                    lambda first_row: results,
+                    row0,
+                    col0,
+                    lo,
+                    hi,
+                    first_col=first_col,
+                    first_store=chunks_before * len(results),
+                )
 
         return apply
 
@@ -183,14 +189,16 @@ class RingOperands:
             mine = lax.rem(part_step + wg, self.cfg.stages)
             # The other warpgroups' steps of this part: observed (each warpgroup tracks every
             # slot's phase) and released.
-            for other in range(1, num_wgs):
-                theirs = lax.rem(part_step + lax.rem(wg + other, num_wgs), self.cfg.stages)
-                plgpu.barrier_wait(loaded.at[theirs])
-                plgpu.barrier_arrive(released.at[theirs])
-            plgpu.barrier_wait(loaded.at[mine])
+            with jax.named_scope("operand_wait"):
+                for other in range(1, num_wgs):
+                    theirs = lax.rem(part_step + lax.rem(wg + other, num_wgs), self.cfg.stages)
+                    plgpu.barrier_wait(loaded.at[theirs])
+                    plgpu.barrier_arrive(released.at[theirs])
+                plgpu.barrier_wait(loaded.at[mine])
             for first in range(0, self.part_cols, self.apply_cols):
                 cols = pl.ds(first, self.apply_cols)
-                blocks = [self._read(view.at[mine, 0, :, cols], interpreted) for view in views]
+                with jax.named_scope("operand_read"):
+                    blocks = [self._read(view.at[mine, 0, :, cols], interpreted) for view in views]
                 first_col = part * self.part_cols + first
                 apply(first_col, acc[:, first_col : first_col + self.apply_cols], *blocks)
             plgpu.barrier_arrive(released.at[mine])
