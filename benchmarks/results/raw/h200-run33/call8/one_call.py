@@ -1,0 +1,13 @@
+import jax, jax.numpy as jnp
+from jaxmoe.ops.gated_grouped_matmul import pallas_mosaic as gated
+m, h, f = 8704, 4096, 14336
+sizes = jnp.asarray([1088, 960, 1088, 1088, 1024, 1024, 1088, 1088], jnp.int32)
+k = jax.random.split(jax.random.key(0), 4)
+dy = jax.random.normal(k[0], (m, h), jnp.bfloat16)
+w = (jax.random.normal(k[1], (8, f, h)) / 64).astype(jnp.bfloat16)
+gate = jax.random.normal(k[2], (m, f), jnp.bfloat16)
+up = jax.random.normal(k[3], (m, f), jnp.bfloat16)
+fn = jax.jit(lambda *a: gated.fused_down_dgrad(*a, activation="swiglu"))
+for _ in range(3):
+    jax.block_until_ready(fn(dy, gate, up, w, sizes))
+print("ok")
