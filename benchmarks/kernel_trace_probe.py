@@ -139,15 +139,10 @@ def summarize(trace: dict, scopes=()) -> dict:
 
 def kernel_ranges_per_tile(kernel: str, tiles) -> int:
     """The profiler ranges a compute warpgroup records per tile: the ``REGIONS``, and in the
-    fused down dgrad the ring operands' epilogue scopes (session 33): per column part one
-    ``operand_wait``, per applied column chunk an ``operand_read``, ``epilogue_math`` and
-    ``epilogue_store``."""
+    fused down dgrad (bf16 operands) the ring operands' epilogue scopes (session 33)."""
     if kernel != "down_dgrad":
         return len(REGIONS)
-    part_cols = ring_operands.part_columns(tiles)
-    parts = pallas_mosaic_tiles.warpgroup_tile(tiles)[1] // part_cols
-    chunks = part_cols // min(part_cols, pallas_mosaic_tiles.SWIZZLE_BYTES // 2)  # bf16
-    return len(REGIONS) + parts * (1 + 3 * chunks)
+    return len(REGIONS) + ring_operands.scopes_per_tile(tiles, jnp.dtype(jnp.bfloat16).itemsize)
 
 
 def profile_space_needed(

@@ -76,6 +76,22 @@ def part_columns(cfg: MosaicTileConfig) -> int:
     return min(warpgroup_tile(cfg)[1], common.STAGE_MAX_COLS)
 
 
+def apply_columns(cfg: MosaicTileConfig, itemsize: int) -> int:
+    """Columns the epilogue applies at a time: one 128-byte row, the swizzle's width, and the
+    swizzled epilogue's store (``epilogue_layout``'s ``chunk_cols``, which
+    :meth:`RingOperands.store_columns` counts its stores by)."""
+    return min(part_columns(cfg), SWIZZLE_BYTES // itemsize)
+
+
+def scopes_per_tile(cfg: MosaicTileConfig, itemsize: int) -> int:
+    """The profiler ranges :meth:`RingOperands.epilogue` records per tile and compute warpgroup
+    (when compiled with a ``profile_space``): per part one ``operand_wait``, per applied column
+    run an ``operand_read``, an ``epilogue_math`` and an ``epilogue_store``."""
+    part_cols = part_columns(cfg)
+    parts = warpgroup_tile(cfg)[1] // part_cols
+    return parts * (1 + 3 * (part_cols // apply_columns(cfg, itemsize)))
+
+
 class RingOperands:
     """The epilogue operands ``operands_gmem`` (``[M, N]`` refs) on the ring of ``cfg``."""
 
@@ -93,9 +109,7 @@ class RingOperands:
         self.part_cols = part_columns(cfg)
         self.parts = wg_n // self.part_cols
         self.steps = common.NUM_COMPUTE_WARPGROUPS * self.parts
-        # One 128-byte row: the swizzle's width, and the swizzled epilogue's store
-        # (epilogue_layout's chunk_cols, which store_columns counts its stores by).
-        self.apply_cols = min(self.part_cols, SWIZZLE_BYTES // operands_gmem[0].dtype.itemsize)
+        self.apply_cols = apply_columns(cfg, operands_gmem[0].dtype.itemsize)
 
     def _view(self, slot_elements: int, dtype):
         # [stages, parts per slot, wg_m, part_cols]: slot s of the view lies in slot s of the
