@@ -7,15 +7,15 @@ header also says what the rows are and where each came from:
 - ``key``: the row fields that name one case (e.g. shape, routing, pass, impl);
 - ``columns``: what the markdown shows, ``[row key, heading, format]`` as in
   :func:`jaxmoe.bench.harness.format_table`;
-- ``runs``: per run label (``h200-run33/call5``), the provenance of its rows: device, jax,
-  torch, date, command and the commit measured.
+- ``runs``: per run label (``<run id>/call5``, the run id as ``benchmarks/RUNS.md`` lists it),
+  the provenance of its rows: device, jax, torch, date, command and the commit measured.
 
 Every row carries its ``run`` label. Merging a run's rows appends them; for each case the row of
 the latest merge is ``current`` and an earlier one is kept as history (``current: false``), so a
 table can be brought up to date one call at a time and the markdown shows one row per case::
 
     python -m jaxmoe.bench.tables benchmarks/results/layer-h200.json --rows layer.json \\
-        --run h200-run34/call2 --commit 1a2b3c4
+        --run <run id>/call2 --commit 1a2b3c4
 
 With no ``--rows`` the markdown is rewritten from the JSON alone.
 """
@@ -88,7 +88,7 @@ def merge_run(
     check_table(table)
     if not run or any(c.isspace() for c in run):
         raise ValueError(
-            f"run: {run!r} is not a label; use the run id and call, e.g. h200-run34/call2"
+            f"run: {run!r} is not a label; use the run id and call, e.g. h200-runN/call2"
         )
     if run in table["header"]["runs"]:
         raise ValueError(f"run {run!r} is already in the table; each call's rows merge once")
@@ -210,7 +210,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--rows", nargs="+", default=[], help="the run's results JSON files ({'header', 'rows'})"
     )
-    parser.add_argument("--run", help="the rows' run label: run id and call, e.g. h200-run34/call2")
+    parser.add_argument("--run", help="the rows' run label: run id and call, e.g. <run id>/call2")
     parser.add_argument("--commit", help="the commit the run measured")
     parser.add_argument("--command", help="the command that made the rows (default: the file's)")
     return parser
@@ -221,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
     table = read_json(args.table)
     if args.rows:
         if not args.run or not args.commit:
-            raise ValueError("--rows needs --run (the label, e.g. h200-run34/call2) and --commit")
+            raise ValueError("--rows needs --run (the label, e.g. <run id>/call2) and --commit")
         for path in args.rows:
             results = read_json(path)
             label = args.run if len(args.rows) == 1 else f"{args.run}/{Path(path).stem}"
