@@ -2,7 +2,7 @@
 ``memory_analysis``, forward and training), against the fast slots alone and worst-case slots:
 the case ``tests/test_memory.py::test_dropless_ep_memory_is_close_to_fast_slots_alone`` bounds.
 
-    python benchmarks/ep_memory.py --out benchmarks/results/ep-memory-cpu.json
+    python benchmarks/ep_memory.py --out /tmp/ep-memory.json
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ kernels vs torch._grouped_mm, every shape of the big presets by default.
 The same as ``jaxmoe bench gemm --preset all`` (flags: ``jaxmoe bench gemm --help``), writing
 ``{stem}.json`` and ``{stem}.md`` under ``--out-dir`` (``{stem}-tune.json`` with ``--tune``)::
 
-    python benchmarks/grouped_matmul.py --out-dir benchmarks/results
+    python benchmarks/grouped_matmul.py --out-dir /tmp/gemm
     python benchmarks/grouped_matmul.py --shapes mixtral-up,qwen3-down --impls jaxmoe,torch
     python benchmarks/grouped_matmul.py --tune 1 --shapes dsv3-up   # tile sweep of the kernels
 """
@@ -19,7 +19,7 @@ from jaxmoe.cli.main import main
 
 def _out_file(argv: list[str]) -> list[str]:
     """``--out-dir DIR --stem STEM`` -> ``--out DIR/STEM.json`` (the other flags pass through)."""
-    rest, where = [], {"--out-dir": "benchmarks/results", "--stem": "grouped_matmul"}
+    rest, where = [], {"--out-dir": ".", "--stem": "grouped_matmul"}
     args = iter(argv)
     for arg in args:
         if arg in where:

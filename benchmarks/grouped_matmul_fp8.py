@@ -441,7 +441,7 @@ def render(header, rows) -> str:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default="benchmarks/results/grouped_matmul-fp8-h100.json")
+    parser.add_argument("--out", default="grouped_matmul-fp8.json")
     parser.add_argument("--shapes", default=",".join(s for s in GEMM_SHAPES if s != "tiny"))
     parser.add_argument(
         "--sweep",

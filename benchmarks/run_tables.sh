@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
-# Issue 15's tables, rewritten from one run (one session's calls on one lease where it holds):
-# the grouped-matmul table (six shapes, balanced and skewed, fwd and fwd+bwd; torch, jaxmoe and,
+# The grouped-matmul table (six shapes, balanced and skewed, fwd and fwd+bwd; torch, jaxmoe and,
 # balanced, jaxmoe_triton) and the layer table (three presets; torch, torchtitan, jaxmoe; the
-# public API's timing after). One part per device call, each under the 600 s call limit (H200
-# run 33: the balanced rows with two peers took 432 s, the layer's DeepSeek and Qwen3 rows with
-# two 204 s); all five take ~27 min of device time with one cold start:
-#   run (device tool, carry [".whl"] for torchtitan): bash benchmarks/run_tables.sh PART
+# public API's timing after), one part per device call, each under a 600 s call limit (on an
+# H200 the balanced rows with two peers took 432 s, the layer's DeepSeek and Qwen3 rows 204 s);
+# all five take ~27 min of device time with one cold start:
+#   bash benchmarks/run_tables.sh PART        (carry .whl/ for torchtitan's wheels)
 # PART: gemm-balanced-mixtral | gemm-balanced-rest | gemm-skewed | layer-mixtral | layer-rest.
-# Writes under $OUT (call.tgz); assemble with benchmarks/assemble_gemm_run.py and
-# benchmarks/add_layer_run.py (--file, --table), as the results' READMEs say.
+# Writes $OUT/call.tgz; merge its JSON into the curated table with
+#   python -m jaxmoe.bench.tables benchmarks/results/<table>.json --rows <file>.json \
+#       --run <run id>/callN --commit <commit measured>
+# (benchmarks/README.md), and add the run's line to benchmarks/RUNS.md.
 set -u
 PART=${1:-}
 case "$PART" in
