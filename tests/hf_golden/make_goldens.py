@@ -98,6 +98,7 @@ CASES = {
             num_key_value_heads=1,
             intermediate_size=8,
             num_hidden_layers=1,
+            eos_token_id=2,
             num_experts=8,
             num_experts_per_tok=2,
         ),
@@ -245,6 +246,11 @@ def make_case(case: str) -> dict:
     }
 
 
+def versions() -> dict[str, str]:
+    """The library versions that made a golden (stored in its metadata)."""
+    return {"transformers": transformers.__version__, "torch": torch.__version__}
+
+
 def write_case(case: str, root: str = HERE) -> None:
     made = make_case(case)
     directory = os.path.join(root, case)
@@ -257,7 +263,7 @@ def write_case(case: str, root: str = HERE) -> None:
     save_file(
         made["golden"],
         os.path.join(directory, "golden.safetensors"),
-        {"layer": str(made["layer"]), "transformers": transformers.__version__},
+        {"layer": str(made["layer"]), **versions()},
     )
 
 
