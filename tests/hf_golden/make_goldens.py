@@ -1,0 +1,277 @@
+"""Makes the golden files of the Hugging Face parity tests (needs torch and transformers).
+
+For each family a tiny random transformers model (float32, seeded) is built and saved with
+``save_pretrained``; from it this writes, under ``tests/hf_golden/<case>/``:
+
+* ``config.json``: the checkpoint's own;
+* ``model.safetensors``: the tensors of one MoE layer's block, under the checkpoint's keys;
+* ``golden.safetensors``: ``hidden`` (the block's input), ``loss_weights`` (the loss is
+  ``sum(output * loss_weights)``), ``output`` and ``input_grad`` of the transformers block, and
+  ``top_k_indices`` (its routing choices, each row sorted); the layer index in its metadata.
+
+Run: ``python tests/hf_golden/make_goldens.py`` (in an environment with torch + transformers).
+``tests/test_hf_transformers.py`` imports this file to re-check the goldens whenever
+transformers is importable.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import tempfile
+
+import numpy as np
+import torch
+import transformers
+from safetensors.numpy import load_file, save_file
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+TOKENS = (2, 5)  # [B, S] of the hidden states
+SEED = 0
+
+_SMALL = dict(vocab_size=16, hidden_size=32, num_attention_heads=2, max_position_embeddings=64)
+_MLA = dict(
+    num_key_value_heads=2,
+    q_lora_rank=16,
+    kv_lora_rank=16,
+    qk_rope_head_dim=8,
+    qk_nope_head_dim=8,
+    v_head_dim=8,
+)
+
+# case -> (config class, config kwargs, MoE layer, block key prefix)
+CASES = {
+    "mixtral": (
+        transformers.MixtralConfig,
+        dict(
+            **_SMALL,
+            num_key_value_heads=1,
+            head_dim=16,
+            intermediate_size=8,
+            num_hidden_layers=1,
+            num_local_experts=8,
+            num_experts_per_tok=2,
+        ),
+        0,
+        "model.layers.0.block_sparse_moe.",
+    ),
+    "qwen3_moe": (
+        transformers.Qwen3MoeConfig,
+        dict(
+            **_SMALL,
+            num_key_value_heads=1,
+            head_dim=16,
+            intermediate_size=16,
+            moe_intermediate_size=8,
+            num_hidden_layers=2,
+            num_experts=8,
+            num_experts_per_tok=2,
+            norm_topk_prob=True,
+            mlp_only_layers=[0],
+        ),
+        1,
+        "model.layers.1.mlp.",
+    ),
+    "qwen3_moe_no_norm": (
+        transformers.Qwen3MoeConfig,
+        dict(
+            **_SMALL,
+            num_key_value_heads=1,
+            head_dim=16,
+            intermediate_size=16,
+            moe_intermediate_size=8,
+            num_hidden_layers=2,
+            num_experts=8,
+            num_experts_per_tok=3,
+            norm_topk_prob=False,
+            decoder_sparse_step=2,
+        ),
+        1,
+        "model.layers.1.mlp.",
+    ),
+    "olmoe": (
+        transformers.OlmoeConfig,
+        dict(
+            **_SMALL,
+            num_key_value_heads=1,
+            intermediate_size=8,
+            num_hidden_layers=1,
+            eos_token_id=2,
+            num_experts=8,
+            num_experts_per_tok=2,
+        ),
+        0,
+        "model.layers.0.mlp.",
+    ),
+    "deepseek_v3": (
+        transformers.DeepseekV3Config,
+        dict(
+            **_SMALL,
+            **_MLA,
+            intermediate_size=16,
+            moe_intermediate_size=8,
+            num_hidden_layers=2,
+            first_k_dense_replace=1,
+            n_routed_experts=8,
+            num_experts_per_tok=4,
+            n_group=4,
+            topk_group=2,
+            n_shared_experts=1,
+            routed_scaling_factor=2.5,
+            norm_topk_prob=True,
+        ),
+        1,
+        "model.layers.1.mlp.",
+    ),
+    "glm4_moe": (
+        transformers.Glm4MoeConfig,
+        dict(
+            **_SMALL,
+            num_key_value_heads=1,
+            head_dim=16,
+            intermediate_size=16,
+            moe_intermediate_size=8,
+            num_hidden_layers=2,
+            first_k_dense_replace=1,
+            n_routed_experts=8,
+            num_experts_per_tok=2,
+            n_group=2,
+            topk_group=1,
+            n_shared_experts=1,
+            routed_scaling_factor=1.5,
+            norm_topk_prob=True,
+        ),
+        1,
+        "model.layers.1.mlp.",
+    ),
+    "deepseek_v2": (
+        transformers.DeepseekV2Config,
+        dict(
+            **_SMALL,
+            **_MLA,
+            intermediate_size=16,
+            moe_intermediate_size=8,
+            num_hidden_layers=1,
+            first_k_dense_replace=0,
+            n_routed_experts=8,
+            num_experts_per_tok=2,
+            n_shared_experts=2,
+            routed_scaling_factor=1.5,
+            topk_method="greedy",
+            norm_topk_prob=False,
+        ),
+        0,
+        "model.layers.0.mlp.",
+    ),
+}
+
+
+def build_model(case: str):
+    """The case's tiny random model (seeded; float32). A selection bias, where the family has
+    one, is drawn at random too (transformers starts it at zero, which would not test it)."""
+    config_class, kwargs, layer, _ = CASES[case]
+    torch.manual_seed(SEED)
+    model = transformers.AutoModelForCausalLM.from_config(config_class(**kwargs))
+    model = model.float().eval()
+    gate = model.model.layers[layer].mlp.gate
+    if hasattr(gate, "e_score_correction_bias"):
+        with torch.no_grad():
+            gate.e_score_correction_bias.copy_(
+                0.1 * torch.randn(gate.e_score_correction_bias.shape)
+            )
+    return model
+
+
+def golden_inputs(case: str) -> dict[str, np.ndarray]:
+    hidden_size = CASES[case][1]["hidden_size"]
+    rng = np.random.default_rng(SEED)
+    return {
+        "hidden": rng.standard_normal((*TOKENS, hidden_size), dtype=np.float32),
+        "loss_weights": rng.standard_normal((*TOKENS, hidden_size), dtype=np.float32),
+    }
+
+
+def block_outputs(model, layer: int, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The transformers MoE block's output, input gradient and routing on ``inputs``."""
+    block = model.model.layers[layer].mlp
+    hidden = torch.tensor(inputs["hidden"], requires_grad=True)
+    output = block(hidden)
+    (output * torch.tensor(inputs["loss_weights"])).sum().backward()
+    with torch.no_grad():
+        _, _, indices = block.gate(hidden.reshape(-1, hidden.shape[-1]))
+    return {
+        "output": output.detach().numpy(),
+        "input_grad": hidden.grad.numpy(),
+        "top_k_indices": np.sort(indices.numpy(), axis=-1).astype(np.int32),
+    }
+
+
+def saved_checkpoint(model, directory: str) -> dict[str, np.ndarray]:
+    """``save_pretrained`` into ``directory``; returns the saved tensors."""
+    model.save_pretrained(directory)
+    return load_file(os.path.join(directory, "model.safetensors"))
+
+
+def reload_with_block(case: str, block: dict[str, np.ndarray], directory: str):
+    """A fresh checkpoint of the case with ``block``'s tensors written over its own, reloaded
+    with ``from_pretrained``: ``(model, loading_info)``."""
+    tensors = saved_checkpoint(build_model(case), directory)
+    unknown = sorted(set(block) - set(tensors))
+    if unknown:
+        raise KeyError(f"keys not in the {case} checkpoint: {unknown}")
+    tensors.update(block)
+    save_file(tensors, os.path.join(directory, "model.safetensors"), metadata={"format": "pt"})
+    return transformers.AutoModelForCausalLM.from_pretrained(
+        directory, dtype=torch.float32, output_loading_info=True
+    )
+
+
+def make_case(case: str) -> dict:
+    """Everything the goldens of ``case`` hold: ``{"config", "block", "golden", "layer"}``."""
+    _, _, layer, prefix = CASES[case]
+    model = build_model(case)
+    with tempfile.TemporaryDirectory() as directory:
+        tensors = saved_checkpoint(model, directory)
+        with open(os.path.join(directory, "config.json")) as file:
+            config = json.load(file)
+    inputs = golden_inputs(case)
+    block = {key: value for key, value in tensors.items() if key.startswith(prefix)}
+    return {
+        "config": config,
+        "block": block,
+        "golden": {**inputs, **block_outputs(model, layer, inputs)},
+        "layer": layer,
+    }
+
+
+def versions() -> dict[str, str]:
+    """The library versions that made a golden (stored in its metadata)."""
+    return {"transformers": transformers.__version__, "torch": torch.__version__}
+
+
+def write_case(case: str, root: str = HERE) -> None:
+    made = make_case(case)
+    directory = os.path.join(root, case)
+    shutil.rmtree(directory, ignore_errors=True)
+    os.makedirs(directory)
+    with open(os.path.join(directory, "config.json"), "w") as file:
+        json.dump(made["config"], file, indent=2, sort_keys=True)
+        file.write("\n")
+    save_file(made["block"], os.path.join(directory, "model.safetensors"), {"format": "pt"})
+    save_file(
+        made["golden"],
+        os.path.join(directory, "golden.safetensors"),
+        {"layer": str(made["layer"]), **versions()},
+    )
+
+
+def main(cases=None) -> None:
+    for case in cases or CASES:
+        write_case(case)
+        print(f"wrote {os.path.join(HERE, case)}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
