@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxmoe import debug
-from jaxmoe.arrays import round_up
+from jaxmoe.argument_checks import round_up
 from jaxmoe.ops import row_gather
 from jaxmoe.ops.row_gather import xla as row_gather_xla
 from jaxmoe.ranks import scatter_inverse, stable_ranks

@@ -20,9 +20,9 @@ import jax
 import jax.numpy as jnp
 
 from jaxmoe import permutation
-from jaxmoe.arrays import round_up
+from jaxmoe.argument_checks import round_up
 from jaxmoe.ranks import scatter_inverse, stable_ranks
-from jaxmoe.search import search_right
+from jaxmoe.sorted_search import search_right
 
 
 def slot_rows(

@@ -8,7 +8,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxmoe.choices import GROUPED_MATMUL_BACKENDS
 from jaxmoe.ops.fp8 import columnwise_pallas
 from jaxmoe.ops.fp8.base import ScaledGroupedMatmulBackend, check_scaled_args
 from jaxmoe.ops.fp8.columnwise import quantize_columnwise
@@ -23,6 +22,7 @@ from jaxmoe.ops.fp8.weights import (
 from jaxmoe.ops.fp8.xla import XlaScaledGroupedMatmul
 from jaxmoe.ops.grouped_matmul.api import default_backend_name
 from jaxmoe.ops.grouped_matmul.base import check_grouped_matmul_args, clip_group_sizes
+from jaxmoe.option_names import GROUPED_MATMUL_BACKENDS
 
 
 # Imported lazily, as the bf16 grouped matmul does: Pallas pulls in Mosaic GPU lowering code that

@@ -30,8 +30,8 @@ import dataclasses
 
 import jax.numpy as jnp
 
-from jaxmoe.choices import FP8_RECIPES, check_registry
 from jaxmoe.ops.fp8.quantize import E4M3, FP8_DTYPES
+from jaxmoe.option_names import FP8_RECIPES, check_registry
 
 RECIPE_NAMES = ("rowwise", "blockwise")
 WGRAD_PRECISIONS = ("high", "fp8")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from jaxmoe.arrays import as_array, check_nonnegative
+from jaxmoe.argument_checks import as_array, check_nonnegative
 from jaxmoe.ops.gated_grouped_matmul import ffn_primitives, primitives
 from jaxmoe.ops.gated_grouped_matmul.base import (
     GatedGroupedMatmulBackend,

@@ -5,8 +5,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from jaxmoe.arrays import as_array, check_nonnegative
-from jaxmoe.choices import GROUPED_MATMUL_BACKENDS, check_registry
+from jaxmoe.argument_checks import as_array, check_nonnegative
 from jaxmoe.ops.grouped_matmul import primitives
 from jaxmoe.ops.grouped_matmul.base import (
     GroupedMatmulBackend,
@@ -15,6 +14,7 @@ from jaxmoe.ops.grouped_matmul.base import (
 )
 from jaxmoe.ops.grouped_matmul.reference import ReferenceGroupedMatmul
 from jaxmoe.ops.grouped_matmul.xla import XlaGroupedMatmul
+from jaxmoe.option_names import GROUPED_MATMUL_BACKENDS, check_registry
 
 
 # Imported lazily: Pallas pulls in Triton/Mosaic lowering code that a CPU user never needs.

@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxmoe.search import search_right
+from jaxmoe.sorted_search import search_right
 
 Array = jax.Array
 

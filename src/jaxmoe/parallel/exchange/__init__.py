@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import jax
 
-from jaxmoe.choices import EP_EXCHANGES, check_registry
+from jaxmoe.option_names import EP_EXCHANGES, check_registry
 from jaxmoe.parallel.exchange.all_gather import AllGatherExchange
 from jaxmoe.parallel.exchange.all_to_all import AllToAllExchange
 from jaxmoe.parallel.exchange.all_to_all_chunked import ChunkedAllToAllExchange
