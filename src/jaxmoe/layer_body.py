@@ -77,11 +77,8 @@ def num_sequences(shape: tuple[int, ...]) -> int:
 
 
 # Rows each expert's block is padded to where the bf16 experts run the Mosaic kernels (a Hopper
-# GPU, backend None, "auto" or "pallas"). Measured on an H100 (session 13, benchmarks/results/
-# raw/h100-run14/call5 and call6, interleaved with 128): the layer's fwd+bwd 1.01-1.02x faster on
-# the three presets, the forward within 1%. The forward and dgrad tiles (128 rows) cut by a group
-# boundary then run once per group, but the wgrad, whose contraction blocks are 64 rows, drops
-# half the padding: Mixtral's routing pads 8192 rows to 8448 instead of 8832.
+# GPU, backend None, "auto" or "pallas"): the wgrad's 64-row contraction blocks drop half the
+# padding of 128 (measured: docs/kernels.md, 'Layer: expert row alignment').
 MOSAIC_ALIGNMENT = 64
 
 

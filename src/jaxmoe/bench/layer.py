@@ -31,12 +31,12 @@ later each round, so that peers share the GPU's clock and temperature (an H100's
 other). Before each sample an impl runs untimed for ``settle_ms`` (on a GPU 500 ms by
 default), so that the sample runs at the clock its own load settles at: an H100 at its power
 limit clocks kernels by the power they draw and takes 0.1-0.4 s to follow a change of load, so
-a sample right after a peer's would start at the peer's clock (H100 run 15: ~10% either way on
-the Mixtral layer's first calls). A sample is as many calls back to back as fill about
-:data:`SAMPLE_TARGET_MS`, then one device sync: ``ms``, the median over the rounds, is what a
-training loop sees. After the rounds each impl's calls are also timed one at a time, each
-waited for (``ms_per_call``). The torch peers stay alive through the rounds; torch's CUDA cache
-is freed after each preset.
+a sample right after a peer's would start at the peer's clock (~10% either way on the Mixtral
+layer's first calls: docs/kernels.md, 'Benchmark harness'). A sample is as many calls back to
+back as fill about :data:`SAMPLE_TARGET_MS`, then one device sync: ``ms``, the median over the
+rounds, is what a training loop sees. After the rounds each impl's calls are also timed one at a
+time, each waited for (``ms_per_call``). The torch peers stay alive through the rounds; torch's
+CUDA cache is freed after each preset.
 
 Throughput counts the expert matmuls only: forward ``3 * 2*T*K*H*F`` FLOPs (gate, up, down),
 forward+backward three times that. MFU divides it by the dense peak measured in the same run
@@ -81,7 +81,7 @@ DTYPES = {
 # matmuls (~4e-3 each). fp32: XLA and torch may use TF32 on GPU (~1e-3).
 REL_TOL = {jnp.dtype(jnp.bfloat16): 3e-2, jnp.dtype(jnp.float32): 5e-3}
 # FP8 (e4m3, 3 mantissa bits): each quantized operand is off by up to 2^-4 per element, ~3-4% per
-# matmul on random data (issue 20's torch measurement: 3.75%); three matmuls in a row.
+# matmul on random data (torch's FP8 grouped matmul: 3.75%); three matmuls in a row.
 FP8_REL_TOL = 0.12
 FP8_PREFIX = "jaxmoe-fp8-"
 FP8_CACHED_SUFFIX = "-cached"

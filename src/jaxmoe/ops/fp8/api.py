@@ -136,8 +136,8 @@ def scaled_grouped_matmul(
 def _wgrad_operand(x, group_sizes, dtype, impl):
     """``quantize_columnwise(x, group_sizes, dtype)``: on a GPU with the Mosaic backend (the one
     reading K-major weights) by the two Pallas passes (:mod:`.columnwise_pallas`); XLA's
-    fusion of the same gather, cast and transpose took 3.05 ms on an H100 for the Mixtral
-    layer's hidden activations (``benchmarks/results/raw/h100-run11/call1``)."""
+    fusion of the same gather, cast and transpose is several times slower (docs/kernels.md,
+    'FP8 quantizers')."""
     if impl.k_major_weights and columnwise_pallas.supports(x.shape, x.dtype, dtype):
         return columnwise_pallas.quantize_columnwise_pallas(x, group_sizes)
     return quantize_columnwise(x, group_sizes, dtype)

@@ -63,8 +63,9 @@ def resolve_backend(
     if backend is None or backend == "auto":
         backend = default_backend_name(platform)
         if backend == "pallas":
-            # Measured rule (H100, benchmarks/results/raw/h100-run4): the Mosaic kernel where it
-            # applies (Hopper, bf16/fp16, block-aligned shapes), the Triton kernels elsewhere.
+            # The measured rule (docs/kernels.md, 'Grouped matmul: the auto backend'): the
+            # Mosaic kernel where it applies (Hopper, bf16/fp16, block-aligned shapes), the
+            # Triton kernels elsewhere.
             return _pallas_backend(triton_fallback=True)
     if backend not in _BACKENDS:
         raise ValueError(

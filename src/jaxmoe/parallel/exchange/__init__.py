@@ -1,7 +1,8 @@
 """Expert-parallel exchange implementations, one file each, behind :class:`Exchange`.
 
 ``resolve_exchange(None)`` gives the platform default (``"all_to_all"``: dense, runs everywhere,
-fastest measured on H200; see ``benchmarks/results/ep-h200.md``).
+fastest measured on H200s: docs/kernels.md, 'Expert parallelism: exchange and dispatch
+defaults').
 """
 
 from __future__ import annotations
