@@ -75,6 +75,35 @@ def resolve_backend(
     return _BACKENDS[backend]()
 
 
+def preferred_alignment(
+    backend: str | GroupedMatmulBackend | None = None,
+    dtype=jnp.bfloat16,
+    platform: str | None = None,
+) -> int:
+    """Rows each group's block is best padded to for ``backend``'s kernels on ``dtype`` operands.
+
+    What the layer pads each expert's rows to by default (``MoEConfig.alignment=None``): 1 off a
+    GPU (no kernel tiles rows there); on a GPU the backend's answer
+    (:meth:`GroupedMatmulBackend.preferred_alignment`): 64 where ``"auto"``/``"pallas"`` run the
+    Mosaic kernels (a Hopper GPU, non-FP8 operands), else 128, the Triton and FP8 kernels' row
+    tile.
+
+    Args:
+      backend: as for :func:`grouped_matmul` (a name, ``None``/``"auto"``, or a backend object).
+      dtype: the operands' dtype (an FP8 dtype for the FP8 grouped matmul).
+      platform: default: JAX's default backend.
+
+    Example::
+
+      >>> preferred_alignment("xla", jnp.bfloat16, platform="cpu")
+      1
+    """
+    platform = platform or jax.default_backend()
+    if platform not in ("gpu", "cuda"):
+        return 1
+    return resolve_backend(backend, platform).preferred_alignment(dtype)
+
+
 def grouped_matmul(
     lhs: jax.Array,
     rhs: jax.Array,

@@ -9,7 +9,7 @@ from typing import ClassVar
 
 import jax.numpy as jnp
 
-from jaxmoe.ops.grouped_matmul import pallas_mosaic_wgrad, pallas_triton
+from jaxmoe.ops.grouped_matmul import pallas_mosaic_tiles, pallas_mosaic_wgrad, pallas_triton
 from jaxmoe.ops.grouped_matmul.base import GroupedMatmulBackend
 from jaxmoe.ops.grouped_matmul.pallas_mosaic import gmm
 from jaxmoe.ops.grouped_matmul.pallas_mosaic_tiles import (
@@ -64,6 +64,13 @@ class PallasMosaicGroupedMatmul(GroupedMatmulBackend):
         if self.triton is None:  # frozen dataclass: fill the default in place
             triton = pallas_triton.PallasTritonGroupedMatmul(interpret=self.interpret)
             object.__setattr__(self, "triton", triton)
+
+    def preferred_alignment(self, dtype) -> int:
+        """``MOSAIC_ALIGNMENT`` (64) rows on a Hopper GPU, where these kernels run; 128 (the
+        Triton and FP8 kernels' row tile) for FP8 operands or another GPU."""
+        if jnp.dtype(dtype).itemsize == 1 or not pallas_mosaic_tiles.hopper_gpu():
+            return super().preferred_alignment(dtype)
+        return pallas_mosaic_tiles.MOSAIC_ALIGNMENT
 
     def gmm(self, lhs, rhs, group_sizes, *, transpose_rhs, out_dtype):
         m, k = lhs.shape

@@ -106,6 +106,11 @@ class MosaicTileConfig:
     approx_math: bool = False
 
 
+# Rows each group is padded to where the bf16/fp16 experts run these kernels: the wgrad's 64-row
+# contraction blocks then drop half the padding of 128 (measured: docs/kernels.md, 'Layer: expert
+# row alignment').
+MOSAIC_ALIGNMENT = 64
+
 # With group_start_tiles a tile starts on this row grid: a TMA copy into a tiled shared buffer
 # (8-row tiles) takes a first row that is a multiple of 8 only (Mosaic GPU's layout inference
 # refuses others).
