@@ -1,4 +1,4 @@
-r"""Deduplicated expert-parallel dispatch (``MoEConfig.ep_dispatch="tokens"``): a token crosses
+r"""The token dispatch (``MoEConfig.ep_dispatch="tokens"``), deduplicated: a token crosses
 the wire once per rank holding any of its experts, not once per expert.
 
 The copies path (:mod:`jaxmoe.parallel.dispatch`) sends one row per (token, expert) copy. With
