@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import jaxmoe
-from jaxmoe import stages
+from jaxmoe import layer_body
 from jaxmoe.ops.grouped_matmul import pallas_mosaic_tiles
 
 BASE = {"num_experts": 8, "top_k": 2, "hidden_size": 16, "ffn_size": 32}
@@ -197,7 +197,7 @@ def test_not_a_config(layer):
     ],
 )
 def test_default_alignment_follows_the_kernels(monkeypatch, overrides, platform, hopper, want):
-    monkeypatch.setattr(stages.jax, "default_backend", lambda: platform)
+    monkeypatch.setattr(layer_body.jax, "default_backend", lambda: platform)
     monkeypatch.setattr(pallas_mosaic_tiles, "hopper_gpu", lambda: hopper)
     cfg = jaxmoe.MoEConfig(num_experts=4, top_k=2, hidden_size=8, ffn_size=16, **overrides)
-    assert stages.resolve_alignment(cfg) == want
+    assert layer_body.resolve_alignment(cfg) == want

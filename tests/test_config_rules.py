@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 import jaxmoe
 import jaxmoe.parallel
-from jaxmoe import choices, config
+from jaxmoe import config, option_names
 
 BASE = {"num_experts": 8, "top_k": 2, "hidden_size": 16, "ffn_size": 32}
 # Fields that need other fields set to be valid at all (the value under test aside).
@@ -41,12 +41,12 @@ NUMERIC = {
     "ep_fast_slot_factor": (float, 1.0, False, True),
 }
 NAMES = {
-    "activation": choices.ACTIVATIONS,
-    "score": choices.SCORES,
-    "grouped_matmul_backend": choices.GROUPED_MATMUL_BACKENDS,
-    "ep_exchange": choices.EP_EXCHANGES,
-    "ep_dispatch": choices.EP_DISPATCHES,
-    "fp8_recipe": choices.FP8_RECIPES,
+    "activation": option_names.ACTIVATIONS,
+    "score": option_names.SCORES,
+    "grouped_matmul_backend": option_names.GROUPED_MATMUL_BACKENDS,
+    "ep_exchange": option_names.EP_EXCHANGES,
+    "ep_dispatch": option_names.EP_DISPATCHES,
+    "fp8_recipe": option_names.FP8_RECIPES,
 }
 FLAGS = ("pre_softmax", "use_expert_bias", "fsdp_expert_weights", "normalize_weights")
 PROPERTY = settings(max_examples=40, deadline=None)
@@ -173,10 +173,10 @@ def test_backend_and_exchange_objects_are_accepted():
 
 
 def test_registries_implement_exactly_the_listed_names():
-    assert jaxmoe.ops.grouped_matmul.BACKEND_NAMES == choices.GROUPED_MATMUL_BACKENDS
-    assert jaxmoe.parallel.EXCHANGE_NAMES == choices.EP_EXCHANGES
+    assert jaxmoe.ops.grouped_matmul.BACKEND_NAMES == option_names.GROUPED_MATMUL_BACKENDS
+    assert jaxmoe.parallel.EXCHANGE_NAMES == option_names.EP_EXCHANGES
     with pytest.raises(RuntimeError, match="EP_EXCHANGES"):
-        choices.check_registry("EP_EXCHANGES", choices.EP_EXCHANGES, ("all_to_all",))
+        option_names.check_registry("EP_EXCHANGES", option_names.EP_EXCHANGES, ("all_to_all",))
 
 
 def test_config_imports_nothing_of_jaxmoe_but_the_name_tables():
@@ -189,7 +189,7 @@ def test_config_imports_nothing_of_jaxmoe_but_the_name_tables():
         for alias in node.names
     }
     imported |= {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
-    assert {name for name in imported if name.startswith("jaxmoe")} == {"jaxmoe.choices"}
+    assert {name for name in imported if name.startswith("jaxmoe")} == {"jaxmoe.option_names"}
 
 
 # ----------------------------------------------------------------------------- flags, axes

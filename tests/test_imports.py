@@ -1,10 +1,12 @@
-"""The package's imports form no cycle: every module under ``src/jaxmoe``, module-level and
-function-level imports alike, read with ``ast`` (nothing is imported to find them)."""
+"""The package's imports form no cycle and flow one way (the layering of ``docs/design.md``):
+every module under ``src/jaxmoe``, module-level and function-level imports alike, read with
+``ast`` (nothing is imported to find them)."""
 
 from __future__ import annotations
 
 import ast
 import pathlib
+import re
 
 import jaxmoe
 
@@ -118,3 +120,87 @@ def test_cycle_finder_sees_a_function_level_loop(tmp_path):
     assert find_cycles(graph) == [["pkg.a", "pkg.sub.b"]]
     (package / "sub" / "b.py").write_text("def f():\n    return 1\n")
     assert find_cycles(import_graph(package)) == []
+
+
+# Modules below everything else: they import nothing of jaxmoe but each other.
+FOUNDATION = (
+    "jaxmoe.compat",
+    "jaxmoe.argument_checks",
+    "jaxmoe.option_names",
+    "jaxmoe.sorted_search",
+    "jaxmoe.debug",
+)
+# One file per backend of an op (``jaxmoe.ops.<op>.pallas_*``, ``jaxmoe.ops.<op>.xla``): only the
+# op itself and the benchmarks reach into them; everything else asks the op's API.
+BACKEND_FILE = re.compile(r"jaxmoe\.ops\.\w+\.(pallas\w*|xla)$")
+# The permutation's weight gather is XLA's gather of a 1-D vector, which XLA fuses with its
+# neighbours; it calls that backend's function directly rather than the op's dispatch.
+BACKEND_FILE_EXCEPTIONS = {("jaxmoe.permutation", "jaxmoe.ops.row_gather.xla")}
+
+
+def _within(module: str, *prefixes: str) -> bool:
+    return any(module == p or module.startswith(p + ".") for p in prefixes)
+
+
+def layering_violations(graph: dict[str, set[str]]) -> list[tuple[str, str, str]]:
+    """``(importer, imported, rule)`` for each import that breaks the layering:
+
+    * the foundation modules import no other jaxmoe module;
+    * ``jaxmoe.ops`` imports only itself and the foundation (no layer, parallel, nn, cli,
+      bench);
+    * nothing but ``jaxmoe.cli``, ``jaxmoe.bench`` and ``jaxmoe.__main__`` imports the command
+      line or the benchmarks;
+    * outside ``jaxmoe.ops`` only ``jaxmoe.bench`` imports an op's backend file (so the layer
+      body asks the op, e.g. :func:`jaxmoe.ops.grouped_matmul.preferred_alignment`).
+    """
+    found = []
+    for importer, targets in sorted(graph.items()):
+        for imported in sorted(targets):
+            if _within(importer, *FOUNDATION) and not _within(imported, *FOUNDATION):
+                found.append((importer, imported, "foundation imports jaxmoe"))
+            if _within(importer, "jaxmoe.ops") and not _within(imported, "jaxmoe.ops", *FOUNDATION):
+                found.append((importer, imported, "ops import above themselves"))
+            if _within(imported, "jaxmoe.cli", "jaxmoe.bench") and not _within(
+                importer, "jaxmoe.cli", "jaxmoe.bench", "jaxmoe.__main__"
+            ):
+                found.append((importer, imported, "library imports cli/bench"))
+            if (
+                BACKEND_FILE.match(imported)
+                and not _within(importer, "jaxmoe.ops", "jaxmoe.bench")
+                and (importer, imported) not in BACKEND_FILE_EXCEPTIONS
+            ):
+                found.append((importer, imported, "backend file imported outside its op"))
+    return found
+
+
+def test_imports_follow_the_layering():
+    graph = import_graph(PACKAGE_ROOT)
+    assert {"jaxmoe.layer_body", "jaxmoe.ops.grouped_matmul.pallas_mosaic_tiles"} <= set(graph)
+    assert "jaxmoe.ops.grouped_matmul" in graph["jaxmoe.layer_body"]
+    assert layering_violations(graph) == []
+
+
+def test_the_layer_body_imports_no_backend_file():
+    graph = import_graph(PACKAGE_ROOT)
+    assert not any(BACKEND_FILE.match(name) for name in graph["jaxmoe.layer_body"])
+
+
+def test_layering_rules_catch_each_break():
+    graph = {
+        "jaxmoe.layer_body": {"jaxmoe.ops.grouped_matmul.pallas_mosaic_tiles"},
+        "jaxmoe.ops.grouped_matmul.api": {"jaxmoe.config", "jaxmoe.option_names"},
+        "jaxmoe.option_names": {"jaxmoe.config"},
+        "jaxmoe.parallel.dispatch": {"jaxmoe.bench.timing"},
+        "jaxmoe.bench.gemm": {"jaxmoe.ops.grouped_matmul.pallas_mosaic_tiles"},
+        "jaxmoe.permutation": {"jaxmoe.ops.row_gather.xla"},
+    }
+    assert layering_violations(graph) == [
+        (
+            "jaxmoe.layer_body",
+            "jaxmoe.ops.grouped_matmul.pallas_mosaic_tiles",
+            "backend file imported outside its op",
+        ),
+        ("jaxmoe.ops.grouped_matmul.api", "jaxmoe.config", "ops import above themselves"),
+        ("jaxmoe.option_names", "jaxmoe.config", "foundation imports jaxmoe"),
+        ("jaxmoe.parallel.dispatch", "jaxmoe.bench.timing", "library imports cli/bench"),
+    ]

@@ -281,8 +281,9 @@ def test_chunks_fast_windows_come_before_one_overflow_loop(dispatch):
 
 @pytest.mark.parametrize("dispatch, loops", [(None, 0), ("copies", 2), ("tokens", 5)])
 def test_the_only_loops_are_the_overflow_windows(dispatch, loops):
-    """No ``while`` on the layer's common path (searches are unrolled, jaxmoe.search): on a GPU
-    each loop step copies its condition to the host, a stream stall no collective overlaps.
+    """No ``while`` on the layer's common path (searches are unrolled, jaxmoe.sorted_search):
+    on a GPU each loop step copies its condition to the host, a stream stall no collective
+    overlaps.
     What remains under jax.grad: the overflow loop and its backward (tokens: the count of
     windows needed, and inside each overflow loop's body the walk to its window's start); one
     device has none. (The lowered StableHLO of the same programs, where XLA shares a loop's

@@ -11,7 +11,7 @@ from typing import Any, NoReturn
 import jax.numpy as jnp
 import numpy as np
 
-from jaxmoe.choices import (
+from jaxmoe.option_names import (
     ACTIVATIONS,
     EP_DISPATCHES,
     EP_EXCHANGES,
@@ -400,7 +400,7 @@ class MoEConfig:
       ep_dispatch: what one expert-parallel exchange row holds. ``"copies"``: one row per
         (token, expert) copy. ``"tokens"``: one row per (token, destination rank) pair with
         the token's local expert ids and weights; the expert rank sums the pair's outputs
-        before sending one row back (``jaxmoe.parallel.dedup``; K=8 of E=32 at ep=4 sends
+        before sending one row back (``jaxmoe.parallel.token_dispatch``; K=8 of E=32 at ep=4 sends
         2.25x fewer rows). Dropless only (no ``capacity_factor``, no ``ep_receive_factor``);
         ``ep_fast_slot_factor`` sizes its slots too. ``"auto"`` (default): ``"tokens"`` where
         the layer is dropless and a pair averages at least 1.5 copies under uniform routing

@@ -1,7 +1,7 @@
 """``moe``: the functional MoE layer (router -> permutation -> experts -> combine).
 
 Both the one-device path and the expert-parallel one (``mesh=...``) are thin callers of
-:func:`jaxmoe.stages.moe_body`; this module adds the one-device experts step and the checks.
+:func:`jaxmoe.layer_body.moe_body`; this module adds the one-device experts step and the checks.
 """
 
 from __future__ import annotations
@@ -11,15 +11,15 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxmoe import permutation
-from jaxmoe.arrays import as_array, is_tracer
+from jaxmoe.argument_checks import as_array, is_tracer
 from jaxmoe.config import MoEConfig
 from jaxmoe.experts import routed_experts
 from jaxmoe.fp8_experts import check_expert_fp8_weights
+from jaxmoe.layer_body import ExpertsResult, MoEStats, moe_body, resolve_alignment
 from jaxmoe.ops.fp8 import quantize, resolve_recipe
 from jaxmoe.parallel.sharded import moe_sharded
 from jaxmoe.params import check_params
 from jaxmoe.router import Routing
-from jaxmoe.stages import ExpertsResult, MoEStats, moe_body, resolve_alignment
 
 _STATIC_FIX = (
     "it is static, not an array: mark it static, jax.jit(jaxmoe.moe, static_argnames={names}), "

@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxmoe import debug
-from jaxmoe.arrays import round_up
+from jaxmoe.argument_checks import round_up
 from jaxmoe.ops import row_gather
 from jaxmoe.ops.row_gather import xla as row_gather_xla
 from jaxmoe.ranks import scatter_inverse, stable_ranks
@@ -161,9 +161,9 @@ def _sum_copies(values: jax.Array, assignment_row: jax.Array, weights=None) -> j
 
 
 # The row gather backend of the weighted spread (the combine's backward: the output gradient,
-# a weight per row). "auto" takes the kernel's scaled form on a GPU: against XLA's gather fused
-# with its weight, Qwen3-like fwd+bwd 1.029x, DeepSeek-like 1.007x, the same gradients (H200,
-# benchmarks/results/raw/h200-run33/call1). A module constant so the probe can compare.
+# a weight per row). "auto" takes the kernel's scaled form on a GPU, faster than XLA's gather
+# fused with its weight (docs/kernels.md, 'Row gather'). A module constant so a benchmark can
+# compare the two.
 WEIGHTED_SPREAD_BACKEND = "auto"
 
 
@@ -177,9 +177,8 @@ def _spread(tokens, row_assignment, live_rows, top_k, weights=None):
     # The sentinel a = T*K maps to token T: out of range, so the gather fills zeros.
     token = row_assignment // top_k
     if weights is None:
-        # The row gather op: a kernel of its own on a GPU (2x XLA's gather on the Qwen3- and
-        # DeepSeek-like dispatch; their layers' forward 1.04x and 1.02x, H200
-        # benchmarks/results/raw/h200-run32/call4).
+        # The row gather op: a kernel of its own on a GPU, about twice XLA's gather on the
+        # layer's dispatch (docs/kernels.md, 'Row gather').
         rows = row_gather.gather_rows(tokens, token)
     else:
         row_weight = _gather_rows(weights.reshape(-1), row_assignment)

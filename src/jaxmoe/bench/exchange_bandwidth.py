@@ -11,7 +11,7 @@ Two bandwidths per row, both per rank and against the bare dense all-to-all's:
   per second. Its ratio to the bare all-to-all says how well the exchange uses the wire for
   the bytes it chose to send; the payload ratio adds what padding costs.
 
-``dispatch="tokens"`` rows (the deduplicated dispatch, :mod:`jaxmoe.parallel.dedup`) send
+``dispatch="tokens"`` rows (the token dispatch, :mod:`jaxmoe.parallel.token_dispatch`) send
 ``P_pairs``-row slots of (token, destination rank) pairs plus their ids and weights
 (``8 * K_l`` bytes per row, forward only); their payload stays the copies of the same layer,
 so a higher payload GB/s means the same result sooner. ``sent_bytes_per_roundtrip`` is what one
@@ -32,7 +32,7 @@ from jax.sharding import PartitionSpec as P
 
 from jaxmoe.bench.harness import first_devices_mesh
 from jaxmoe.bench.timing import time_jax
-from jaxmoe.parallel import dedup, ep_apply_experts, layout, slot_rows
+from jaxmoe.parallel import ep_apply_experts, layout, slot_rows, token_dispatch
 
 EXCHANGE_SHAPE = {"tokens": 4096, "hidden": 7168, "top_k": 8, "experts_per_gpu": 8}
 TINY_EXCHANGE_SHAPE = {"tokens": 64, "hidden": 32, "top_k": 4, "experts_per_gpu": 2}
@@ -78,7 +78,7 @@ def _sent_pair_bytes(experts, ep, experts_per_rank, top_k, fast, chunks, row_byt
     ids and weights of the forward's pairs (the library's own sizes and window rule)."""
     per_chunk = experts.shape[0] // ep // chunks
     num_experts = ep * experts_per_rank
-    slots = dedup.PairSlots.for_layer(per_chunk, top_k, num_experts, ep, fast)
+    slots = token_dispatch.PairSlots.for_layer(per_chunk, top_k, num_experts, ep, fast)
     meta_bytes = 2 * slots.local_slots * 4  # float32 weights and ids
     sent = 0.0
     for chunk in experts.reshape(ep, chunks, per_chunk, top_k).swapaxes(0, 1):
@@ -86,8 +86,8 @@ def _sent_pair_bytes(experts, ep, experts_per_rank, top_k, fast, chunks, row_byt
         if slots.may_overflow(per_chunk):
             windows = max(
                 int(
-                    dedup.windows_needed_here(
-                        dedup.pair_prefix_counts(rank, slots.num_local_experts, ep), slots
+                    token_dispatch.windows_needed_here(
+                        token_dispatch.pair_prefix_counts(rank, slots.num_local_experts, ep), slots
                     )
                 )
                 for rank in jnp.asarray(chunk)

@@ -19,12 +19,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxmoe.arrays import round_up
+from jaxmoe.argument_checks import round_up
 from jaxmoe.bench import gemm_cases, timing
 from jaxmoe.bench.harness import fill_ratios, release_torch_memory
 from jaxmoe.bench.presets import GEMM_SHAPES, LAYER_PRESETS, GemmShape
 from jaxmoe.bench.timing import Timing
-from jaxmoe.stages import MOSAIC_ALIGNMENT
+from jaxmoe.ops.grouped_matmul.pallas_mosaic_tiles import MOSAIC_ALIGNMENT
 
 IMPLS = ("torch", "jaxmoe", "jaxmoe_pallas", "jaxmoe_triton", "xla_ragged_dot", "jax_mosaic")
 IMPL_LABELS = {

@@ -16,8 +16,8 @@ the name holds ``transpose(``), and the ops between start and done by class:
 
 It also counts the grouped-matmul kernels of the same computation that depend on the exchange
 (``kernels_after``: they read what it received), that it depends on (``kernels_before``), and
-neither (``kernels_independent``: the only ones any schedule could place under it). Used by
-``benchmarks/ep_mock_topology.py``; run it on saved HLO texts (``.txt`` or ``.txt.gz``)::
+neither (``kernels_independent``: the only ones any schedule could place under it). Run it on
+saved HLO texts (``.txt`` or ``.txt.gz``)::
 
     PYTHONPATH=src python -m jaxmoe.bench.hlo_schedule hlo-default.txt.gz [--markdown]
 """

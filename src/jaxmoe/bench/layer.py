@@ -31,12 +31,12 @@ later each round, so that peers share the GPU's clock and temperature (an H100's
 other). Before each sample an impl runs untimed for ``settle_ms`` (on a GPU 500 ms by
 default), so that the sample runs at the clock its own load settles at: an H100 at its power
 limit clocks kernels by the power they draw and takes 0.1-0.4 s to follow a change of load, so
-a sample right after a peer's would start at the peer's clock (H100 run 15: ~10% either way on
-the Mixtral layer's first calls). A sample is as many calls back to back as fill about
-:data:`SAMPLE_TARGET_MS`, then one device sync: ``ms``, the median over the rounds, is what a
-training loop sees. After the rounds each impl's calls are also timed one at a time, each
-waited for (``ms_per_call``). The torch peers stay alive through the rounds; torch's CUDA cache
-is freed after each preset.
+a sample right after a peer's would start at the peer's clock (~10% either way on the Mixtral
+layer's first calls: docs/kernels.md, 'Benchmark harness'). A sample is as many calls back to
+back as fill about :data:`SAMPLE_TARGET_MS`, then one device sync: ``ms``, the median over the
+rounds, is what a training loop sees. After the rounds each impl's calls are also timed one at a
+time, each waited for (``ms_per_call``). The torch peers stay alive through the rounds; torch's
+CUDA cache is freed after each preset.
 
 Throughput counts the expert matmuls only: forward ``3 * 2*T*K*H*F`` FLOPs (gate, up, down),
 forward+backward three times that. MFU divides it by the dense peak measured in the same run
@@ -61,6 +61,13 @@ from jaxmoe.bench.harness import (
     relative_error,
     release_torch_memory,
 )
+from jaxmoe.bench.layer_cases import (
+    SkipImpl,
+    forward_backward,
+    jax_case,
+    measure_dense_peak,
+    torch_case,
+)
 from jaxmoe.bench.presets import LAYER_PRESETS, LayerPreset
 
 PASSES = ("fwd", "fwd+bwd")
@@ -81,7 +88,7 @@ DTYPES = {
 # matmuls (~4e-3 each). fp32: XLA and torch may use TF32 on GPU (~1e-3).
 REL_TOL = {jnp.dtype(jnp.bfloat16): 3e-2, jnp.dtype(jnp.float32): 5e-3}
 # FP8 (e4m3, 3 mantissa bits): each quantized operand is off by up to 2^-4 per element, ~3-4% per
-# matmul on random data (issue 20's torch measurement: 3.75%); three matmuls in a row.
+# matmul on random data (torch's FP8 grouped matmul: 3.75%); three matmuls in a row.
 FP8_REL_TOL = 0.12
 FP8_PREFIX = "jaxmoe-fp8-"
 FP8_CACHED_SUFFIX = "-cached"
@@ -144,118 +151,6 @@ def expert_flops(preset: LayerPreset, pass_: str) -> float:
 def device_memory_bytes() -> int:
     stats = jax.devices()[0].memory_stats() or {}
     return int(stats.get("bytes_limit", CPU_MEMORY_BYTES))
-
-
-# --------------------------------------------------------------------------------------------------
-# Cases: each returns (call, sync, outputs) for one (impl, pass): ``call()`` runs it once,
-# ``sync(out)`` waits for a result of ``call`` and ``outputs()`` gives what is checked.
-# --------------------------------------------------------------------------------------------------
-
-
-def forward_backward(layer_fn: Callable, *, cotangent_from_output: bool = False) -> Callable:
-    """The timed fwd+bwd pass of ``layer_fn(params, x, *constants) -> y``: ``(params, x, dy,
-    *constants) -> (y, grad_params, grad_x)``, the forward and its VJP against the cotangent
-    ``dy`` (``constants``, e.g. FP8 weights made once per step, are not differentiated).
-
-    ``cotangent_from_output``: the cotangent is ``dy + y`` instead, so the backward waits for
-    the forward's output, as where later layers read it (with ``dy`` alone XLA may run parts of
-    the backward before the forward's last ops and fuse passes across the two)."""
-
-    def fwd_bwd(params, x, dy, *constants):
-        y, vjp = jax.vjp(lambda p, x: layer_fn(p, x, *constants), params, x)
-        grad_params, grad_x = vjp(dy + y if cotangent_from_output else dy)
-        return y, grad_params, grad_x
-
-    return fwd_bwd
-
-
-def _jax_case(layer_fn: Callable, params, x, dy, pass_: str, constants: tuple = ()):
-    if pass_ == "fwd":
-        fn = jax.jit(layer_fn)
-        args = (params, x, *constants)
-
-        def outputs():
-            return {"y": fn(*args)}
-    else:
-        fn = jax.jit(forward_backward(layer_fn))
-        args = (params, x, dy, *constants)
-
-        def outputs():
-            y, _, grad_x = fn(*args)
-            return {"y": y, "dx": grad_x}
-
-    def call():
-        return fn(*args)
-
-    return call, timing.jax_sync, outputs
-
-
-def _torch_case(params, x, dy, top_k: int, dtype, pass_: str, impl: str = "torch"):
-    """A PyTorch peer's case: ``impl`` ``"torch"`` (the plain layer) or ``"torchtitan"``."""
-    # Optional and slow to import: only when torch is benchmarked (torch_layer needs torch).
-    import torch
-
-    from jaxmoe.bench.torch_layer import TorchMoELayer, grouped_mm_available, to_torch_input
-
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    torch_dtype = torch.bfloat16 if jnp.dtype(dtype) == jnp.bfloat16 else torch.float32
-    if impl == "torchtitan":
-        from jaxmoe.bench import torchtitan_layer
-
-        if torch_dtype != torch.bfloat16:
-            raise _Skip("torchtitan's GroupedExperts computes in bf16 whatever the dtype: no fp32")
-        why = torchtitan_layer.unavailable_reason(device)
-        if why:
-            raise _Skip(why)
-        layer = torchtitan_layer.TorchTitanMoELayer(jax.device_get(params), top_k, device)
-    else:
-        ok, why = grouped_mm_available(device)
-        if not ok:
-            raise _Skip(why)
-        layer = TorchMoELayer(jax.device_get(params), top_k, torch_dtype, device)
-    tx = to_torch_input(jax.device_get(x), torch_dtype, device)
-    tdy = to_torch_input(jax.device_get(dy), torch_dtype, device)
-    weights = list(layer.parameters())
-    if pass_ == "fwd":
-
-        def fn():
-            with torch.no_grad():
-                return layer(tx)
-
-        def outputs():
-            return {"y": fn().float().cpu().numpy()}
-    else:
-        tx.requires_grad_(True)
-
-        def fn():
-            y = layer(tx)
-            grads = torch.autograd.grad(y, [tx, *weights], tdy)
-            return y, grads
-
-        def outputs():
-            y, grads = fn()
-            return {"y": y.detach().float().cpu().numpy(), "dx": grads[0].float().cpu().numpy()}
-
-    return fn, timing.torch_sync if device == "cuda" else _torch_cpu_sync, outputs
-
-
-def _torch_cpu_sync(_: Any) -> None:
-    """torch on CPU runs synchronously: a call's result is ready when it returns."""
-
-
-class _Skip(Exception):
-    """An implementation that cannot run here (the reason goes into the row)."""
-
-
-def measure_dense_peak(dtype, size: int | None = None) -> dict[str, float]:
-    """TFLOP/s of one square ``jnp.dot`` (8192 on accelerators, 1024 on CPU) in ``dtype``."""
-    if size is None:
-        size = 1024 if jax.default_backend() == "cpu" else 8192
-    ka, kb = jax.random.split(jax.random.key(0))
-    a = jax.random.normal(ka, (size, size), jnp.float32).astype(dtype)
-    b = jax.random.normal(kb, (size, size), jnp.float32).astype(dtype)
-    ms = timing.time_jax(jax.jit(jnp.dot), a, b).median_ms
-    return {"size": size, "ms": ms, "tflops": 2 * size**3 / ms / 1e9}
 
 
 def _fp8_recipe_name(impl: str) -> str:
@@ -410,20 +305,20 @@ def _prepare(row, preset, cfg, params, x, dy, want):
             try:
                 import torch  # noqa: F401
             except ImportError as error:
-                raise _Skip(f"torch is not installed ({error})") from error
+                raise SkipImpl(f"torch is not installed ({error})") from error
             if impl == "torchtitan":
                 row["torchtitan"] = package_version("torchtitan")
-            call, sync, outputs = _torch_case(params, x, dy, cfg.top_k, cfg.dtype, pass_, impl)
+            call, sync, outputs = torch_case(params, x, dy, cfg.top_k, cfg.dtype, pass_, impl)
         elif impl == "dense":
             need = dense_bytes(preset, cfg.dtype.itemsize)
             have = device_memory_bytes()
             if need > DENSE_MEMORY_SHARE * have:
-                raise _Skip(
+                raise SkipImpl(
                     f"dense layer needs ~{need / 2**30:.1f} GiB of intermediates, over "
                     f"{DENSE_MEMORY_SHARE:.0%} of {have / 2**30:.1f} GiB"
                 )
             layer_fn = lambda p, x: dense_layer(p, x, cfg.top_k)  # noqa: E731
-            call, sync, outputs = _jax_case(layer_fn, params, x, dy, pass_)
+            call, sync, outputs = jax_case(layer_fn, params, x, dy, pass_)
         elif impl.startswith(FP8_PREFIX):
             recipe = _fp8_recipe(impl)
             row["fp8_recipe"] = _fp8_recipe_name(impl)
@@ -439,20 +334,20 @@ def _prepare(row, preset, cfg, params, x, dy, want):
             def layer_fn(p, x, *cached):  # cached: () or (the FP8 weights,)
                 return jaxmoe.moe(p, x, layer_cfg, fp8_weights=cached[0] if cached else None)[0]
 
-            call, sync, outputs = _jax_case(layer_fn, params, x, dy, pass_, constants)
+            call, sync, outputs = jax_case(layer_fn, params, x, dy, pass_, constants)
         else:
             backend = impl.removeprefix("jaxmoe-") if impl.startswith("jaxmoe-") else None
             layer_cfg = dataclasses.replace(cfg, grouped_matmul_backend=backend)
             if backend is not None:
                 jaxmoe.ops.grouped_matmul.resolve_backend(backend)  # unknown names fail here
             layer_fn = lambda p, x: jaxmoe.moe(p, x, layer_cfg)[0]  # noqa: E731
-            call, sync, outputs = _jax_case(layer_fn, params, x, dy, pass_)
+            call, sync, outputs = jax_case(layer_fn, params, x, dy, pass_)
         errors = {name: relative_error(value, want[name]) for name, value in outputs().items()}
         row["rel_err"] = max(errors.values())
         if not row["rel_err"] <= tolerance:
             raise AssertionError(f"wrong result, relative errors {errors} > {tolerance}")
         return call, sync, timing.warm_up(call, sync, target_sample_ms=SAMPLE_TARGET_MS)
-    except _Skip as skip:
+    except SkipImpl as skip:
         row["skipped"] = str(skip)
     except Exception as error:  # noqa: BLE001 - record it and go on (out of memory, no kernel)
         row["error"] = _error_text(error)

@@ -16,13 +16,13 @@ from jax.sharding import PartitionSpec as P
 import jaxmoe
 from jaxmoe.bench.harness import first_devices_mesh
 from jaxmoe.bench.timing import time_jax
+from jaxmoe.layer_body import route_tokens
 from jaxmoe.parallel import (
     all_expert_counts,
     batch_partition_spec,
     fullest_slot,
     param_partition_specs,
 )
-from jaxmoe.stages import route_tokens
 
 
 @dataclasses.dataclass(frozen=True)

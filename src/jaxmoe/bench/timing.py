@@ -69,8 +69,9 @@ def warm_up(
 ) -> int:
     """Runs ``call`` ``warmup`` times, then three times timed one by one; returns how many
     back-to-back calls make a sample of about ``target_sample_ms``, from the fastest of the three
-    (one slow probe call, a host hiccup, had cut a 0.4 ms kernel's samples to 6 calls and put
-    the fixed cost of a sync in every one: H100 run 12 call 2)."""
+    (one slow probe call, a host hiccup, can cut a fast kernel's samples to a few calls and put
+    the fixed cost of a sync in every one: docs/kernels.md, 'Benchmark
+    harness')."""
     out = None
     for _ in range(max(1, warmup)):
         out = call()
@@ -150,17 +151,15 @@ def time_interleaved(
     """Times several callables against each other: each round takes one sample of every
     contender (``(call, sync, inner)``, ``inner`` from :func:`warm_up`), starting one contender
     later each round. Peers sampled seconds apart share the GPU's clock and temperature, which
-    drift by up to 15% over a long run on an H100 (session 7's probe: torch's own forward
-    1.28 ms, then 1.48 ms a minute later), so their ratio is far steadier than that of timings
-    taken one after the other.
+    drift by up to 15% over a long run on an H100, so their ratio is far steadier than that of
+    timings taken one after the other (docs/kernels.md, 'Benchmark harness').
 
     ``settle_ms``: before each sample, the contender runs untimed for this long, so that the
     sample sees the clock its own load settles at (None: :func:`settle_ms_for` the default
     backend, :data:`SETTLE_MS` on a GPU, nothing elsewhere). An H100 at its power limit clocks
-    kernels by the power they draw and takes 0.1-0.4 s to follow a change of load (H100 run 15:
-    jaxmoe's first Mixtral fwd+bwd calls right after torch's layer ran ~10% faster than settled,
-    torch's right after jaxmoe's ~10% slower), so a sample taken right after a peer's starts at
-    the peer's clock."""
+    kernels by the power they draw and takes 0.1-0.4 s to follow a change of load, so a sample
+    taken right after a peer's starts at the peer's clock (~10% either way on the Mixtral
+    layer: docs/kernels.md, 'Benchmark harness')."""
     settle_ms = settle_ms_for(jax.default_backend(), settle_ms)
     names = list(contenders)
     samples: dict[str, list[float]] = {name: [] for name in names}

@@ -20,8 +20,8 @@ Configuration, and where its math differs from ``jaxmoe.moe`` (softmax top-k, Sw
   ``scatter_add`` into a bf16 output (the K contributions add in bf16; jaxmoe adds in float32).
 
 The wheels it needs besides torch (all pure Python): ``torchtitan``, ``spmd_types`` (the version
-torchtitan pins), ``tyro``, ``docstring_parser``, ``typeguard`` (see
-``benchmarks/results/raw/h100-titan/README.md``).
+torchtitan pins), ``tyro``, ``docstring_parser``, ``typeguard`` (docs/kernels.md,
+'Benchmark harness').
 """
 
 from __future__ import annotations

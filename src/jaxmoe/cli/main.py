@@ -24,8 +24,8 @@ from tqdm.auto import tqdm
 from jaxmoe.bench import expert_parallel, gemm, gemm_tile_sweep, harness, layer, timing
 from jaxmoe.bench.layer_scaling import LAYER_CASES
 from jaxmoe.bench.presets import GEMM_SHAPES, LAYER_PRESETS
-from jaxmoe.choices import FP8_RECIPES
 from jaxmoe.cli import flags
+from jaxmoe.option_names import FP8_RECIPES
 from jaxmoe.parallel.exchange import EXCHANGES
 
 SCORES = ("softmax", "sigmoid", "sqrtsoftplus")

@@ -5,8 +5,8 @@
 * :func:`ep_dispatch` / :func:`ep_combine`: the exchange-level API for use inside your own
   ``shard_map``; :func:`ep_apply_experts` wraps both around an expert function, with the
   dropless fast path.
-* :mod:`jaxmoe.parallel.dedup`: the deduplicated dispatch (``ep_dispatch="tokens"``: one row
-  per (token, destination rank) on the wire).
+* :mod:`jaxmoe.parallel.token_dispatch`: the token dispatch (``ep_dispatch="tokens"``: one
+  row per (token, destination rank) on the wire, not one per copy).
 * :mod:`jaxmoe.parallel.layout`: the slot and receive-buffer arithmetic behind them.
 * :mod:`jaxmoe.parallel.exchange`: the exchange implementations (dense all-to-all, all-gather
   reference, ragged all-to-all).

@@ -46,7 +46,8 @@ expert ids and weights; the receiver expands pairs into this module's expert-maj
 sums each pair's weighted outputs before the return exchange. Slots hold
 ``P_pairs = min(T, ceil(f * T * (1 - C(E-E_l, K) / C(E, K))))`` pairs and at most
 ``Q = ceil(f*T*K/ep)`` copies per window (``T`` vs ``2.25 T`` rows for K=8 of E=32 at ep=4);
-later windows reuse the overflow loop below. Layout and proofs: :mod:`jaxmoe.parallel.dedup`.
+later windows reuse the overflow loop below. Layout and proofs:
+:mod:`jaxmoe.parallel.token_dispatch`.
 
 References: Lepikhin et al. 2020 (GShard); Fedus et al. 2021 (Switch); DeepSeek-AI 2024
 (DeepSeek-V3); NVIDIA TransformerEngine ``ep_dispatch``/``ep_combine`` for the API shape.
@@ -62,8 +63,8 @@ import jax
 import jax.numpy as jnp
 
 from jaxmoe import debug, permutation
-from jaxmoe.choices import EP_DISPATCHES, check_registry
-from jaxmoe.parallel import dedup, layout
+from jaxmoe.option_names import EP_DISPATCHES, check_registry
+from jaxmoe.parallel import layout, token_dispatch
 from jaxmoe.parallel.exchange import Exchange, exchange_rows, resolve_exchange
 from jaxmoe.parallel.exchange.all_to_all_chunked import (
     ChunkedAllToAllExchange,
@@ -72,7 +73,7 @@ from jaxmoe.parallel.exchange.all_to_all_chunked import (
 from jaxmoe.parallel.overflow import chunked, overflow_windows
 
 #: ``ep_apply_experts(dispatch=...)``: one row per (token, expert) copy on the wire, or one per
-#: (token, destination rank) pair (:mod:`jaxmoe.parallel.dedup`).
+#: (token, destination rank) pair (:mod:`jaxmoe.parallel.token_dispatch`).
 DISPATCH_NAMES = ("auto", "copies", "tokens")
 check_registry("EP_DISPATCHES", EP_DISPATCHES, DISPATCH_NAMES)
 
@@ -328,7 +329,7 @@ def ep_apply_experts(
         Needs ``capacity=None``.
       dispatch: ``"copies"`` (one row per (token, expert) copy on the wire), ``"tokens"``
         (deduplicated: one row per (token, destination rank) pair, see
-        :mod:`jaxmoe.parallel.dedup`; dropless only: needs ``capacity`` and
+        :mod:`jaxmoe.parallel.token_dispatch`; dropless only: needs ``capacity`` and
         ``receive_factor`` None) or ``"auto"`` (:func:`jaxmoe.parallel.layout.auto_dispatch`:
         ``"tokens"`` where dropless and a pair averages >= 1.5 copies). Where a pair can only
         be one copy (``ep == 1``, or ``min(K, E_l) == 1``) ``"tokens"`` runs the copies path,
@@ -364,7 +365,7 @@ def ep_apply_experts(
         dispatch = "copies"
     if dispatch == "tokens":
         return EPExpertsResult(
-            *dedup.apply_experts(
+            *token_dispatch.apply_experts(
                 x,
                 routing_experts,
                 routing_weights,

@@ -20,9 +20,9 @@ import jax
 import jax.numpy as jnp
 
 from jaxmoe import permutation
-from jaxmoe.arrays import round_up
+from jaxmoe.argument_checks import round_up
 from jaxmoe.ranks import scatter_inverse, stable_ranks
-from jaxmoe.search import search_right
+from jaxmoe.sorted_search import search_right
 
 
 def slot_rows(
@@ -61,10 +61,9 @@ def expected_pair_fraction(top_k: int, num_experts: int, num_local_experts: int)
     return 1.0 - miss
 
 
-# ``ep_dispatch="auto"`` deduplicates where a (token, rank) pair carries at least this many
-# copies on average. Measured on 2 H200s (EP=2, fwd+bwd): K=8 of E=32 (4.0 copies per pair) ran
-# 11% faster deduplicated, K=2 of E=8 (1.27) 4% slower; the gain, roughly linear in the share of
-# rows saved, crosses zero near 1.5.
+# ``ep_dispatch="auto"`` takes the token dispatch where a (token, rank) pair carries at least
+# this many copies on average: the gain, roughly linear in the share of rows saved, crosses zero
+# near 1.5 (measured: docs/kernels.md, 'Expert parallelism: exchange and dispatch defaults').
 AUTO_DEDUP_MIN_COPIES_PER_PAIR = 1.5
 
 

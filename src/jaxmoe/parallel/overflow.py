@@ -3,10 +3,11 @@ then one ``lax.while_loop`` (with a custom VJP that loops again) for the windows
 
 ``path(window, x, weights, params, experts, layout) -> (y, aux)`` is one window's exchange,
 experts and combine for one chunk of a rank's tokens (:func:`jaxmoe.parallel.ep_apply_experts`:
-slots of copies, ``aux`` the :class:`~jaxmoe.parallel.EPHandle`; :mod:`jaxmoe.parallel.dedup`:
-slots of pairs, ``aux`` the copies sent). :func:`chunked` runs it on each of ``num_chunks``
-equal chunks of the token rows (``layouts[c]``: chunk ``c``'s int32 layout operand, the
-all-gathered counts or the dedup path's pair prefix counts) and concatenates the outputs::
+slots of copies, ``aux`` the :class:`~jaxmoe.parallel.EPHandle`;
+:mod:`jaxmoe.parallel.token_dispatch`: slots of pairs, ``aux`` the copies sent).
+:func:`chunked` runs it on each of ``num_chunks`` equal chunks of the token rows
+(``layouts[c]``: chunk ``c``'s int32 layout operand, the all-gathered counts or the token
+dispatch's pair prefix counts) and concatenates the outputs::
 
     y = chunked(path)(0, ...)                                   # chunk 0, ..., C-1: window 0
       + overflow_windows(chunked(path), W, ...)                 # w = 1 .. W-1: window w of
@@ -17,8 +18,8 @@ so no loop holding collectives sits between two chunks' exchanges (XLA's GPU sch
 move an async collective across such a loop; it can then overlap one chunk's fast exchange
 with another's expert matmuls). ``W`` is the most windows any chunk needs; a window past a
 chunk's own last one sends nothing and adds exact zeros (both layouts clip it to empty slots:
-:func:`jaxmoe.parallel.layout.slot_layout`, :func:`jaxmoe.parallel.dedup.window_end`), so the
-result is the per-chunk sum. Every rank of the ep group runs the same ``W`` (computed by the
+:func:`jaxmoe.parallel.layout.slot_layout`, :func:`jaxmoe.parallel.token_dispatch.window_end`),
+so the result is the per-chunk sum. Every rank of the ep group runs the same ``W`` (computed by the
 caller from all-gathered counts or a ``pmax``), so all enter the same collectives; the loop
 holds one window's buffers at a time and the backward recomputes each window instead of
 keeping it.

@@ -1,5 +1,5 @@
-"""The sharded layer: :func:`jaxmoe.moe` with a mesh, as :func:`jaxmoe.stages.moe_body` per shard
-inside ``jax.shard_map``, its experts step being :func:`~jaxmoe.parallel.ep_apply_experts`.
+"""The sharded layer: :func:`jaxmoe.moe` with a mesh, as :func:`jaxmoe.layer_body.moe_body` per
+shard inside ``jax.shard_map``, its experts step being :func:`~jaxmoe.parallel.ep_apply_experts`.
 
 Experts are split over ``cfg.ep_axis`` and the batch over ``(*cfg.data_axes, cfg.ep_axis)``;
 expert weights may also be FSDP-sharded over the data axes (all-gathered here, their gradient
@@ -17,12 +17,12 @@ import jax.numpy as jnp
 from jaxmoe import compat
 from jaxmoe.config import MoEConfig
 from jaxmoe.experts import routed_experts
+from jaxmoe.layer_body import ExpertsResult, MoEStats, moe_body, resolve_alignment
 from jaxmoe.ops.grouped_matmul import resolve_backend
 from jaxmoe.parallel import sharding
 from jaxmoe.parallel.dispatch import ep_apply_experts
 from jaxmoe.parallel.exchange import resolve_exchange
 from jaxmoe.router import Routing
-from jaxmoe.stages import ExpertsResult, MoEStats, moe_body, resolve_alignment
 
 
 def gather_fsdp(expert_params: dict, specs: dict, axes) -> dict:

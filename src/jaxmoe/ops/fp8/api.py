@@ -8,7 +8,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxmoe.choices import GROUPED_MATMUL_BACKENDS
 from jaxmoe.ops.fp8 import columnwise_pallas
 from jaxmoe.ops.fp8.base import ScaledGroupedMatmulBackend, check_scaled_args
 from jaxmoe.ops.fp8.columnwise import quantize_columnwise
@@ -23,6 +22,7 @@ from jaxmoe.ops.fp8.weights import (
 from jaxmoe.ops.fp8.xla import XlaScaledGroupedMatmul
 from jaxmoe.ops.grouped_matmul.api import default_backend_name
 from jaxmoe.ops.grouped_matmul.base import check_grouped_matmul_args, clip_group_sizes
+from jaxmoe.option_names import GROUPED_MATMUL_BACKENDS
 
 
 # Imported lazily, as the bf16 grouped matmul does: Pallas pulls in Mosaic GPU lowering code that
@@ -136,8 +136,8 @@ def scaled_grouped_matmul(
 def _wgrad_operand(x, group_sizes, dtype, impl):
     """``quantize_columnwise(x, group_sizes, dtype)``: on a GPU with the Mosaic backend (the one
     reading K-major weights) by the two Pallas passes (:mod:`.columnwise_pallas`); XLA's
-    fusion of the same gather, cast and transpose took 3.05 ms on an H100 for the Mixtral
-    layer's hidden activations (``benchmarks/results/raw/h100-run11/call1``)."""
+    fusion of the same gather, cast and transpose is several times slower (docs/kernels.md,
+    'FP8 quantizers')."""
     if impl.k_major_weights and columnwise_pallas.supports(x.shape, x.dtype, dtype):
         return columnwise_pallas.quantize_columnwise_pallas(x, group_sizes)
     return quantize_columnwise(x, group_sizes, dtype)

@@ -30,9 +30,9 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from jaxmoe.arrays import round_up
+from jaxmoe.argument_checks import round_up
 from jaxmoe.ops.fp8.quantize import E4M3, cast_scaled, scale_from_amax
-from jaxmoe.search import search_right
+from jaxmoe.sorted_search import search_right
 
 Array = jax.Array
 

@@ -2,9 +2,8 @@ r"""The FP8 wgrad's columnwise quantization in two Pallas (Triton) passes, no ga
 transpose.
 
 :func:`jaxmoe.ops.fp8.columnwise.quantize_columnwise` in XLA gathers each padded column's row
-and casts it into the transposed ``[K, Mp]`` layout in one loop fusion; on an H100 that fusion
-took 3.05 ms for the Mixtral layer's ``[8192, 14336]`` hidden activations (about 0.1 TB/s;
-``benchmarks/results/raw/h100-run11/call1``), more than the FP8 wgrad saves. Here:
+and casts it into the transposed ``[K, Mp]`` layout in one loop fusion, which runs at about
+0.1 TB/s on an H100: slower than the FP8 wgrad saves. Here:
 
 * Each 128-column block of the padded layout holds up to 128 *contiguous* rows of one group
   (a group's rows are contiguous, and its padded columns start at a multiple of 128): block
@@ -18,10 +17,8 @@ took 3.05 ms for the Mixtral layer's ``[8192, 14336]`` hidden activations (about
   (:func:`quantize.cast_scaled`) and stores the ``[bk, 128]`` transposed tile: 128 contiguous
   bytes per row of the output.
 
-Reads ``2 + 2`` bytes and writes 1 per element. Measured (H100 run 11 call 2,
-``benchmarks/fp8_columnwise_bench.py``, bf16 rows, skewed groups): bit for bit the XLA path on
-the Mixtral and DeepSeek layers' four wgrad operands, 2.1-2.9 TB/s (0.20 ms for Mixtral's hidden
-activations) against XLA's 0.34-0.59 TB/s.
+Reads ``2 + 2`` bytes and writes 1 per element; bit for bit the XLA path, several times its
+bandwidth (measured: docs/kernels.md, 'FP8 quantizers').
 
 Exactness: the maxima are exact in any order; the division is Triton's ``/``, which on an H100
 rounds as XLA's GPU division (here and in :mod:`.weight_quantize_pallas`); in Pallas'

@@ -47,16 +47,13 @@ default), e4m3 operands, a 2-byte result, ``M % block_m == 0``,
 ``K % 128 == 0``, ``N % block_n == 0``, a Hopper GPU. On a CPU the kernel runs in Mosaic GPU's
 interpreter, which has no transposed ``wgmma`` operand but also no K-major rule, so there the
 weights go in as ``[G, K, N]`` and the same body (work list, schedule, epilogue) is exercised;
-the K-major path is proven by lowering for CUDA (tests) and on the device
-(``benchmarks/grouped_matmul_fp8.py``).
+the K-major path is proven by lowering for CUDA (tests) and on the device (the FP8
+grouped-matmul bench).
 
-Measured (H100, jax 0.11.2, torch 2.11, ``benchmarks/results/grouped_matmul-fp8-h100.json``,
-balanced groups, forward): 1170 TFLOP/s on Mixtral up, 1251 down; 0.99-1.04x
-``torch._scaled_grouped_mm`` (fast accumulation, the same accumulation as this kernel, and equal
-errors) on Mixtral and DeepSeek-V3, 0.93x / 0.76x on Qwen3 up / down; 1.79-1.91x the bf16 Mosaic
-kernel on Mixtral and DeepSeek-V3. Error against the float64 product of the dequantized operands:
-1.7e-3 (bf16 rounding) up to 3.3e-3 at K = 14336, identical to torch's fast accumulation; the
-wgmma accumulator of FP8 products is narrower than float32 (no promotion to a second float32
+Speed against ``torch._scaled_grouped_mm`` and the bf16 kernel: docs/kernels.md, 'FP8 grouped
+matmul (Mosaic)'. Error against the float64 product of the dequantized operands: 1.7e-3 (bf16
+rounding) up to 3.3e-3 at K = 14336, identical to torch's fast accumulation; the wgmma
+accumulator of FP8 products is narrower than float32 (no promotion to a second float32
 accumulator yet, which torch's ``use_fast_accum=False`` does at 0.83-0.87x the speed).
 """
 
@@ -90,20 +87,12 @@ def default_fp8_tiles(m: int, k: int, n: int, recipe: Fp8Recipe | None = None) -
     """Rowwise: the bf16 kernel's default schedule (the hand-written ring across a CTA's tiles,
     a 4-deep ring, the swizzled 64-row epilogue slab) with ``block_k`` widened to 128 FP8
     elements, the same bytes per ring stage. The compute warpgroups split the columns and the
-    tiles stay on the global ``block_m`` grid: the bf16 kernel's split rows (H100 run 16),
-    tiles from each group's first row (run 18) and weight multicast (run 22) are not measured
-    with FP8 yet (the FP8 layer pads its groups to 128 rows, where the two work lists are the
-    same).
+    tiles stay on the global ``block_m`` grid: the bf16 kernel's split rows, tiles from each
+    group's first row and weight multicast are not measured with FP8 yet (the FP8 layer pads
+    its groups to 128 rows, where the two work lists are the same).
 
-    H100, forward, balanced, ``torch._scaled_grouped_mm`` interleaved in the same rounds
-    (``benchmarks/results/raw/h100-run10``): these tiles 1.05-1.22x torch on the six shapes
-    (call 2; Qwen3 down 1.09x), the session-7 tiles 1.00-1.24x (call 1; Qwen3 down 1.01x); the
-    outputs are bitwise equal on skewed groups (call 2). The "sweep" rows of those runs, timed
-    alone after the interleaved rounds, ran 5-15% faster than the same tiles inside the rounds
-    and disagree between the calls: they do not rank the variants.
-
-    Blockwise (``recipe``): the session-7 tiles with ``block_m`` 64 (see
-    :func:`pipeline_fp8_tiles`); the ring measured 0.95-1.06x these (call 2), so they stay."""
+    Blockwise (``recipe``): :func:`pipeline_fp8_tiles` with ``block_m`` 64, which the ring did
+    not beat. Measured: docs/kernels.md, 'FP8 grouped matmul (Mosaic)'."""
     if recipe is not None and recipe.name == "blockwise":
         return pipeline_fp8_tiles(m, k, n, recipe)
     del m, k, n
@@ -113,22 +102,21 @@ def default_fp8_tiles(m: int, k: int, n: int, recipe: Fp8Recipe | None = None) -
 
 
 def pipeline_fp8_tiles(m: int, k: int, n: int, recipe: Fp8Recipe | None = None) -> MosaicTileConfig:
-    """The session-7 tiles on jax's warp-specialized pipeline (the bf16 kernel's default before
-    the ring) with ``block_k`` 128: a 4-deep ring and a 64-row epilogue slab; a 3-deep ring
+    """Tiles on jax's warp-specialized pipeline (the bf16 kernel's default before the ring)
+    with ``block_k`` 128: a 4-deep ring and a 64-row epilogue slab; a 3-deep ring
     where only that lets tiles chain (``K / 128`` a multiple of 3, not of 4).
 
     Blockwise (``recipe``): ``block_m`` 64. Each compute warpgroup holds two float32
     ``[block_m, 128]`` accumulators (the running sum and the step's product): 128 registers per
-    thread at ``block_m`` 64, 256 (more than a thread has: spills) at 128 (H100 run 10 call 1:
-    ``block_m`` 128 took 1.5-1.8x as long)."""
+    thread at ``block_m`` 64, 256 (more than a thread has: spills) at 128 (measured:
+    docs/kernels.md, 'FP8 grouped matmul (Mosaic)')."""
     cfg = MosaicTileConfig(
         block_k=FP8_BLOCK_K, stages=4, epilogue_rows=64, pipelined_tiles=min(k, n) <= 1024
     )
     steps = k // FP8_BLOCK_K
     if cfg.pipelined_tiles and steps % cfg.stages and steps % 3 == 0:
         # Chaining tiles needs whole ring turns: K = 768 is 6 steps of 128, so a 3-deep ring
-        # chains where the 4-deep one cannot (H100, Qwen3 down: 0.260 against 0.294 ms, 1.10x
-        # torch._scaled_grouped_mm; benchmarks/results/raw/h100-run8/call2).
+        # chains where the 4-deep one cannot (docs/kernels.md, 'FP8 grouped matmul (Mosaic)').
         cfg = dataclasses.replace(cfg, stages=3)
     if recipe is not None and recipe.name == "blockwise":
         cfg = dataclasses.replace(cfg, block_m=64)

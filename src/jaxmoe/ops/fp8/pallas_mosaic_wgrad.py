@@ -54,13 +54,8 @@ transposed back to ``[Mp, N]`` before the kernel and its ``[128, bn]`` blocks go
 are (the same schedule, ring, empty-group path and epilogue run); the K-major path is proven by
 lowering for CUDA (tests) and on the device.
 
-Measured (H100, jax 0.11.2, torch 2.11, ``benchmarks/results/fp8-wgrad-h100.md``, H100 run 11
-call 3, ``benchmarks/fp8_wgrad_probe.py``, interleaved rounds): within bf16 rounding of the
-float32 contract on all six shapes, balanced and skewed (Dirichlet 0.3, an empty group):
-relative error 1.7-2.0e-3. Against the bf16 Mosaic wgrad on the same problems: 1.61-1.85x on
-Mixtral and DeepSeek balanced (1094 / 1225 TFLOP/s on Mixtral up / down), 1.75-1.90x skewed,
-1.35-1.56x on Qwen3 (groups of a few 128-token blocks). Those were 3-slot tiles; the 4-slot
-default is 1.07-1.19x faster (run 13 call 6: Mixtral up 1.55 ms, 2.08x torch's bf16 wgrad).
+Within bf16 rounding of the float32 contract; speed against the bf16 Mosaic wgrad:
+docs/kernels.md, 'FP8 wgrad (Mosaic)'.
 """
 
 from __future__ import annotations
@@ -109,9 +104,8 @@ class Fp8TgmmTileConfig:
 
 def default_fp8_tgmm_tiles(k: int, n: int) -> Fp8TgmmTileConfig:
     """``128 x 128 x 256`` output tiles, a 4-slot ring, the result staged in 64-row halves: the
-    bf16 wgrad's tiles. H100 run 13 call 6 (``benchmarks/fp8_wgrad_probe.py --half-slab``,
-    interleaved, 2026-11-25): 1.09-1.19x the previous default (3 slots, a whole slab) balanced,
-    1.07-1.10x skewed, on Mixtral up, DeepSeek down and Qwen3 up/down, with the same errors."""
+    bf16 wgrad's tiles, faster than 3 slots with a whole slab (measured: docs/kernels.md, 'FP8
+    wgrad (Mosaic)')."""
     del k, n
     return Fp8TgmmTileConfig()
 

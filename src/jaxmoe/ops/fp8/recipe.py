@@ -12,7 +12,7 @@ blockwise     1 x ``block_size`` tiles along K:     ``block_size`` x ``block_siz
               scale ``[M, ceil(K/b)]``              scale ``[G, ceil(K/b), ceil(N/b)]``
 ============  ==================================  ======================================
 
-Rowwise is what ``torch._scaled_grouped_mm`` takes (the peer measured in issue 20): both scales
+Rowwise is what ``torch._scaled_grouped_mm`` takes (the FP8 peer benchmarked): both scales
 are constant along the contraction, so they apply once, in the epilogue:
 ``out = (lhs_q @ rhs_q[g]) * lhs_scale[m] * rhs_scale[g, n]``. Blockwise is DeepSeek-V3's
 recipe: the scales change every ``block_size`` along K, so each K block's partial product is
@@ -30,8 +30,8 @@ import dataclasses
 
 import jax.numpy as jnp
 
-from jaxmoe.choices import FP8_RECIPES, check_registry
 from jaxmoe.ops.fp8.quantize import E4M3, FP8_DTYPES
+from jaxmoe.option_names import FP8_RECIPES, check_registry
 
 RECIPE_NAMES = ("rowwise", "blockwise")
 WGRAD_PRECISIONS = ("high", "fp8")

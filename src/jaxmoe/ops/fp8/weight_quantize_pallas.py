@@ -34,12 +34,11 @@ clip and the round-to-nearest-even cast (the Triton lowering casts with ``RTNE``
 clipped first, so saturation never matters). The one trap is the division: it must round as
 XLA's does *on the same platform*. On the CPU (the interpreter) both are XLA's IEEE division.
 On the GPU, Triton lowers float32 ``/`` to PTX ``div.full.f32`` (approximate, <= 2 ulp), and
-XLA's GPU division rounds the same way (measured; its PTX was not inspected): on an H100
-(jax 0.11.2, ``benchmarks/results/raw/h100-wquant``) the kernel with Triton's ``/`` matched
-the XLA path bit for bit on all four benchmark weights (0 of ~470 M elements differ per
-output), while the correctly rounded ``div.rn.f32`` (inline PTX, ``ieee_division=True``)
-differed in ~1.7 k elements per FP8 output, and was 20% slower. So the kernel keeps Triton's
-``/``; ``ieee_division`` stays as the benchmark's control.
+XLA's GPU division rounds the same way (measured; its PTX was not inspected): with Triton's
+``/`` the kernel matches the XLA path bit for bit, while the correctly rounded ``div.rn.f32``
+(inline PTX, ``ieee_division=True``) differs and is slower (docs/kernels.md, 'FP8
+quantizers'). So the kernel keeps Triton's ``/``; ``ieee_division`` stays as the benchmark's
+control.
 
 Backend: ``pl.pallas_call`` with BlockSpecs on Pallas' Triton backend (float8_e4m3fn stores
 need compute capability >= 8.9: Hopper's is 9.0), or Pallas' interpreter when JAX's default

@@ -95,11 +95,10 @@ def _quantize_last_axis_contracted(rhs, recipe: Fp8Recipe, transpose: bool):
     written with the contraction dim last (K-major): ``(q [G, out, contraction], scale [G, 1,
     out])`` (blockwise: the scale ``[G, ceil(contraction / b), ceil(out / b)]``).
 
-    Why a pass of its own for the transpose: quantizing ``[G, K, N]`` and letting the kernel's
-    transpose fuse into the cast ran at 1.0 TB/s on an H100 (2.29 ms for a Mixtral ``[8, 4096,
-    14336]`` weight); the bf16 transpose alone (the barrier keeps it out of the cast's fusion),
-    then the quantization along the now-last axis, took 1.56 ms (``benchmarks/results/raw/
-    h100-run8/call1``). Amax, scale and cast see the same values either way: the same bits.
+    Why a pass of its own for the transpose: the bf16 transpose alone (the barrier keeps it out
+    of the cast's fusion), then the quantization along the now-last axis, is faster than letting
+    the transpose fuse into the cast (docs/kernels.md, 'FP8 quantizers'). Amax, scale and cast
+    see the same values either way: the same bits.
     """
     group_block, contraction_block, out_block = recipe.rhs_blocks
     if transpose:
@@ -113,9 +112,9 @@ def make_fp8_weights(rhs, recipe: Fp8Recipe, k_major: bool) -> Fp8Weights:
     them back to ``rhs`` (the master weight's gradient is the op's wgrad).
 
     Rowwise for a K-major backend on a GPU: both in two passes over ``rhs`` by
-    :func:`.weight_quantize_pallas.quantize_weights_rowwise_pallas` (bit for bit XLA's;
-    1.08 ms against 1.72 ms per Mixtral weight on an H100, ``benchmarks/results/raw/
-    h100-wquant``). Otherwise XLA's :func:`quantize`, each operand in its kernel's layout.
+    :func:`.weight_quantize_pallas.quantize_weights_rowwise_pallas` (bit for bit XLA's and
+    faster: docs/kernels.md, 'FP8 quantizers'). Otherwise XLA's :func:`quantize`, each operand
+    in its kernel's layout.
     """
     rhs = jax.lax.stop_gradient(jnp.asarray(rhs))
     if recipe.name == "blockwise":

@@ -6,7 +6,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from jaxmoe.arrays import as_array, check_nonnegative
+from jaxmoe.argument_checks import as_array, check_nonnegative
 from jaxmoe.ops.gated_grouped_matmul import ffn_primitives, primitives
 from jaxmoe.ops.gated_grouped_matmul.base import (
     GatedGroupedMatmulBackend,
@@ -170,12 +170,10 @@ def _check(lhs, rhs_gate, rhs_up, group_sizes, activation, op: str) -> None:
     )
 
 
-# ``"auto"`` fuses only up to this contraction depth. Measured on an H100 (forward, fused /
-# unfused; benchmarks/results/raw/h100-fused-glu run1/run2): K=2048 (Qwen3-like) 1.19/1.28x,
-# K=4096 (Mixtral-like) 1.04/1.02x, K=7168 (DeepSeek-like) 0.98/0.95x. The fused tile is
-# 128 columns per projection against the unfused kernel's 256: on long K loops, where the
-# unfused kernel is compute-bound, the narrower wgmma costs more than the saved traffic of
-# gate and up (which does not grow with K).
+# ``"auto"`` fuses only up to this contraction depth: the fused tile is 128 columns per
+# projection against the unfused kernel's 256, and on long K loops, where the unfused kernel is
+# compute-bound, the narrower wgmma costs more than the saved traffic of gate and up (which
+# does not grow with K). Measured: docs/kernels.md, 'Fused gated kernel'.
 AUTO_FUSED_MAX_K = 4096
 
 

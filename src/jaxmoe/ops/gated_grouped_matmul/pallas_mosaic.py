@@ -21,10 +21,9 @@ per warpgroup and accumulator with split rows, 128 registers a thread for both) 
 Shared memory: a ring slot is ``bm * bk + 2 * bk * bn`` elements (48 KiB at 128 x 128 x 64 in
 bf16): four slots and a 64-row epilogue slab fit in the H100's 227 KiB.
 
-Measured (H100, jax 0.11.2, ``benchmarks/results/raw/h100-fused-glu``): ``h`` within 1.6-2.7e-3
-of a float32 reference on the three benchmark shapes, balanced and skewed (the unfused path,
-rounding ``gate`` and ``up`` to bf16 before the product: 7.5-8.3e-3); tail rows zero; gradients
-bitwise equal to the unfused path's.
+Accuracy: ``h`` is rounded once, from the float32 product, so it is closer to a float32
+reference than the unfused path, which rounds ``gate`` and ``up`` to bf16 first (measured:
+docs/kernels.md, 'Fused gated kernel').
 
 Limits: those of the Mosaic ``gmm`` (bf16/fp16, ``M % bm == K % bk == F % bn == 0``, a Hopper
 GPU or Mosaic GPU's interpreter on a CPU).
@@ -113,24 +112,8 @@ def default_gated_tiles(m: int, k: int, n: int) -> MosaicTileConfig:
     compute warpgroups splitting the rows (``m64n128`` products), a 64-row epilogue slab, and
     ``block_n = 128`` per weight, so that both accumulators fit in registers.
 
-    Measured (H100, jax 0.11.2, ``benchmarks/results/raw/h100-run16``, settled, the layer
-    presets' shapes, balanced; outputs bitwise equal across variants). Call 2: the ring with
-    the swizzled epilogue 1.022x (Mixtral), 1.036x (DeepSeek) and 1.006x (Qwen3) jax's
-    pipeline per tile (the default before); a 3-deep ring 0.92-0.95x. Call 3, against that
-    ring: split rows 1.025x, 1.038x and 1.011x with the unswizzled epilogue, 1.017x, 1.043x and
-    1.004x with the swizzled one. The layer's forward moved within its noise (0.99-1.02x).
-    Tiles from each group's first row (``group_start_tiles``), as the plain ``gmm``'s default
-    (run 18): fewer tiles on groups padded to 64 rows, the same K order per row (call 2, the
-    Mixtral layer, bitwise equal; its timing, 1.022x / 0.996x, compared group start with itself:
-    after the second variant's cache clearing the first was traced again with the defaults).
-    Without the plain ``gmm``'s weight multicast (``multicast_weights``), which the kernel
-    supports: with it, the Mixtral layer's forward took 5.112 against 5.095 ms a call (H100,
-    ``benchmarks/results/raw/h100-run23/call1``, alternating 3 s phases, medians of four).
-
-    Session 30: the activation on approximate instructions (``approx_math``; H100
-    ``benchmarks/results/raw/h100-run30``): the kernel 1.012x (Mixtral) and 1.018x (Qwen3) in
-    call 1, 1.019x and 1.031x in call 2, ``h`` within 2e-5 of the exact math's; its epilogue
-    4.8 us a tile against 6.3 (traced, of a 68.7 us main loop on Mixtral's K = 4096).
+    Each choice (the ring, split rows, group-start tiles, no weight multicast, the approximate
+    activation) measured against its alternative: docs/kernels.md, 'Fused gated kernel'.
     """
     del m, k, n
     return MosaicTileConfig(
@@ -147,8 +130,7 @@ def default_gated_tiles(m: int, k: int, n: int) -> MosaicTileConfig:
 def default_down_dgrad_tiles(m: int, h: int, f: int) -> MosaicTileConfig:
     """Block sizes of :func:`fused_down_dgrad` (``[M, H] x [G, F, H]^T``): the Mosaic ``gmm``'s
     default, with the activation's derivative on approximate instructions (``approx_math``;
-    H100 ``benchmarks/results/raw/h100-run30/call1``: 1.030x on Mixtral, 1.050x on Qwen3
-    against the exact math, the same 1.66e-3 from a float32 reference)."""
+    measured: docs/kernels.md, 'Fused gated kernel')."""
     return dataclasses.replace(
         pallas_mosaic_tiles.default_mosaic_gmm_tiles(m, h, f), approx_math=True
     )
@@ -334,38 +316,20 @@ class PallasMosaicGatedGroupedMatmul(GatedGroupedMatmulBackend):
         elsewhere. The kernel is closer to a float32 reference (1.7e-3 against the unfused
         path's 3.3-3.7e-3, Mixtral and Qwen3, balanced and skewed) and never writes ``h_bar``;
         its epilogue operands ride the ring
-        (:mod:`jaxmoe.ops.grouped_matmul.pallas_mosaic_ring_operands`). Alone it is 1.07-1.11x
-        (Mixtral) and 1.11-1.15x (Qwen3) the unfused dgrad plus its elementwise pass (H100,
-        ``benchmarks/results/raw/h100-run30`` call 1, ``h100-run31`` call 1). ``True`` since
-        session 31, by the layer's fwd+bwd settled, each variant alone in alternating 3 s
-        phases (``benchmarks/variant_clock_probe.py``, ``h100-run31/call5``): Mixtral 1.013x
-        (faster in all five phase pairs; the default against itself 1.001x), Qwen3 1.012x (four
-        of five). Interleaved rounds had measured it at 0.985-1.019x over runs 29-31, inside
-        their own noise (the default against itself: 1.0135x, ``h100-run31/call4``).
+        (:mod:`jaxmoe.ops.grouped_matmul.pallas_mosaic_ring_operands`). On by the layer's
+        fwd+bwd (measured: docs/kernels.md, 'Fused gated kernel').
       down_dgrad_tiles: that kernel's block sizes; ``None``: :func:`default_down_dgrad_tiles`.
       fused_input_dgrad: the projections' input gradient ``gate_bar Wg^T + up_bar Wu^T`` as one
         kernel (:func:`jaxmoe.ops.grouped_matmul.pallas_mosaic.gmm_pair`: one K loop over both
-        products, one ``[M, K]`` result) where the Mosaic ``gmm`` takes the operands. ``True``
-        by measurement (H100, ``benchmarks/results/raw/h100-run16``): it saves one launch and
-        its last wave, one ``[M, K]`` store and the sum's read of it. The kernel is 1.03x
-        (Mixtral), 1.15x (DeepSeek) and 1.41x (Qwen3) the two dgrads and their sum, and closer
-        to a float32 reference (1.7e-3 against 2.4e-3). The layer's fwd+bwd: Qwen3 1.03x and
-        1.02x in two calls, Mixtral 0.98x and 1.01x (noise), DeepSeek untouched (its ``auto``
-        path is the unfused composition).
+        products, one ``[M, K]`` result) where the Mosaic ``gmm`` takes the operands: it saves
+        one launch and its last wave, one ``[M, K]`` store and the sum's read of it (measured:
+        docs/kernels.md, 'Fused gated kernel').
       interpret: ``None`` runs the interpreter when JAX's default backend is not a GPU.
-      residuals_from_kernel: ``True`` since session 25: under differentiation the fused kernel
-        writes ``h``, ``gate`` and ``up`` (so no XLA pass computes ``h``), and the backward's
-        elementwise pass reads ``gate`` and ``up``. Layer fwd+bwd against two plain ``gmm``
-        calls for the residuals plus XLA's ``h`` (H100, ``benchmarks/results/raw/h100-run25``
-        calls 6-7, settled, interleaved): with a cotangent that depends on the layer's output,
-        as in a model, 1.025x / 1.010x (Mixtral) and 1.011x / 1.013x (Qwen3); with the bench's
-        cotangent, an input, 0.998x / 1.012x and 1.010x / 0.989x (there XLA folds ``h`` into
-        the backward's pass, which the model's cotangent forbids). Those ratios are within the
-        probe's noise (the same program twice: 0.971x and 0.986x on Mixtral, call 9); the
-        choice rests on the model's path losing XLA's ``h`` pass (~0.7 GB moved, ~1.6% of
-        Mixtral's fwd+bwd) and four of four positive cases. It was ``False`` before, by
-        earlier measurements on older kernels (``h100-fused-glu/run1``, ``run2``: 0.94-1.01x;
-        run 14: 0.98-1.02x). DeepSeek's ``auto`` path is the unfused composition either way.
+      residuals_from_kernel: under differentiation the fused kernel writes ``h``, ``gate`` and
+        ``up`` (so no XLA pass computes ``h``), and the backward's elementwise pass reads
+        ``gate`` and ``up``; ``False``: two plain ``gmm`` calls for the residuals plus XLA's
+        ``h``. On because a model's cotangent depends on the layer's output, which keeps XLA
+        from folding ``h`` into the backward (measured: docs/kernels.md, 'Fused gated kernel').
     """
 
     name: str = dataclasses.field(default="pallas", init=False)

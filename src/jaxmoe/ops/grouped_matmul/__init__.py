@@ -4,6 +4,7 @@ from jaxmoe.ops.grouped_matmul.api import (
     BACKEND_NAMES,
     default_backend_name,
     grouped_matmul,
+    preferred_alignment,
     resolve_backend,
 )
 from jaxmoe.ops.grouped_matmul.base import GroupedMatmulBackend
@@ -17,5 +18,6 @@ __all__ = [
     "XlaGroupedMatmul",
     "default_backend_name",
     "grouped_matmul",
+    "preferred_alignment",
     "resolve_backend",
 ]

@@ -5,8 +5,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from jaxmoe.arrays import as_array, check_nonnegative
-from jaxmoe.choices import GROUPED_MATMUL_BACKENDS, check_registry
+from jaxmoe.argument_checks import as_array, check_nonnegative
 from jaxmoe.ops.grouped_matmul import primitives
 from jaxmoe.ops.grouped_matmul.base import (
     GroupedMatmulBackend,
@@ -15,6 +14,7 @@ from jaxmoe.ops.grouped_matmul.base import (
 )
 from jaxmoe.ops.grouped_matmul.reference import ReferenceGroupedMatmul
 from jaxmoe.ops.grouped_matmul.xla import XlaGroupedMatmul
+from jaxmoe.option_names import GROUPED_MATMUL_BACKENDS, check_registry
 
 
 # Imported lazily: Pallas pulls in Triton/Mosaic lowering code that a CPU user never needs.
@@ -63,8 +63,9 @@ def resolve_backend(
     if backend is None or backend == "auto":
         backend = default_backend_name(platform)
         if backend == "pallas":
-            # Measured rule (H100, benchmarks/results/raw/h100-run4): the Mosaic kernel where it
-            # applies (Hopper, bf16/fp16, block-aligned shapes), the Triton kernels elsewhere.
+            # The measured rule (docs/kernels.md, 'Grouped matmul: the auto backend'): the
+            # Mosaic kernel where it applies (Hopper, bf16/fp16, block-aligned shapes), the
+            # Triton kernels elsewhere.
             return _pallas_backend(triton_fallback=True)
     if backend not in _BACKENDS:
         raise ValueError(
@@ -72,6 +73,35 @@ def resolve_backend(
             "pass a configured backend object (e.g. jaxmoe.ops.grouped_matmul.XlaGroupedMatmul())."
         )
     return _BACKENDS[backend]()
+
+
+def preferred_alignment(
+    backend: str | GroupedMatmulBackend | None = None,
+    dtype=jnp.bfloat16,
+    platform: str | None = None,
+) -> int:
+    """Rows each group's block is best padded to for ``backend``'s kernels on ``dtype`` operands.
+
+    What the layer pads each expert's rows to by default (``MoEConfig.alignment=None``): 1 off a
+    GPU (no kernel tiles rows there); on a GPU the backend's answer
+    (:meth:`GroupedMatmulBackend.preferred_alignment`): 64 where ``"auto"``/``"pallas"`` run the
+    Mosaic kernels (a Hopper GPU, non-FP8 operands), else 128, the Triton and FP8 kernels' row
+    tile.
+
+    Args:
+      backend: as for :func:`grouped_matmul` (a name, ``None``/``"auto"``, or a backend object).
+      dtype: the operands' dtype (an FP8 dtype for the FP8 grouped matmul).
+      platform: default: JAX's default backend.
+
+    Example::
+
+      >>> preferred_alignment("xla", jnp.bfloat16, platform="cpu")
+      1
+    """
+    platform = platform or jax.default_backend()
+    if platform not in ("gpu", "cuda"):
+        return 1
+    return resolve_backend(backend, platform).preferred_alignment(dtype)
 
 
 def grouped_matmul(

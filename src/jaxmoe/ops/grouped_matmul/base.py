@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxmoe.search import search_right
+from jaxmoe.sorted_search import search_right
 
 Array = jax.Array
 
@@ -105,6 +105,10 @@ def group_ids(group_sizes: Array, num_rows: int) -> Array:
     return search_right(ends, jnp.arange(num_rows, dtype=ends.dtype))
 
 
+# A group's default padding on a GPU: the row tile of the Triton kernels (and of the FP8 ones).
+GPU_ROW_TILE = 128
+
+
 @dataclasses.dataclass(frozen=True)
 class GroupedMatmulBackend(abc.ABC):
     """One implementation of the grouped matmul primitives (see the module docstring).
@@ -125,3 +129,10 @@ class GroupedMatmulBackend(abc.ABC):
 
     @abc.abstractmethod
     def tgmm(self, lhs: Array, rhs: Array, group_sizes: Array, *, out_dtype) -> Array: ...
+
+    def preferred_alignment(self, dtype) -> int:
+        """Rows each group is best padded to on a GPU for ``dtype`` operands (what
+        :func:`jaxmoe.ops.grouped_matmul.preferred_alignment` asks): 128, the Triton kernels'
+        row tile, unless a backend's kernels tile differently."""
+        del dtype
+        return GPU_ROW_TILE

@@ -3,20 +3,16 @@ entry points that check its operands, build its work list and launch it (``gmm``
 ``launch_gmm``). The kernel body and its layout: :mod:`.pallas_mosaic_kernel`.
 
 Why a second lowering: the Triton kernel (``pallas_triton``) is not persistent and cannot overlap
-its epilogue with the next tile's main loop, which costs most on short-K shapes (benchmarks/).
+its epilogue with the next tile's main loop, which costs most on short-K shapes.
 
 Limits: bf16/fp16 operands and a 2-byte result, ``M % bm == 0``, ``K % bk == 0``, ``N % bn == 0``
 (TMA boxes never cross the array edge), and a Hopper GPU (compute capability 9.x: ``wgmma``).
 On a CPU the kernel runs in Mosaic GPU's interpreter (jax's GPU interpret mode), which the tests
 use; the interpreter has no transposed ``wgmma`` operand (dgrad).
 
-Measured (H100, jax 0.11.2, session 8, ``benchmarks/results/raw/h100-run9/call8``): the ring with
-the swizzled epilogue exact on the six shapes (balanced, skewed; fwd and dgrad) and the fastest
-of five variants on 10 of 12 (shape, fwd/dgrad) cases, 1.03-1.07x ``torch._grouped_mm`` forward
-in that probe. Earlier (``benchmarks/results/raw/h100-run4``): exact against a float32
-reference on all six benchmark shapes, balanced and skewed with empty groups and tail rows, fwd and
-dgrad (the same relative error as the Triton kernel, 1.66e-3); 1.14-1.24x the Triton kernel's
-TFLOP/s on every (shape, fwd/dgrad) case with the default tiles (probe, same run).
+Measured against the Triton kernel, jax's pipelines and ``torch._grouped_mm``:
+docs/kernels.md, 'Mosaic gmm: the persistent kernel with one ring' and 'Grouped matmul: which
+backend ``auto`` picks'.
 """
 
 from __future__ import annotations

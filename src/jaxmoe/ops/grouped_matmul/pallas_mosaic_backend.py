@@ -9,7 +9,7 @@ from typing import ClassVar
 
 import jax.numpy as jnp
 
-from jaxmoe.ops.grouped_matmul import pallas_mosaic_wgrad, pallas_triton
+from jaxmoe.ops.grouped_matmul import pallas_mosaic_tiles, pallas_mosaic_wgrad, pallas_triton
 from jaxmoe.ops.grouped_matmul.base import GroupedMatmulBackend
 from jaxmoe.ops.grouped_matmul.pallas_mosaic import gmm
 from jaxmoe.ops.grouped_matmul.pallas_mosaic_tiles import (
@@ -24,25 +24,20 @@ from jaxmoe.ops.grouped_matmul.pallas_mosaic_tiles import (
 class PallasMosaicGroupedMatmul(GroupedMatmulBackend):
     """``gmm`` (forward, dgrad) and ``tgmm`` (wgrad) by the Mosaic GPU kernels.
 
-    Decision (issue 15) on operands the Mosaic kernels cannot take (fp32, ``M``/``K``/``N`` not
-    multiples of the blocks, a GPU other than a Hopper, a transposed ``wgmma`` operand (dgrad,
-    wgrad) in the CPU interpreter):
+    On operands the Mosaic kernels cannot take (fp32, ``M``/``K``/``N`` not multiples of the
+    blocks, a GPU other than a Hopper, a transposed ``wgmma`` operand (dgrad, wgrad) in the CPU
+    interpreter):
 
     - ``triton_fallback=False`` (``backend="pallas"``, and this class built by hand): raise
       ``NotImplementedError`` saying why. A backend the user names never switches kernels
       silently; ``"pallas_triton"`` or ``"auto"`` are the ways to get the Triton kernel.
     - ``triton_fallback=True`` (what ``backend="auto"`` builds on a GPU): the Triton kernel takes
-      them. This is the measured rule of ``auto``: where the Mosaic ``gmm`` applies it was exact and
-      1.14-1.24x the Triton kernel on every shape measured (H100, ``benchmarks/results/raw/
-      h100-run4``), so it is chosen wherever it applies, Triton elsewhere.
+      them. This is the measured rule of ``auto``: the Mosaic ``gmm`` wherever it applies,
+      Triton elsewhere (docs/kernels.md, 'Grouped matmul: the auto backend').
     - The wgrad (``tgmm``): the Mosaic kernel (:mod:`.pallas_mosaic_wgrad`) wherever it applies,
-      for both; ``auto`` takes the Triton wgrad only where it does not. Measured (H100, session 8,
-      ``benchmarks/results/raw/h100-run9/call4``) with one ring across a CTA's tiles: exact on
-      the six shapes, balanced and skewed; balanced 1.00-1.13x ``torch._grouped_mm``'s wgrad
-      and 1.15-1.29x Triton's; skewed 0.97-1.02x torch, but 0.89x Triton's on skewed Qwen3
-      (small groups: a tile of one or two row blocks cannot hide its epilogue). Qwen3's
-      fwd+bwd loses less on skewed routing than it gains on balanced, so there is no shape
-      rule.
+      for both; ``auto`` takes the Triton wgrad only where it does not. No shape rule: where it
+      is slower (skewed Qwen3) the fwd+bwd loses less than it gains balanced (docs/kernels.md,
+      'Mosaic wgrad').
 
     Attributes:
       gmm_tiles: Mosaic block sizes; ``None``: :func:`default_mosaic_gmm_tiles`.
@@ -69,6 +64,13 @@ class PallasMosaicGroupedMatmul(GroupedMatmulBackend):
         if self.triton is None:  # frozen dataclass: fill the default in place
             triton = pallas_triton.PallasTritonGroupedMatmul(interpret=self.interpret)
             object.__setattr__(self, "triton", triton)
+
+    def preferred_alignment(self, dtype) -> int:
+        """``MOSAIC_ALIGNMENT`` (64) rows on a Hopper GPU, where these kernels run; 128 (the
+        Triton and FP8 kernels' row tile) for FP8 operands or another GPU."""
+        if jnp.dtype(dtype).itemsize == 1 or not pallas_mosaic_tiles.hopper_gpu():
+            return super().preferred_alignment(dtype)
+        return pallas_mosaic_tiles.MOSAIC_ALIGNMENT
 
     def gmm(self, lhs, rhs, group_sizes, *, transpose_rhs, out_dtype):
         m, k = lhs.shape

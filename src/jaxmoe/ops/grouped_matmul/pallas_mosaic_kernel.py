@@ -23,8 +23,8 @@ Launched by :func:`.pallas_mosaic.launch_gmm`, which builds the work list. Layou
                  of the ``lhs`` block (fewer shared-memory reads per FLOP). Because the
                  memory warpgroup runs ahead, the next pair's loads overlap this pair's epilogue.
                  With ``ring`` (the default tiles) the ring is hand-written and spans all of the
-                 CTA's pairs (:func:`.pallas_mosaic_common.ring_produce`): it never drains
-                 between pairs, and each compute warpgroup keeps one ``wgmma`` in flight.
+                 CTA's pairs (:mod:`.pallas_mosaic_ring_loop`): it never drains between
+                 pairs, and each compute warpgroup keeps one ``wgmma`` in flight.
                  Otherwise jax's ``emit_pipeline_warp_specialized`` runs per pair (chained
                  across pairs with ``pipelined_tiles``); the FP8 and fused gated kernels' default
                  tiles still take it (the ring is not measured with them yet).
@@ -50,6 +50,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from jaxmoe.ops.grouped_matmul import pallas_mosaic_common as common
+from jaxmoe.ops.grouped_matmul import pallas_mosaic_ring_loop as ring_loop
 from jaxmoe.ops.grouped_matmul import pallas_mosaic_schedule as schedule
 from jaxmoe.ops.grouped_matmul.pallas_mosaic_epilogue import EpilogueStores, epilogue_allocation
 from jaxmoe.ops.grouped_matmul.pallas_mosaic_ring_operands import RingOperands
@@ -327,158 +328,26 @@ def mosaic_gmm_body(
         def unit_tile(unit):
             return schedule.unit_tile(work, unit, cluster_cta, num_n_tiles, cfg)
 
-        def copy_weights(block, slot_ref, barrier, shared):
-            if not cfg.multicast_weights:
-                plgpu.copy_gmem_to_smem(block, slot_ref, barrier)
-                return
-
-            # Both CTAs of the cluster take the same branch (``shared`` is the pair's), so
-            # each slot's barrier expects one copy of the whole block either way.
-            @pl.when(shared)
-            def _multicast():
-                plgpu.copy_gmem_to_smem(
-                    block, slot_ref, barrier, collective_axes=common.CLUSTER_AXIS
-                )
-
-            @pl.when(jnp.logical_not(shared))
-            def _own():
-                plgpu.copy_gmem_to_smem(block, slot_ref, barrier)
-
-        def ring_tiles(ring):
-            """The CTA's units on :mod:`.pallas_mosaic_common`'s ring: ``k / bk`` steps each
-            (per pair: ``paired`` runs the second pair's steps after the first's), or with
-            ``split_last_round`` the whole units, then this CTA's parts of cut units, if any
-            (:mod:`.pallas_mosaic_schedule`)."""
-            steps = k // bk
-            unit_steps = schedule.unit_steps(k, cfg, paired)
-            # The epilogue's steps per tile on the ring, after its K steps (ring_operands).
-            epilogue_steps = 0 if on_ring is None else on_ring.steps
-            operand_views = ()
-            if on_ring is not None:
-                ring, operand_views = on_ring.split_ring(ring)
-            units = schedule.num_units(work, num_n_tiles, cfg)
-            if cfg.split_last_round:
-                split = schedule.LastRound.of(units, lax.axis_size("sm"), unit_steps)
-                my_whole = common.cta_tile_count(split.whole_units)
-                my_parts = split.parts_of(lax.axis_index("sm"))
-            else:
-                my_whole = common.cta_tile_count(units)
-
-            # The whole units (a static K loop), then this CTA's parts of cut units (a dynamic
-            # one). Each gives ``(tile, first K step, K steps, workspace slot of a partial
-            # sum)``.
-            def whole_parts(local_tile):
-                return unit_tile(common.cta_tile_index(local_tile)), 0, unit_steps, None
-
-            def cut_parts(index):
-                unit, first_step, count, slot = split.part(lax.axis_index("sm"), index)
-                return unit_tile(unit), first_step, count, slot
-
-            def producer_steps(parts):
-                def tile_steps(local_tile):
-                    tile_info, first_step, count, _ = parts(local_tile)
-                    return (tile_info, first_step), count + epilogue_steps
-
-                return tile_steps
-
-            @pl.when(wg == common.NUM_COMPUTE_WARPGROUPS)
-            def _memory_warpgroup():
-                def load_blocks(pair_lhs, pair_rhs, info, i, slot):
-                    group, row0, _, _, col0, shared = info
-                    barrier = ring["loaded"].at[slot]
-                    k_cols = pl.ds(i * bk, bk)
-                    lhs_block = pair_lhs.at[pl.ds(row0, bm), k_cols]
-                    plgpu.copy_gmem_to_smem(lhs_block, ring["lhs"].at[slot], barrier)
-                    for rhs, rhs_ring in zip(pair_rhs, ring["rhs"], strict=True):
-                        source = rhs_block_source(rhs, group, col0)
-                        block = source.at[:, k_cols] if transpose_rhs else source.at[k_cols, :]
-                        copy_weights(block, rhs_ring.at[slot], barrier, shared)
-
-                def load(info, i, slot):
-                    info, first_step = info
-                    i = i + first_step
-                    if on_ring is not None:
-
-                        @pl.when(i < steps)
-                        def _k_step():
-                            load_blocks(*pairs[0], info, i, slot)
-
-                        @pl.when(i >= steps)
-                        def _epilogue_step():
-                            _, row0, _, _, col0, _ = info
-                            barrier = ring["loaded"].at[slot]
-                            on_ring.load(operand_views, row0, col0, i - steps, slot, barrier)
-
-                        return
-                    if len(pairs) == 1:
-                        load_blocks(*pairs[0], info, i, slot)
-                        return
-                    for index, (pair_lhs, pair_rhs) in enumerate(pairs):
-                        # Each branch issues the same copies into the same slot and barrier.
-                        @pl.when((i >= index * steps) & (i < (index + 1) * steps))
-                        def _load_pair(pair_lhs=pair_lhs, pair_rhs=pair_rhs, index=index):
-                            load_blocks(pair_lhs, pair_rhs, info, i - index * steps, slot)
-
-                common.ring_produce(
-                    my_whole,
-                    producer_steps(whole_parts),
-                    load,
-                    stages=cfg.stages,
-                    released=ring["released"],
-                    then=(my_parts, producer_steps(cut_parts)) if cfg.split_last_round else None,
-                )
-
-            @pl.when(wg < common.NUM_COMPUTE_WARPGROUPS)
-            def _compute_warpgroups():
-                plgpu.set_max_registers(common.COMPUTE_REGISTERS, action="increase")
-
-                def tiles(parts):
-                    def tile(local_tile, step):
-                        """One unit or part from global ring step ``step``; the next's."""
-                        tile_info, first_step, count, partial_slot = parts(local_tile)
-                        group, row0, lo, hi, col0, _ = tile_info
-                        mma = make_mma(group, row0, col0)
-
-                        def eval_steps(acc):
-                            def one_step(i, ring_slot, acc):
-                                rhs_smems = [rhs_ring.at[ring_slot] for rhs_ring in ring["rhs"]]
-                                lhs_smem = ring["lhs"].at[ring_slot]
-                                return mma((first_step + i,), lhs_smem, *rhs_smems, acc)
-
-                            return common.ring_consume(
-                                step,
-                                count,
-                                one_step,
-                                acc,
-                                stages=cfg.stages,
-                                loaded=ring["loaded"],
-                                released=ring["released"],
-                            )
-
-                        ring_epilogue = None
-                        if on_ring is not None:
-                            ring_epilogue = functools.partial(
-                                on_ring.epilogue,
-                                views=operand_views,
-                                first_step=step + count,
-                                wg=wg,
-                                loaded=ring["loaded"],
-                                released=ring["released"],
-                                interpreted=interpreted,
-                            )
-                        make_context(group, row0, lo, hi, col0, partial_slot, ring_epilogue)(
-                            eval_steps
-                        )
-                        return step + count + epilogue_steps
-
-                    return tile
-
-                step = lax.fori_loop(0, my_whole, tiles(whole_parts), jnp.int32(0))
-                if cfg.split_last_round:
-                    lax.fori_loop(0, my_parts, tiles(cut_parts), step)
-
         if cfg.ring:
-            ring_tiles(pipeline_allocs)
+            ring_loop.ring_tiles(
+                pipeline_allocs,
+                ring_loop.KernelScope(
+                    cfg=cfg,
+                    k=k,
+                    wg=wg,
+                    pairs=pairs,
+                    paired=paired,
+                    transpose_rhs=transpose_rhs,
+                    on_ring=on_ring,
+                    work=work,
+                    num_n_tiles=num_n_tiles,
+                    interpreted=interpreted,
+                    unit_tile=unit_tile,
+                    rhs_block_source=rhs_block_source,
+                    make_mma=make_mma,
+                    make_context=make_context,
+                ),
+            )
         else:
             # The compute work items come first in the work list: [0, num_compute_work).
             @plgpu.nd_loop((num_tiles,), collective_axes="sm")

@@ -3,13 +3,11 @@
 memory by the memory warpgroup as a few more ring steps after each tile's K steps.
 
 Why through the ring: an epilogue that reads its operands from GPU memory itself waits for them
-with the tensor cores idle (run 13: ~0.31 ms of Mixtral's 1.9 ms fused dgrad), and the ring
-and the epilogue's slab fill shared memory, leaving no room for a buffer of their own. A ring
-slot, once its K step has been multiplied, is free room: the memory warpgroup loads the
-operands while the compute warpgroups still multiply the tile's last K steps, as it loads the
-next tile's first blocks while they run the epilogue. Measured (H100, run 29 call 4): the fused
-down dgrad 1.065x (Mixtral) and 1.080x (Qwen3) the unfused dgrad plus XLA's elementwise pass,
-where reading its operands from GPU memory was 0.95x and 0.92x (run 13).
+with the tensor cores idle, and the ring and the epilogue's slab fill shared memory, leaving no
+room for a buffer of their own. A ring slot, once its K step has been multiplied, is free room:
+the memory warpgroup loads the operands while the compute warpgroups still multiply the tile's
+last K steps, as it loads the next tile's first blocks while they run the epilogue (measured:
+docs/kernels.md, 'Mosaic epilogue: operands carried through the ring').
 
 Layout of the steps (``split_rows`` tiles, the default)::
 
@@ -161,9 +159,8 @@ class RingOperands:
         (an :class:`.pallas_mosaic_epilogue.EpilogueStores`)."""
 
         def apply(first_col, acc_columns, *operand_blocks):
-            # Scopes name the epilogue's pieces in Mosaic GPU's on-device profiler
-            # (benchmarks/kernel_trace_probe.py --scopes); without a profile_space they cost
-            # nothing.
+            # Scopes name the epilogue's pieces in Mosaic GPU's on-device profiler; without a
+            # profile_space they cost nothing.
             with jax.named_scope("epilogue_math"):
                 results = epilogue(
                     acc_columns,
@@ -194,9 +191,10 @@ class RingOperands:
         to the results and stores them, ``apply_cols`` columns at a time.
 
         No branch on the warpgroup: each computes its own step's slot (a branch would carry the
-        whole accumulator through a conditional: 0.78x in run 29 call 2). A part is applied
-        ``apply_cols`` columns at a time, so that few operand registers are live beside the
-        accumulator (ptxas spilled with whole parts, run 29 call 3)."""
+        whole accumulator through a conditional). A part is applied ``apply_cols`` columns at a
+        time, so that few operand registers are live beside the accumulator (ptxas spilled
+        with whole parts). Measured: docs/kernels.md, 'Mosaic epilogue: operands carried
+        through the ring'."""
         num_wgs = common.NUM_COMPUTE_WARPGROUPS
         for part in range(self.parts):
             part_step = first_step + part * num_wgs

@@ -19,11 +19,11 @@ Each part stores its float32 partial sum in workspace slot ``part``, and
 rows of its tile (one XLA scatter, after the kernel).
 
 Why pieces of the last round only, not stream-K (every worker's share of the last two rounds
-a contiguous range of K steps, H100 run 26 calls 1-3): CTAs that multiply tiles of one group
-and N column share its weight blocks in L2 only while they walk K together, as whole units
-and these pieces do (each piece starts at one of ``s`` K offsets). Stream-K's ranges start at
-``P`` different offsets, so each CTA streams its weights from HBM: where the weights are not
-multicast its kernels ran 0.85-1.01x, the slowest where its rounds were the longest share.
+a contiguous range of K steps): CTAs that multiply tiles of one group and N column share its
+weight blocks in L2 only while they walk K together, as whole units and these pieces do (each
+piece starts at one of ``s`` K offsets). Stream-K's ranges start at ``P`` different offsets, so
+each CTA streams its weights from HBM (measured: docs/kernels.md, 'Mosaic gmm: last-round pieces,
+not stream-K').
 
 Everything here is plain integer arithmetic on scalars, so the kernel (on values it reads from
 GPU memory) and the fix-up (on arrays) share it.

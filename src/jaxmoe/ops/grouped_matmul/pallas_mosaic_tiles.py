@@ -71,11 +71,10 @@ class MosaicTileConfig:
     weights' L2 reads per tile halve (CUTLASS's 2x1 cluster). A pair whose items differ in
     group loads each its own weights; an odd last item's partner recomputes it (the same
     values stored twice). A slot is reused only when both CTAs have released it. torch's grouped
-    GEMM is this arrangement (CUTLASS's cooperative ``128 x 256 x 64`` kernel, 4 stages, a 2x1x1
-    cluster multicasting the weights: its kernel names, H100 run 19 call 2). On in
-    :func:`default_mosaic_gmm_tiles` where an expert's weight matrix is large (the plain
+    GEMM is this arrangement (CUTLASS's cooperative ``128 x 256 x 64`` kernel, a 2x1x1 cluster).
+    On in :func:`default_mosaic_gmm_tiles` where an expert's weight matrix is large (the plain
     ``gmm`` and its input gradients), off in the fused gated kernel's tiles and the field's own
-    default; see there for the measurements.
+    default.
 
     ``split_last_round`` (on the ``ring``, in the plain ``gmm`` and ``gmm_pair``; kernels with
     an epilogue or several weights run without it): the last round's units are cut into two to
@@ -106,6 +105,11 @@ class MosaicTileConfig:
     split_last_round: bool = False
     approx_math: bool = False
 
+
+# Rows each group is padded to where the bf16/fp16 experts run these kernels: the wgrad's 64-row
+# contraction blocks then drop half the padding of 128 (measured: docs/kernels.md, 'Layer: expert
+# row alignment').
+MOSAIC_ALIGNMENT = 64
 
 # With group_start_tiles a tile starts on this row grid: a TMA copy into a tiled shared buffer
 # (8-row tiles) takes a first row that is a multiple of 8 only (Mosaic GPU's layout inference
@@ -152,8 +156,8 @@ def epilogue_layout(
     are used). With ``swizzled_epilogue`` the two buffers alias one region, so each warpgroup's
     slab must cover exactly its own swizzled slots: where the slots are larger (``block_n``
     128: two 64-column slots against a 64-column slab) the slab is padded, or warpgroup 1's
-    slab would lie on warpgroup 0's second slot (the wrong rows the fused gated kernel gave on
-    skewed groups on an H100, run 10 call 1).
+    slab would lie on warpgroup 0's second slot (found: docs/kernels.md, 'Mosaic epilogue: the
+    slab under the swizzled buffers').
     """
     wg_m, wg_n = warpgroup_tile(cfg)
     rows = min(cfg.epilogue_rows or cfg.block_m, wg_m)
@@ -201,12 +205,12 @@ def smem_bytes(cfg: MosaicTileConfig, operand_bytes: int = 2, num_rhs: int = 1) 
 
 
 # The default cuts the last round along K (``split_last_round``) from this contraction length
-# up: the share of a unit's K loop it saves (half a unit: >= 36 us on an H100, ~0.56 us per K
-# step) then outweighs the fix-up (~6-10 us). Shorter ones measured level to 0.977x with it
-# (H100 run 26 call 4); DeepSeek's K = 7168 in thirds 0.98-1.005x (run 27 call 3).
+# up, where the share of a unit's K loop it saves outweighs the fix-up (measured:
+# docs/kernels.md, 'Mosaic gmm: default tiles').
 SPLIT_LAST_ROUND_MIN_K = 8192
 # The default multicasts the weights from this many elements per expert (K * N) up: between
-# DeepSeek's 14.7 M (no gain, H100 run 22 call 1) and Mixtral's 58.7 M (3-5%).
+# DeepSeek's 14.7 M (no gain) and Mixtral's 58.7 M (3-5%; docs/kernels.md, 'Mosaic gmm:
+# default tiles').
 MULTICAST_MIN_WEIGHT_ELEMENTS = 32 * 1024 * 1024
 
 
@@ -216,48 +220,8 @@ def default_mosaic_gmm_tiles(m: int, k: int, n: int) -> MosaicTileConfig:
     swizzled epilogue, on every shape; the weight multicast on large experts and the last round
     cut along K on long contractions.
 
-    H100 sweeps: run4 (2026-11-23, ``benchmarks/NOTES-grouped-matmul.md``) chose the tiles, the
-    ring depth and the slab (a 3-deep ring with a whole-tile slab 0-22% slower, a 2-deep ring
-    15-20%, ``128 x 128`` tiles 5-15%). Session 8 (``benchmarks/results/raw/h100-run9/call8``,
-    exact on the six shapes, balanced and skewed): the ring with the swizzled epilogue was the
-    fastest variant on 10 of the 12 (shape, fwd/dgrad) cases, 1.03-1.07x ``torch._grouped_mm``
-    forward, against jax's pipeline per tile (the previous default, 0.87-1.04x there) and the
-    chained pipeline (which stays an option, ``pipelined_tiles``). Session 15
-    (``benchmarks/results/raw/h100-run16/call4``, settled, smoke-checked against float32 on
-    cut groups): the compute warpgroups splitting the rows (``split_rows``) were 1.01-1.04x the
-    column split on all six shapes, fwd and dgrad (12 of 12 cases); with the column split's
-    ring of three slots, 0.95-0.96x on Qwen3's short contractions (call 3). Session 18
-    (``benchmarks/results/raw/h100-run18/call1``, settled, exact on the GPU): tiles from each
-    group's first row (``group_start_tiles``) 1.02-1.10x the global grid on skewed groups (8 of
-    8 cases: DeepSeek up, Mixtral up and down, Qwen3 up, fwd and dgrad); on balanced groups of
-    ``block_m`` multiples the work list is the grid's.
-
-    Session 22: clusters of two CTAs multicasting the weight block (``multicast_weights``,
-    torch's CUTLASS arrangement) where an expert's weights have at least
-    :data:`MULTICAST_MIN_WEIGHT_ELEMENTS` (``K * N``). Exact on the six shapes, balanced and
-    skewed, fwd and dgrad (``benchmarks/results/raw/h100-run19/call1``). Balanced, settled,
-    against these tiles without it (``h100-run22/call1``): Mixtral (``K * N`` = 58.7 M)
-    1.029-1.054x on its four products; DeepSeek (14.7 M) 0.990-1.008x; Qwen3 (1.6 M)
-    0.964-0.996x, the most on its 768-column products. Skewed Mixtral down 1.021x / 1.033x (run 19
-    call 2). In the Mixtral layer (multicast on these tiles only) the fwd+bwd alone in
-    alternating 3 s phases measured 1.002x and 1.0006x at the same clock and power (H200
-    ``h100-run21`` calls 14-15).
-
-    Session 26: the last round cut into two K halves when it would leave half the workers or
-    more idle (``split_last_round``), from ``K =`` :data:`SPLIT_LAST_ROUND_MIN_K` up
-    (``benchmarks/results/raw/h100-run26``, exact against the default with poisoned results).
-    On the Mixtral layer's own groups (560 units on 66 clusters, 32 cut) its down projection
-    1.041x and its input-gradient pair 1.031x (call 5); Mixtral down on the gemm shape's
-    M = 16384 1.026x (4 of 928 cut, call 4). The layer in interleaved rounds: 1.010x fwd, 0.996x
-    fwd+bwd, where two runs of one program differ by up to 1.6% (call 5).
-
-    Session 27: two to four pieces instead of halves only, as many as make the round shortest
-    (``h100-run27/call4``, 16 interleaved rounds against the same tiles uncut, run twice):
-    Mixtral down fwd on the layer-kind groups of the gemm shape (4 units left) 1.040x in
-    quarters, 1.017x in halves; balanced Mixtral down fwd and up dgrad (34 of 66 left, which
-    halves cannot cut) 1.006x and 1.007x in thirds, against 1.004x and 0.992x for the halves'
-    fix-up alone; the Mixtral layer's own groups (32 left: halves either way) 1.025x (down fwd)
-    and 1.025x (input-gradient pair).
+    Each choice was measured against the alternatives on the six benchmark shapes (fwd and
+    dgrad, balanced and skewed groups): docs/kernels.md, 'Mosaic gmm: default tiles'.
     """
     del m
     return MosaicTileConfig(

@@ -37,7 +37,7 @@ tiles of ``bk x bn``)::
     epilogue     the accumulator is cast, staged in (swizzled) shared memory and stored by TMA
                  without waiting; the next tile waits only until the stage has been read. The
                  default stages a warpgroup's result in two halves: the 32 KiB this frees holds
-                 a fourth ring slot, worth 3-19% (H100 run 12, in ``default_mosaic_tgmm_tiles``).
+                 a fourth ring slot (``default_mosaic_tgmm_tiles``).
 
 Why: the Triton wgrad (``pallas_triton.tgmm``) is not persistent, has no warp specialization and
 overlaps nothing with its epilogue. Why a hand-written ring rather than jax's
@@ -45,17 +45,8 @@ overlaps nothing with its epilogue. Why a hand-written ring rather than jax's
 pipeline of pipelines (``PipelinePipeline``) does not take a dynamic grid (here the row-block
 count is the group's, known on the device only).
 
-Measured (H100, jax 0.11.2, session 8, ``benchmarks/results/raw/h100-run9/call4``, default tiles,
-against ``torch._grouped_mm``'s wgrad): exact on the six benchmark shapes, balanced and skewed
-with empty groups and NaN in the rows past the sum (1.66e-3, as Triton's). Balanced: 1.00-1.13x
-torch, 1.04-1.13x the per-tile pipeline it replaced, 1.15-1.29x the Triton wgrad. Skewed
-(Dirichlet 0.3): 0.97-1.02x torch, 1.02-1.07x the per-tile pipeline, but 0.89x Triton's on
-Qwen3 (groups of one or two row blocks, whose tiles cannot hide their epilogue behind compute).
-
-Limits: bf16/fp16 operands, a 2-byte result, ``M`` a positive multiple of ``bm``, ``K % bk == 0``,
-``N % bn == 0``, and a Hopper GPU. Mosaic GPU's interpreter has no transposed ``wgmma`` operand,
-so on a CPU this kernel only lowers (tests); its row-block arithmetic is shared with
-:func:`simulate_tgmm`, which the tests check against the reference in plain JAX.
+Measured against ``torch._grouped_mm``'s wgrad, the per-tile pipeline and the Triton wgrad:
+docs/kernels.md, 'Mosaic wgrad'.
 """
 
 from __future__ import annotations
@@ -101,11 +92,8 @@ class MosaicTgmmTileConfig:
     ``gmm``'s ``multicast_weights`` for the wgrad, where the shared operand is the wider one).
     The two tiles always share their group, so both CTAs take the same number of steps and
     mask the same rows; a slot is reused only when both CTAs have released it. Needs an even
-    ``K / block_k``. Off by default, by measurement (``benchmarks/results/raw/h100-run23``):
-    exact on the six shapes, balanced and skewed (call 1, H100), but no faster. Against the
-    default on the H100, balanced: 1.02-1.03x on the three up-projection shapes, 0.99x on the
-    three down ones; on three H200s (call 2): Mixtral up 1.00-1.01x, Mixtral down 0.96-1.03x,
-    DeepSeek up 1.01-1.02x; the Mixtral layer's fwd+bwd 0.994x, gradients bitwise equal.
+    ``K / block_k``. Off by default: exact, but no faster (measured: docs/kernels.md, 'Mosaic
+    wgrad').
     """
 
     block_m: int = 64
@@ -119,23 +107,10 @@ class MosaicTgmmTileConfig:
 
 
 def default_mosaic_tgmm_tiles(m: int, k: int, n: int) -> MosaicTgmmTileConfig:
-    """Block sizes of the Mosaic ``tgmm``: ``64 x 128 x 256`` (the fastest of five variants on
-    all six shapes balanced, H100 run1, ``benchmarks/results/raw/h100-wgrad``), a 4-deep ring
-    made to fit by storing the result in 64-row halves.
-
-    The fourth slot (session 11, ``benchmarks/results/raw/h100-run12/call1``, torch sampled in
-    the same rounds): 1.03-1.19x the 3-deep ring with a whole-tile slab on all six shapes
-    balanced and 1.06-1.11x skewed, the same error on all twelve cases; 1.03-1.20x
-    ``torch._grouped_mm``'s wgrad balanced, 0.94-1.07x skewed. Tile orders walking 4 or 16 K
-    tiles instead of 8 were not better overall.
-
-    ``split_rows`` (session 16, ``benchmarks/results/raw/h100-run17/call1``, settled, torch in
-    the same rounds): 1.02-1.04x the column split on all six shapes balanced (Mixtral up 2.83
-    against 2.95 ms; 1.04-1.17x torch's wgrad), exact on all six balanced and skewed (empty
-    groups, NaN past the sum); the Mixtral layer's fwd+bwd 1.005x with bitwise-equal
-    gradients (found in session 22: that probe jitted each variant without clearing jax's
-    caches, so a custom VJP rule traced for the first variant may have served both; the gemm
-    figures stand)."""
+    """Block sizes of the Mosaic ``tgmm``: ``64 x 128 x 256`` tiles, a 4-deep ring made to fit by
+    storing the result in 64-row halves, and the compute warpgroups splitting the rows
+    (``split_rows``); each the fastest of the variants measured (docs/kernels.md, 'Mosaic
+    wgrad')."""
     del m, k, n
     return MosaicTgmmTileConfig(split_rows=True)
 

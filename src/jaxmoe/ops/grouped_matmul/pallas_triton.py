@@ -86,15 +86,11 @@ def _fit(cfg: TileConfig, m: int, k: int, n: int) -> TileConfig:
 def default_gmm_tiles(m: int, k: int, n: int, num_groups: int, dtype) -> TileConfig:
     """Block sizes of ``gmm`` for ``lhs[m, k] @ rhs[g, k, n]`` (dgrad passes its own k and n).
 
-    A measured table, not a model: on one H100 (jax 0.11.2, Triton 3.6; sweeps in
-    ``benchmarks/results/grouped_matmul-h100-sweep*.json``, notes in
-    ``benchmarks/NOTES-grouped-matmul.md``) ``128x256x64``, 8 warps, 3 stages was the fastest of
-    the configs tried for the forward and dgrad of all six benchmark shapes (M 16k-64k, K and N
-    768-14336, 8-128 groups), or within 2% of it. 128x128 and 256x128 tiles were 5-25% slower;
-    the L2 swizzle width (4, 8, 16) moved nothing beyond noise. A short K loop (``k <= 1024``,
-    the qwen3 shapes' K = 768) keeps 4 stages in flight: 5-8% faster there (sweep 3), while
-    3 stages stay best at K >= 2048. Small ``n`` and float32 operands (no measurement: fp32 is
-    exact IEEE here, far from the tensor-core rate) use smaller tiles.
+    A measured table, not a model: ``128x256x64``, 8 warps, 3 stages (4 stages for a short
+    loop, ``min(k, n) <= 1024``) was the fastest, or within 2% of it, of the configs tried for
+    the forward and dgrad of all six benchmark shapes (docs/kernels.md, 'Triton grouped matmul
+    tiles'). Small ``n`` and float32 operands (no measurement: fp32 is exact IEEE here, far
+    from the tensor-core rate) use smaller tiles.
     """
     del m, num_groups
     if jnp.dtype(dtype).itemsize >= 4:
@@ -108,9 +104,8 @@ def default_gmm_tiles(m: int, k: int, n: int, num_groups: int, dtype) -> TileCon
 def default_tgmm_tiles(m: int, k: int, n: int, num_groups: int, dtype) -> TileConfig:
     """Block sizes of ``tgmm`` for ``out[g, k, n] = lhs[m, k]^T @ rhs[m, n]`` over groups.
 
-    Measured on one H100 like :func:`default_gmm_tiles`: a ``[128, 256]`` output tile (K x N),
-    64 rows per step, 8 warps, 4 stages was fastest on every benchmark shape tried; 128-row steps
-    do not fit shared memory at 3-4 stages, ``[128, 128]`` tiles were 6-25% slower.
+    A measured table like :func:`default_gmm_tiles`: a ``[128, 256]`` output tile (K x N), 64
+    rows per step, 8 warps, 4 stages (docs/kernels.md, 'Triton grouped matmul tiles').
     """
     del m, k, n, num_groups
     if jnp.dtype(dtype).itemsize >= 4:

@@ -3,14 +3,10 @@
 Program ``(i, j)`` reads ``ROWS`` entries of ``index``, loads those rows' ``j``-th block of
 ``COLUMNS`` columns from ``values`` (a masked load: zeros where an entry is out of range) and
 stores them as one ``[ROWS, COLUMNS]`` block. XLA's gather (``jnp.take``) writes the same
-result at about half the speed on the MoE layer's dispatch: on an H200, 104 against 204 us for
-the Qwen3-like layer's ``[73600, 2048]`` buffer, 160 against 335 us for the DeepSeek-like
-layer's ``[34816, 7168]``, 52 against 60 us for Mixtral's ``[8704, 4096]``
-(``benchmarks/results/raw/h200-run32/call3``, results checked equal). The block and warp count
-are that call's fastest of five on the first two, within 1% of the fastest on Mixtral. The
-scaled form (``row_scale``) spreads the combine's output gradient in the layer's backward, in
-place of XLA's gather fused with the weight: the Qwen3-like layer's fwd+bwd 1.029x, the
-DeepSeek-like 1.007x, equal gradients (``raw/h200-run33/call1``).
+result at about half the speed on the MoE layer's dispatch; the block and warp count are the
+fastest measured there. The scaled form (``row_scale``) spreads the combine's output gradient
+in the layer's backward, in place of XLA's gather fused with the weight. Measured:
+docs/kernels.md, 'Row gather'.
 """
 
 from __future__ import annotations

@@ -15,8 +15,8 @@ def gather_rows(
     values[index[i]]`` in float32, cast back.
 
     XLA fuses it with the elementwise work around it (a weight, a cast, a sum over copies),
-    which a kernel of its own cannot offer; on its own it writes ~1.3 TB/s on an H100 and ~1.5
-    on an H200 (``benchmarks/results/raw/h200-run32/call3``)."""
+    which a kernel of its own cannot offer; on its own it writes about half the kernel's
+    bandwidth (docs/kernels.md, 'Row gather')."""
     # lax.gather itself rather than jnp.take, which first counts negative entries from the end
     # (one more select on the indices): here they are out of range, as in the kernel.
     dimensions = lax.GatherDimensionNumbers(

@@ -1,14 +1,15 @@
 """Expert-parallel exchange implementations, one file each, behind :class:`Exchange`.
 
 ``resolve_exchange(None)`` gives the platform default (``"all_to_all"``: dense, runs everywhere,
-fastest measured on H200; see ``benchmarks/results/ep-h200.md``).
+fastest measured on H200s: docs/kernels.md, 'Expert parallelism: exchange and dispatch
+defaults').
 """
 
 from __future__ import annotations
 
 import jax
 
-from jaxmoe.choices import EP_EXCHANGES, check_registry
+from jaxmoe.option_names import EP_EXCHANGES, check_registry
 from jaxmoe.parallel.exchange.all_gather import AllGatherExchange
 from jaxmoe.parallel.exchange.all_to_all import AllToAllExchange
 from jaxmoe.parallel.exchange.all_to_all_chunked import ChunkedAllToAllExchange

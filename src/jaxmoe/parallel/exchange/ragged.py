@@ -1,8 +1,9 @@
 """``jax.lax.ragged_all_to_all``: sends only the real rows of each slot. GPU (and TPU) only.
 
 On CPU XLA has no ragged all-to-all (``UNIMPLEMENTED``), so this exchange raises
-NotImplementedError there rather than falling back to another one. On 2x H200 with jax 0.11.2 it
-measured 25-60x slower than the dense all-to-all (see ``benchmarks/results/ep-h200.md``).
+NotImplementedError there rather than falling back to another one. On H200s it measured
+25-60x slower than the dense all-to-all (docs/kernels.md, 'Expert parallelism: exchange and
+dispatch defaults').
 
 Layout (slot ``d`` of rank ``me``'s send buffer goes to slot ``me`` of rank ``d``)::
 

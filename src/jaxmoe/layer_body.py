@@ -25,7 +25,7 @@ import jax.numpy as jnp
 from jaxmoe import losses
 from jaxmoe.config import MoEConfig
 from jaxmoe.experts import shared_expert
-from jaxmoe.ops.grouped_matmul import pallas_mosaic_tiles
+from jaxmoe.ops.grouped_matmul import preferred_alignment
 from jaxmoe.router import Routing, route, router_logits
 
 
@@ -76,28 +76,14 @@ def num_sequences(shape: tuple[int, ...]) -> int:
     return math.prod(shape[:-2]) if len(shape) >= 3 else 1
 
 
-# Rows each expert's block is padded to where the bf16 experts run the Mosaic kernels (a Hopper
-# GPU, backend None, "auto" or "pallas"). Measured on an H100 (session 13, benchmarks/results/
-# raw/h100-run14/call5 and call6, interleaved with 128): the layer's fwd+bwd 1.01-1.02x faster on
-# the three presets, the forward within 1%. The forward and dgrad tiles (128 rows) cut by a group
-# boundary then run once per group, but the wgrad, whose contraction blocks are 64 rows, drops
-# half the padding: Mixtral's routing pads 8192 rows to 8448 instead of 8832.
-MOSAIC_ALIGNMENT = 64
-
-
 def resolve_alignment(cfg: MoEConfig) -> int:
-    """``cfg.alignment``; else on a GPU 64 rows where the bf16 experts run the Mosaic kernels
-    (``MOSAIC_ALIGNMENT``) and 128 otherwise (the grouped matmuls' row tile); 1 elsewhere."""
+    """``cfg.alignment``; else what the experts' grouped matmul prefers for its backend and
+    operands (:func:`jaxmoe.ops.grouped_matmul.preferred_alignment`: 1 off a GPU; on a GPU 64
+    rows where the bf16 experts run the Mosaic kernels, 128 otherwise)."""
     if cfg.alignment is not None:
         return cfg.alignment
-    if jax.default_backend() != "gpu":
-        return 1
-    mosaic = (
-        cfg.grouped_matmul_backend in (None, "auto", "pallas")
-        and cfg.fp8_recipe is None
-        and pallas_mosaic_tiles.hopper_gpu()
-    )
-    return MOSAIC_ALIGNMENT if mosaic else 128
+    operand_dtype = jnp.float8_e4m3fn if cfg.fp8_recipe is not None else cfg.dtype
+    return preferred_alignment(cfg.grouped_matmul_backend, operand_dtype)
 
 
 def route_tokens(params, tokens: jax.Array, cfg: MoEConfig, sequences: int):

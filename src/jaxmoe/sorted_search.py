@@ -3,9 +3,8 @@
 ``jnp.searchsorted``'s default method is a ``while`` loop of ``log2(n)`` steps. On a GPU each
 step's condition is copied to the host (XLA's while thunk reads its predicate back), which stalls
 the stream and keeps the latency-hiding scheduler from moving an asynchronous collective across
-it: the expert-parallel layer compiled for four GPUs had eight such loops in its dispatch
-(``benchmarks/results/raw/h100-run8/call4``). Unrolled, the same binary search is ``log2(n)``
-fused gathers, with no host round trip.
+it (found: docs/kernels.md, 'Layer: no loops on the device'). Unrolled, the same binary search
+is ``log2(n)`` fused gathers, with no host round trip.
 """
 
 from __future__ import annotations

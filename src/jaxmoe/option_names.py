@@ -20,7 +20,7 @@ FP8_RECIPES = ("rowwise", "blockwise")
 # ``jaxmoe.parallel.exchange``: one name per exchange implementation.
 EP_EXCHANGES = ("all_to_all", "all_to_all_chunked", "all_gather", "ragged_all_to_all")
 # ``jaxmoe.parallel.dispatch``: what an expert-parallel exchange row holds (one per (token,
-# expert) copy, or one per (token, destination rank) pair: ``jaxmoe.parallel.dedup``).
+# expert) copy, or one per (token, destination rank) pair: ``jaxmoe.parallel.token_dispatch``).
 EP_DISPATCHES = ("auto", "copies", "tokens")
 
 
@@ -29,6 +29,7 @@ def check_registry(listed_as: str, listed: tuple[str, ...], implemented: Iterabl
     implemented = tuple(implemented)
     if implemented != listed:
         raise RuntimeError(
-            f"jaxmoe.choices.{listed_as} is {listed} but the registry implements {implemented}; "
-            "MoEConfig validates names against jaxmoe.choices, so update both together."
+            f"jaxmoe.option_names.{listed_as} is {listed} but the registry implements "
+            f"{implemented}; "
+            "MoEConfig validates names against jaxmoe.option_names, so update both together."
         )

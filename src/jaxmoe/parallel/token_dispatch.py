@@ -1,4 +1,4 @@
-r"""Deduplicated expert-parallel dispatch (``MoEConfig.ep_dispatch="tokens"``): a token crosses
+r"""The token dispatch (``MoEConfig.ep_dispatch="tokens"``), deduplicated: a token crosses
 the wire once per rank holding any of its experts, not once per expert.
 
 The copies path (:mod:`jaxmoe.parallel.dispatch`) sends one row per (token, expert) copy. With
@@ -62,7 +62,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxmoe import compat, debug, permutation
-from jaxmoe.arrays import round_up
+from jaxmoe.argument_checks import round_up
 from jaxmoe.parallel import layout
 from jaxmoe.parallel.exchange import Exchange, exchange_rows, resolve_exchange
 from jaxmoe.parallel.exchange.all_to_all_chunked import (
@@ -71,7 +71,7 @@ from jaxmoe.parallel.exchange.all_to_all_chunked import (
 )
 from jaxmoe.parallel.overflow import chunked, overflow_windows
 from jaxmoe.ranks import scatter_inverse, stable_ranks
-from jaxmoe.search import search_right
+from jaxmoe.sorted_search import search_right
 
 
 @dataclasses.dataclass(frozen=True)
