@@ -126,7 +126,7 @@ def run_ep_benchmark(
                 emit(check_correctness(ep, impl, tiny=tiny))
             except NotImplementedError as error:
                 emit({"case": "correctness", "ep": ep, "impl": impl, "skipped": str(error)})
-        # The deduplicated dispatch, with its fast window only and with overflow windows forced.
+        # The token dispatch, with its fast window only and with overflow windows forced.
         for factor in (1.125, 1.0):
             if out_of_time(f"correctness ep={ep} tokens"):
                 return
@@ -143,7 +143,7 @@ def run_ep_benchmark(
             return
         exchange_impls = [
             ("all_to_all", None, fast_slot_factor or 1.125),  # the default
-            # The deduplicated dispatch: one row per (token, destination rank).
+            # The token dispatch: one row per (token, destination rank).
             ("all_to_all", None, fast_slot_factor or 1.125, 1, "tokens"),
             ("all_to_all", None, fast_slot_factor or 1.125, 2),
             ("all_to_all", None, fast_slot_factor or 1.125, 4),

@@ -111,7 +111,7 @@ TINY_LAYER_CASES = {
 
 def _with_variants(cases: dict) -> dict:
     """``cases`` plus, for dsv3 and mixtral, ``<name>-balanced`` (forced-balanced routing; the
-    plain ones keep the router's own routing) and ``<name>-tokens`` (deduplicated dispatch)."""
+    plain ones keep the router's own routing) and ``<name>-tokens`` (token dispatch)."""
     variants = {
         f"{name}-{suffix}": dataclasses.replace(
             cases[name], name=f"{cases[name].name}-{suffix}", **change

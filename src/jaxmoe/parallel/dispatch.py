@@ -40,7 +40,7 @@ The expert-major ``buffer`` has ``R = ep*P + E_l*(alignment-1)`` rows rounded up
 ``alignment`` (dropless), or ``E_l * round_up(C, alignment)`` (capacity); past its blocks it holds
 zeros (NaN under ``JAXMOE_POISON``).
 
-**Deduplicated dispatch.** ``ep_apply_experts(dispatch="tokens")`` (``MoEConfig.ep_dispatch``)
+**Token dispatch.** ``ep_apply_experts(dispatch="tokens")`` (``MoEConfig.ep_dispatch``)
 sends one row per (token, destination rank) pair instead of one per copy, with the token's local
 expert ids and weights; the receiver expands pairs into this module's expert-major buffer and
 sums each pair's weighted outputs before the return exchange. Slots hold

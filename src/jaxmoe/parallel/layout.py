@@ -86,7 +86,7 @@ def auto_dispatch(top_k: int, num_experts: int, ep: int, dropless: bool) -> str:
 def pair_slot_rows(
     num_tokens: int, top_k: int, num_experts: int, ep: int, factor: float | None
 ) -> int:
-    """``P_pairs``: rows per (sender, receiver) slot of the deduplicated dispatch (one row per
+    """``P_pairs``: rows per (sender, receiver) slot of the token dispatch (one row per
     token with any expert on the receiver), ``min(T, ceil(f * T * expected_pair_fraction))``;
     ``T`` when ``factor`` is None (the worst case: every token has an expert on the receiver).
 
