@@ -197,18 +197,33 @@ def capacity(capacity_factor, num_tokens, top_k, num_experts):
     return math.ceil(capacity_factor * num_tokens * top_k / num_experts)
 
 
-def kept_mask(experts, num_experts, cap):
-    """``[T, K]`` bool: the copy survives (first ``cap`` of its expert, token-major then j)."""
+def claim_order(num_tokens, top_k, policy="position", sequence_length=None, weights=None):
+    """The copies ``(t, j)`` in the order they claim an expert's capacity.
+
+    "position": position s of every sequence (sequences in batch order, then j) before
+    position s + 1, tokens being ``[B, S]`` (``t = b*S + s``); ``sequence_length=None`` is one
+    sequence. "probs": the largest weight first, ties in the "position" order.
+    """
+    length = sequence_length or num_tokens
+    copies = [(t, j) for t in range(num_tokens) for j in range(top_k)]
+    copies.sort(key=lambda c: (c[0] % length, c[0] // length, c[1]))
+    if policy == "probs":
+        weights = np.asarray(weights, np.float64)
+        copies.sort(key=lambda c: -weights[c])  # stable: ties keep the position order
+    return copies
+
+
+def kept_mask(experts, num_experts, cap, policy="position", sequence_length=None, weights=None):
+    """``[T, K]`` bool: the copy survives (among the first ``cap`` of its expert to claim)."""
     experts = np.asarray(experts)
     kept = np.ones(experts.shape, bool)
     if cap is None:
         return kept
     seen = np.zeros(num_experts, np.int64)
-    for t in range(experts.shape[0]):
-        for j in range(experts.shape[1]):
-            e = experts[t, j]
-            kept[t, j] = seen[e] < cap
-            seen[e] += 1
+    for t, j in claim_order(*experts.shape, policy, sequence_length, weights):
+        e = experts[t, j]
+        kept[t, j] = seen[e] < cap
+        seen[e] += 1
     return kept
 
 

@@ -6,6 +6,7 @@ import ast
 import dataclasses
 import math
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -47,6 +48,7 @@ NAMES = {
     "ep_exchange": option_names.EP_EXCHANGES,
     "ep_dispatch": option_names.EP_DISPATCHES,
     "fp8_recipe": option_names.FP8_RECIPES,
+    "capacity_drop_policy": option_names.CAPACITY_DROP_POLICIES,
 }
 FLAGS = ("pre_softmax", "use_expert_bias", "fsdp_expert_weights", "normalize_weights")
 PROPERTY = settings(max_examples=40, deadline=None)
@@ -221,7 +223,7 @@ def test_axes_are_names():
 )
 def test_capacity_is_the_formula_capped_at_the_tokens(factor, num_tokens, experts_and_k):
     num_experts, top_k = experts_and_k
-    cfg = jaxmoe.MoEConfig(num_experts, top_k, 4, 4, capacity_factor=factor)
+    cfg = jaxmoe.MoEConfig(num_experts, top_k, 4, 4, pre_softmax=True, capacity_factor=factor)
     capacity = cfg.capacity(num_tokens)
     assert isinstance(capacity, int) and 0 <= capacity <= num_tokens
     uncapped = factor * num_tokens * top_k / num_experts
@@ -240,3 +242,68 @@ def test_huge_capacity_factor_sizes_for_the_tokens_that_exist():
 def test_dtypes_reject_unreadable_values():
     for value in ("not-a-dtype", jnp.int32, object(), [1, 2]):
         _rejects("dtype", value)
+
+
+# ----------------------------------------------------------------------------- a router to train
+
+
+def _top1(**kwargs):
+    return jaxmoe.MoEConfig(8, 1, 16, 32, **kwargs)
+
+
+def test_top1_softmax_after_top_k_is_refused_naming_the_fixes():
+    with pytest.raises(ValueError) as error:
+        _top1()
+    message = str(error.value)
+    assert message.startswith("MoEConfig.top_k: must not be 1 with score='softmax' after the top-k")
+    assert "got 1." in message and "no gradient" in message
+    for fix in (
+        "pre_softmax=True",
+        "score='sigmoid'",
+        "aux_loss_coef > 0",
+        "seq_aux_loss_coef > 0",
+    ):
+        assert fix in message
+    with pytest.raises(ValueError, match=r"^MoEConfig\.top_k: "):
+        _top1(z_loss_coef=1e-3)  # the z-loss alone trains no routing
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"pre_softmax": True},
+        {"score": "sigmoid"},
+        {"score": "sqrtsoftplus", "normalize_weights": False},
+        {"aux_loss_coef": 1e-2},
+        {"seq_aux_loss_coef": 1e-3},
+    ],
+)
+def test_top1_configs_whose_router_trains_are_taken(kwargs):
+    assert _top1(**kwargs).top_k == 1
+
+
+@pytest.mark.parametrize(
+    "kwargs", [{"score": "sigmoid"}, {"score": "sqrtsoftplus"}, {"pre_softmax": True}]
+)
+def test_top1_normalised_single_weight_is_refused(kwargs):
+    with pytest.raises(ValueError) as error:
+        _top1(normalize_weights=True, **kwargs)
+    message = str(error.value)
+    assert message.startswith("MoEConfig.normalize_weights: must not normalise a single weight")
+    assert "got True." in message and "normalize_weights=None or False" in message
+    assert _top1(normalize_weights=True, aux_loss_coef=1e-2, **kwargs).top_k == 1
+
+
+def test_the_refused_routing_gives_the_router_no_task_gradient():
+    """Why the rule exists: softmax of one logit is 1, so y does not depend on the router."""
+
+    def router_grad(cfg):
+        params = jaxmoe.init_params(jax.random.key(0), cfg)
+        x = jax.random.normal(jax.random.key(1), (2, 5, 16))
+        grads = jax.grad(lambda p: jnp.sum(jaxmoe.moe(p, x, cfg)[0] ** 2))(params)
+        return np.asarray(grads["router"]["kernel"])
+
+    # Allowed by its balancing loss, which the task loss above leaves out.
+    assert np.all(router_grad(_top1(aux_loss_coef=1e-2)) == 0.0)
+    assert np.any(router_grad(_top1(pre_softmax=True)) != 0.0)
+    assert np.any(router_grad(_top1(score="sigmoid")) != 0.0)

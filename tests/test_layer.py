@@ -100,7 +100,11 @@ class Reference:
         self.experts, margin = ref.select_experts(logits, spec, params64.get("expert_bias"))
         assert margin > NEAR_TIE, "test data too close to a routing tie; pick another seed"
         cap = ref.capacity(cfg.capacity_factor, num_tokens, cfg.top_k, cfg.num_experts)
-        kept = ref.kept_mask(self.experts, cfg.num_experts, cap)
+        sequence_length = x.shape[-2] if x.ndim >= 3 else None
+        weights = ref.routing_weights(np, logits, self.experts, spec)
+        kept = ref.kept_mask(
+            self.experts, cfg.num_experts, cap, cfg.capacity_drop_policy, sequence_length, weights
+        )
         self.layout = ref.layout_reference(self.experts, cfg.num_experts, 1, cap)
         sequences = int(np.prod(x.shape[:-2])) if x.ndim >= 3 else 1
         self.losses = ref.losses_reference(logits, self.experts, spec, sequences)

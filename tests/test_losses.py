@@ -53,7 +53,7 @@ def _reference(params, x, cfg):
 
 def test_perfect_balance_gives_one_and_z_loss_by_hand():
     # Two experts, K=1: tokens +e0 go to expert 0, tokens -e0 to expert 1, half each.
-    cfg = _config(num_experts=2, top_k=1)
+    cfg = _config(num_experts=2, top_k=1, pre_softmax=True)
     params = jaxmoe.init_params(jax.random.key(0), cfg)
     kernel = jnp.zeros((HIDDEN, 2)).at[0, 0].set(1.0).at[0, 1].set(-1.0)
     params["router"]["kernel"] = kernel
@@ -71,7 +71,7 @@ def test_perfect_balance_gives_one_and_z_loss_by_hand():
 
 def test_collapsed_routing_and_per_sequence_balance_by_hand():
     # K=1, E=2; sequence 0 all on expert 0, sequence 1 all on expert 1, each with p = 0.9.
-    cfg = _config(num_experts=2, top_k=1)
+    cfg = _config(num_experts=2, top_k=1, pre_softmax=True)
     params = jaxmoe.init_params(jax.random.key(0), cfg)
     logit = math.log(0.9 / 0.1) / 2  # softmax([a, -a]) = [0.9, 0.1]
     params["router"]["kernel"] = jnp.zeros((HIDDEN, 2)).at[0, 0].set(logit).at[0, 1].set(-logit)

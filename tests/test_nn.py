@@ -24,7 +24,9 @@ CONFIGS = {
         activation="geglu",
         seq_aux_loss_coef=0.1,
     ),
-    "relu-capacity": jaxmoe.MoEConfig(8, 1, 16, 24, activation="relu", capacity_factor=1.0),
+    "relu-capacity": jaxmoe.MoEConfig(
+        8, 1, 16, 24, activation="relu", pre_softmax=True, capacity_factor=1.0
+    ),
 }
 
 

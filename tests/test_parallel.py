@@ -347,6 +347,17 @@ def test_poison_mode_reads_no_unwritten_row():
 # Capacity and receive-bound drops.
 
 
+def outputs_and_grads(fn, params, x, cotangent):
+    """``fn(params, x) -> (y, ...)``: its outputs and the gradients of ``sum(y * cotangent)``,
+    forward and gradients in one program."""
+
+    def loss(params, x):
+        out = fn(params, x)
+        return jnp.sum(out[0] * cotangent), out
+
+    return jax.jit(jax.grad(loss, argnums=(0, 1), has_aux=True))(params, x)
+
+
 def test_capacity_matches_single_device():
     mesh, _ = MESHES["ep4"]
     cfg, params, x, cotangent = make_case(capacity_factor=0.75, alignment=2)
@@ -377,17 +388,45 @@ def test_capacity_counts_tokens_of_one_data_shard():
         y, stats = jaxmoe.moe(params, x, sharded, mesh=mesh)
         return y, stats.dropped_tokens, stats.tokens_per_expert
 
-    def value_and_grads_of(fn):  # forward and gradients in one program per side
-        def loss(params, x):
-            out = fn(params, x)
-            return jnp.sum(out[0] * cotangent), out
-
-        return jax.jit(jax.grad(loss, argnums=(0, 1), has_aux=True))(params, x)
-
-    (ref_grads, ref), (grads, out) = value_and_grads_of(per_shard), value_and_grads_of(sharded_fn)
+    ref_grads, ref = outputs_and_grads(per_shard, params, x, cotangent)
+    grads, out = outputs_and_grads(sharded_fn, params, x, cotangent)
     assert_close(out[0], ref[0], "y")
     assert int(out[1]) == int(ref[1]) > 0
     np.testing.assert_array_equal(out[2], ref[2])
+    for a, b in zip(jax.tree.leaves(grads), jax.tree.leaves(ref_grads), strict=True):
+        assert_close(a, b, "grad")
+
+
+@pytest.mark.parametrize("policy", ["position", "probs"])
+@pytest.mark.parametrize("seq", [4, 0], ids=["3d", "2d"])
+def test_drop_policies_match_one_device_per_data_shard(policy, seq):
+    """Each ep group drops what moe() on its data shard drops, sequence by sequence."""
+    mesh, _ = MESHES["data2_ep4"]
+    batch = 8 if seq else 32
+    cfg, params, x, cotangent = make_case(
+        batch=batch, seq=seq, capacity_factor=0.5, capacity_drop_policy=policy
+    )
+    params = with_bias(params, "skewed", 4)
+    sharded = dataclasses.replace(cfg, ep_axis="ep", data_axes=("data",))
+
+    def per_shard(params, x):
+        halves = [jaxmoe.moe(params, half, cfg) for half in jnp.split(x, 2)]
+        per_sequence = jnp.concatenate([h[1].dropped_tokens_per_sequence for h in halves])
+        if not seq:  # a 2-D x is one sequence: the shards' counts add up
+            per_sequence = jnp.sum(per_sequence, keepdims=True)
+        y = jnp.concatenate([h[0] for h in halves])
+        return y, sum(h[1].dropped_tokens for h in halves), per_sequence
+
+    def sharded_fn(params, x):
+        y, stats = jaxmoe.moe(params, x, sharded, mesh=mesh)
+        return y, stats.dropped_tokens, stats.dropped_tokens_per_sequence
+
+    ref_grads, ref = outputs_and_grads(per_shard, params, x, cotangent)
+    grads, out = outputs_and_grads(sharded_fn, params, x, cotangent)
+    assert_close(out[0], ref[0], "y")
+    assert int(out[1]) == int(ref[1]) > 0
+    np.testing.assert_array_equal(out[2], ref[2])
+    assert out[2].shape == ((batch,) if seq else (1,)) and int(jnp.sum(out[2])) == int(out[1])
     for a, b in zip(jax.tree.leaves(grads), jax.tree.leaves(ref_grads), strict=True):
         assert_close(a, b, "grad")
 

@@ -6,6 +6,7 @@ import dataclasses
 import math
 import numbers
 from collections.abc import Callable
+from fractions import Fraction
 from typing import Any, NoReturn
 
 import jax.numpy as jnp
@@ -13,6 +14,7 @@ import numpy as np
 
 from jaxmoe.option_names import (
     ACTIVATIONS,
+    CAPACITY_DROP_POLICIES,
     EP_DISPATCHES,
     EP_EXCHANGES,
     FP8_RECIPES,
@@ -22,6 +24,17 @@ from jaxmoe.option_names import (
 )
 
 __all__ = ["ACTIVATIONS", "GATED_ACTIVATIONS", "SCORES", "MoEConfig"]
+
+
+def ceil_scaled(factor: float, count: int, divisor: int = 1) -> int:
+    """``ceil(factor * count / divisor)`` in exact arithmetic, ``factor`` taken as the decimal
+    it prints as (``1.1`` is 11/10, not the nearest double, 1.1000000000000000888...): the
+    size that a factor of the config (a capacity, a receive bound) describes.
+
+    A float product rounds: ``1.1 * 200 * 6 / 8`` is ``165.00000000000003`` in float64, whose
+    ceil is 166, where the capacity the factor describes is exactly 165.
+    """
+    return math.ceil(Fraction(repr(float(factor))) * count / divisor)
 
 
 def _fail(field: str, rule: str, value: Any, fix: str) -> NoReturn:
@@ -193,6 +206,11 @@ _FIELD_RULES: dict[str, Callable[[str, Any], Any]] = {
     "seq_aux_loss_coef": _LOSS_COEF,
     "z_loss_coef": _LOSS_COEF,
     "capacity_factor": _factor("Use e.g. 1.25, or None for dropless."),
+    "capacity_drop_policy": _Name(
+        CAPACITY_DROP_POLICIES,
+        "Use 'position' (the latest positions of each sequence drop first) or 'probs' (the "
+        "lowest routing weights drop first).",
+    ),
     "dtype": _float_dtype,
     "param_dtype": _float_dtype,
     "ep_axis": _axis_name,
@@ -252,6 +270,19 @@ def _per_kept_group(cfg) -> int:
     return cfg.top_k // cfg.group_top_k
 
 
+# With top_k=1 a softmax after the top-k, or a normalisation, makes the one weight exactly 1: the
+# task loss then gives the router no gradient. A balancing loss still trains it (through the
+# scores, towards balance); the z-loss alone does not (it only pulls the logits' logsumexp to 0).
+def _router_trained_by_a_balancing_loss(cfg) -> bool:
+    return cfg.aux_loss_coef > 0 or cfg.seq_aux_loss_coef > 0
+
+
+_BALANCING_FIX = (
+    "or aux_loss_coef > 0 or seq_aux_loss_coef > 0 to train the router by the balancing loss "
+    "alone (z_loss_coef alone does not train it)."
+)
+
+
 _CROSS_FIELD_RULES: tuple[tuple[str, Callable, Callable, Callable], ...] = (
     (
         "top_k",
@@ -264,6 +295,35 @@ _CROSS_FIELD_RULES: tuple[tuple[str, Callable, Callable, Callable], ...] = (
         lambda c: c.pre_softmax and c.score != "softmax",
         lambda c: "only applies to score='softmax'",
         lambda c: f"Set pre_softmax=False for score={c.score!r}.",
+    ),
+    (
+        "top_k",
+        lambda c: (
+            c.top_k == 1
+            and c.score == "softmax"
+            and not c.pre_softmax
+            and not _router_trained_by_a_balancing_loss(c)
+        ),
+        lambda c: (
+            "must not be 1 with score='softmax' after the top-k (pre_softmax=False): the one "
+            "weight is softmax of one logit, always 1, so the task loss gives the router no "
+            "gradient"
+        ),
+        lambda c: "Set pre_softmax=True, score='sigmoid', " + _BALANCING_FIX,
+    ),
+    (
+        "normalize_weights",
+        lambda c: (
+            c.top_k == 1
+            and (c.score != "softmax" or c.pre_softmax)
+            and c.normalize_routing_weights
+            and not _router_trained_by_a_balancing_loss(c)
+        ),
+        lambda c: (
+            "must not normalise a single weight (top_k=1): it is divided by itself, always 1, "
+            "so the task loss gives the router no gradient"
+        ),
+        lambda c: "Set normalize_weights=None or False, " + _BALANCING_FIX,
     ),
     (
         "use_expert_bias",
@@ -368,8 +428,20 @@ class MoEConfig:
         ``shared_ffn_size`` (default ``ffn_size * num_shared_experts``).
       aux_loss_coef, seq_aux_loss_coef, z_loss_coef: weights of the router losses in
         ``MoEStats.aux_loss``.
-      capacity_factor: ``None`` = dropless. Else each expert keeps its first
-        ``C = ceil(capacity_factor * T * K / E)`` assignments (T = tokens of one data shard).
+      capacity_factor: ``None`` = dropless. Else each expert keeps
+        ``C = min(T, ceil(capacity_factor * T * K / E))`` assignments (T = tokens of one data
+        shard; computed exactly, the factor read as the decimal it prints as: 1.1 is 11/10).
+      capacity_drop_policy: with a capacity, which assignments an expert over it drops
+        (:mod:`jaxmoe.capacity`). ``"position"`` (default): within each sequence the latest
+        positions go first, the sequences interleaved (position 0 of every sequence claims
+        first, then position 1, ...), so drops spread evenly over the batch (GShard;
+        Megatron-Core's ``"position"``). ``"probs"``: the lowest routing weights go first
+        (Megatron-Core's default). ``"position"`` is the default because whether a token is
+        kept then never depends on later positions of its sequence (``"probs"`` lets a later
+        token with a larger weight evict an earlier one: information from the future that a
+        causal model does not have at inference), it needs no sort, and for a single sequence
+        (a 2-D ``x``) it is the token order. Dropped counts per sequence:
+        ``MoEStats.dropped_tokens_per_sequence``.
       dtype: compute dtype of the experts (the router always computes in float32).
       param_dtype: dtype of the parameters made by ``init_params``.
       ep_axis: mesh axis over which experts are sharded (expert parallelism).
@@ -438,6 +510,7 @@ class MoEConfig:
     seq_aux_loss_coef: float = 0.0
     z_loss_coef: float = 0.0
     capacity_factor: float | None = None
+    capacity_drop_policy: str = "position"
     dtype: Any = jnp.float32
     param_dtype: Any = jnp.float32
     ep_axis: str | None = None
@@ -488,11 +561,12 @@ class MoEConfig:
     def capacity(self, num_tokens: int) -> int | None:
         """Per-expert capacity ``C = min(T, ceil(capacity_factor * T * K / E))`` (None: dropless).
 
-        ``T = num_tokens``. An expert receives at most T copies (a token picks an expert at most
-        once), so a larger C would only add empty buffer rows: C is capped at T, which keeps a
-        large ``capacity_factor`` (e.g. 1e6) from sizing a buffer for rows that cannot exist.
+        ``T = num_tokens``. Exact (:func:`ceil_scaled`): no float product rounds it up by one.
+        An expert receives at most T copies (a token picks an expert at
+        most once), so a larger C would only add empty buffer rows: C is capped at T, which keeps
+        a large ``capacity_factor`` (e.g. 1e6) from sizing a buffer for rows that cannot exist.
         """
         if self.capacity_factor is None:
             return None
-        exact = self.capacity_factor * num_tokens * self.top_k / self.num_experts
-        return num_tokens if exact >= num_tokens else math.ceil(exact)
+        uncapped = ceil_scaled(self.capacity_factor, num_tokens * self.top_k, self.num_experts)
+        return min(num_tokens, uncapped)

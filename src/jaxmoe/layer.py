@@ -6,6 +6,8 @@ Both the one-device path and the expert-parallel one (``mesh=...``) are thin cal
 
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -15,7 +17,13 @@ from jaxmoe.argument_checks import as_array, is_tracer
 from jaxmoe.config import MoEConfig
 from jaxmoe.experts import routed_experts
 from jaxmoe.fp8_experts import check_expert_fp8_weights
-from jaxmoe.layer_body import ExpertsResult, MoEStats, moe_body, resolve_alignment
+from jaxmoe.layer_body import (
+    ExpertsResult,
+    MoEStats,
+    moe_body,
+    resolve_alignment,
+    sequence_length,
+)
 from jaxmoe.ops.fp8 import quantize, resolve_recipe
 from jaxmoe.parallel.sharded import moe_sharded
 from jaxmoe.params import check_params
@@ -77,15 +85,24 @@ def _dispatch_quantized(tokens, plan, cfg: MoEConfig):
     return permutation.dispatch(q, plan), permutation.dispatch(scale, plan)
 
 
-def local_experts_step(params, cfg: MoEConfig, fp8_weights=None):
-    """The experts step of one device: dispatch -> grouped-matmul experts -> combine."""
+def local_experts_step(params, cfg: MoEConfig, fp8_weights=None, sequence_length=None):
+    """The experts step of one device: dispatch -> grouped-matmul experts -> combine.
+
+    ``sequence_length``: S of the tokens' ``[B, S]`` order, for the capacity's drop policy
+    (``None``: the tokens are one sequence)."""
 
     def step(tokens: jax.Array, routing: Routing) -> ExpertsResult:
         with jax.named_scope("permute"):
             alignment = resolve_alignment(cfg)
             capacity = cfg.capacity(tokens.shape[0])
             plan = permutation.plan_dispatch(
-                routing.experts, cfg.num_experts, alignment=alignment, capacity=capacity
+                routing.experts,
+                cfg.num_experts,
+                alignment=alignment,
+                capacity=capacity,
+                drop_policy=cfg.capacity_drop_policy,
+                sequence_length=sequence_length,
+                weights=routing.weights,
             )
             buffer = permutation.dispatch(tokens, plan)
             buffer_fp8 = _dispatch_quantized(tokens, plan, cfg)
@@ -103,14 +120,21 @@ def local_experts_step(params, cfg: MoEConfig, fp8_weights=None):
             )
         with jax.named_scope("combine"):
             out = permutation.combine(expert_out, routing.weights, plan)
-        return ExpertsResult(out, plan.tokens_per_expert, plan.dropped, jnp.zeros((), jnp.int32))
+        return ExpertsResult(
+            out,
+            plan.tokens_per_expert,
+            plan.dropped,
+            jnp.zeros((), jnp.int32),
+            plan.dropped_per_token,
+        )
 
     return step
 
 
 def moe_local(params, x: jax.Array, cfg: MoEConfig, fp8_weights=None) -> tuple[jax.Array, MoEStats]:
     """The layer on one device (or one data shard): no collectives. See :func:`moe`."""
-    return moe_body(params, x, cfg, local_experts_step(params, cfg, fp8_weights))
+    length = sequence_length(x.shape, math.prod(x.shape[:-1]))
+    return moe_body(params, x, cfg, local_experts_step(params, cfg, fp8_weights, length))
 
 
 def moe(

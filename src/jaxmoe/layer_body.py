@@ -30,7 +30,7 @@ from jaxmoe.router import Routing, route, router_logits
 
 
 class MoEStats(NamedTuple):
-    """What a layer reports besides its output (a pytree; every field a scalar but one).
+    """What a layer reports besides its output (a pytree; every field a scalar but two).
 
     Attributes:
       aux_loss: ``aux_loss_coef * load_balancing_loss + seq_aux_loss_coef * seq_aux_loss
@@ -45,6 +45,10 @@ class MoEStats(NamedTuple):
         travelled in the dropless overflow windows (0 on one device; see
         ``jaxmoe.parallel.ep_apply_experts``). A count that stays high says routing is far from
         balance: raise ``MoEConfig.ep_fast_slot_factor``.
+      dropped_tokens_per_sequence: ``[B]`` int32, ``dropped_tokens`` of each sequence of ``x``
+        (``[*B, S, H]``, leading dims flattened; a 2-D ``x`` is one sequence); sums to
+        ``dropped_tokens``. Which sequences lose copies is the capacity's drop policy
+        (``MoEConfig.capacity_drop_policy``).
     """
 
     aux_loss: jax.Array
@@ -54,6 +58,7 @@ class MoEStats(NamedTuple):
     tokens_per_expert: jax.Array
     dropped_tokens: jax.Array
     overflow_tokens: jax.Array
+    dropped_tokens_per_sequence: jax.Array
 
 
 class ExpertsResult(NamedTuple):
@@ -63,6 +68,7 @@ class ExpertsResult(NamedTuple):
     tokens_per_expert: jax.Array  # [E] int32 copies routed to each expert, before any drop
     dropped: jax.Array  # int32 copies dropped by a capacity or buffer bound
     overflow: jax.Array  # int32 copies sent past the fast slots (expert parallelism)
+    dropped_per_token: jax.Array  # [T] int32 each token's dropped copies (sums to `dropped`)
 
 
 #: ``experts_step(tokens [T, H] in cfg.dtype, routing) -> ExpertsResult``.
@@ -74,6 +80,20 @@ StatsReduction = Callable[[tuple], tuple]
 def num_sequences(shape: tuple[int, ...]) -> int:
     """B for ``x`` of shape ``[*B, S, H]``; a 2-D (or 1-D) ``x`` is one sequence."""
     return math.prod(shape[:-2]) if len(shape) >= 3 else 1
+
+
+def sequence_length(shape: tuple[int, ...], group_tokens: int) -> int:
+    """S for ``x`` of shape ``[*B, S, H]``; for a 2-D (or 1-D) ``x``, whose tokens are one
+    sequence, ``group_tokens``: all the tokens that one capacity counts (those of one device,
+    or of an expert-parallel group)."""
+    return shape[-2] if len(shape) >= 3 else group_tokens
+
+
+def per_sequence(per_token: jax.Array, sequences: int) -> jax.Array:
+    """``[T] -> [B]``: the sums over each sequence of ``[B, S]`` tokens laid out in order."""
+    if sequences == 0:
+        return jnp.zeros((0,), per_token.dtype)
+    return jnp.sum(per_token.reshape(sequences, -1 if per_token.size else 0), axis=1)
 
 
 def resolve_alignment(cfg: MoEConfig) -> int:
@@ -95,7 +115,12 @@ def route_tokens(params, tokens: jax.Array, cfg: MoEConfig, sequences: int):
 
 
 def finish_stats(
-    cfg: MoEConfig, terms: losses.LossTerms, tokens_per_expert, dropped, overflow
+    cfg: MoEConfig,
+    terms: losses.LossTerms,
+    tokens_per_expert,
+    dropped,
+    overflow,
+    dropped_per_sequence,
 ) -> MoEStats:
     """Turns (globally summed) loss terms and counts into :class:`MoEStats`."""
     load_balancing, seq_aux, z_loss = losses.finish_losses(terms, cfg.num_experts, cfg.top_k)
@@ -112,6 +137,7 @@ def finish_stats(
         tokens_per_expert=tokens_per_expert.astype(jnp.int32),
         dropped_tokens=jnp.asarray(dropped, jnp.int32),
         overflow_tokens=jnp.asarray(overflow, jnp.int32),
+        dropped_tokens_per_sequence=jnp.asarray(dropped_per_sequence, jnp.int32),
     )
 
 
@@ -131,7 +157,9 @@ def moe_body(
       cfg: the layer's config.
       experts_step: see :data:`ExpertsStep`.
       reduce_stats: sums the loss terms and counts over the devices of a mesh; ``None`` on one
-        device.
+        device. ``dropped_tokens_per_sequence`` of a ``[..., S, H]`` ``x`` stays this device's
+        (each device holds whole sequences: the caller lays it out over the batch axes); for a
+        2-D ``x``, one sequence over the devices, it is summed.
 
     Returns:
       ``(y, stats)`` as :func:`jaxmoe.moe`.
@@ -141,7 +169,8 @@ def moe_body(
         with jax.named_scope("router"):
             routing, terms = route_tokens(params, tokens, cfg, num_sequences(x.shape))
         compute = tokens.astype(cfg.dtype)
-        out, *counts = experts_step(compute, routing)
+        out, *counts, dropped_per_token = experts_step(compute, routing)
+        dropped_per_sequence = per_sequence(dropped_per_token, num_sequences(x.shape))
         if cfg.num_shared_experts:
             with jax.named_scope("shared_expert"):
                 out = out + shared_expert(compute, params["shared"], cfg.activation)
@@ -149,11 +178,12 @@ def moe_body(
             if reduce_stats is not None:
                 terms, counts = reduce_stats((terms, counts))
                 if x.ndim < 3:
+                    dropped_per_sequence = reduce_stats(dropped_per_sequence)
                     # A 2-D x is one sequence spread over the devices: its sequence loss is
                     # the global balancing loss, not the sum of the shards' own.
                     load_balancing = losses.finish_losses(terms, cfg.num_experts, cfg.top_k)[0]
                     terms = terms._replace(
                         seq_loss_sum=load_balancing, num_sequences=jnp.ones((), jnp.float32)
                     )
-            stats = finish_stats(cfg, terms, *counts)
+            stats = finish_stats(cfg, terms, *counts, dropped_per_sequence)
     return out.astype(x.dtype).reshape(x.shape), stats

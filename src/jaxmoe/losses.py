@@ -2,6 +2,14 @@
 
 Each loss is computed from partial sums (:class:`LossTerms`) so that a sharded layer can add
 them over devices before finishing: the result is the same as on one device.
+
+**Which assignments the balancing losses count.** ``c_i`` counts the experts each token is
+actually routed to (``Routing.experts``: the selection with the expert bias and the
+group-limited top-k applied), before any capacity drop; ``P_i`` averages the scores
+(``Routing.scores``, no bias). Megatron-Core instead counts a plain top-k of the scores (no
+bias, no groups) for its auxiliary losses. The two agree without a bias and groups; with them,
+jaxmoe's loss measures the load the experts really receive (what the capacity and the
+expert-parallel buffers see), where a plain top-k would count assignments that never happen.
 """
 
 from __future__ import annotations

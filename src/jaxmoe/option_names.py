@@ -22,6 +22,8 @@ EP_EXCHANGES = ("all_to_all", "all_to_all_chunked", "all_gather", "ragged_all_to
 # ``jaxmoe.parallel.dispatch``: what an expert-parallel exchange row holds (one per (token,
 # expert) copy, or one per (token, destination rank) pair: ``jaxmoe.parallel.token_dispatch``).
 EP_DISPATCHES = ("auto", "copies", "tokens")
+# ``jaxmoe.capacity``: which copies a capacity drops first.
+CAPACITY_DROP_POLICIES = ("position", "probs")
 
 
 def check_registry(listed_as: str, listed: tuple[str, ...], implemented: Iterable[str]) -> None:

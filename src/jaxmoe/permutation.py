@@ -2,7 +2,8 @@ r"""Token permutation: token copies sorted expert-major into a padded buffer, an
 
 For T tokens with K choices each there are A = T*K assignments, numbered token-major
 (``a = t*K + j``). :func:`plan_dispatch` orders them by expert, stably, so that each expert's
-block keeps token order, and lays the blocks out in a buffer of R rows::
+block keeps token order (with a capacity: claim order, below), and lays the blocks out in a
+buffer of R rows::
 
     buffer rows:  [ expert 0: its copies | pad ][ expert 1: ... | pad ] ... [ unused tail ]
                     ^ offsets[0]                ^ offsets[1]
@@ -11,8 +12,10 @@ block keeps token order, and lays the blocks out in a buffer of R rows::
 
 * Dropless (default): block e holds all ``c_e`` copies, padded up to a multiple of
   ``alignment``; ``R = A + E*(alignment-1)`` rounded up to ``alignment`` (a static bound).
-* Capacity C: every block has ``Cp = ceil(C / alignment) * alignment`` rows; expert e keeps its
-  first ``C`` copies in token order, later ones are dropped (counted, contribute zero).
+* Capacity C: every block has ``Cp = ceil(C / alignment) * alignment`` rows; expert e keeps the
+  first ``C`` copies in claim order (:mod:`jaxmoe.capacity`: by position within the sequence,
+  or by routing weight; token order for one sequence), laid out in that order; the others are
+  dropped (counted, contribute zero).
 
 :func:`dispatch` (gather tokens into the buffer) and :func:`combine` (gather the buffer back
 and sum the K copies with their weights) have custom VJPs that are each other's transposes.
@@ -29,6 +32,7 @@ import jax.numpy as jnp
 
 from jaxmoe import debug
 from jaxmoe.argument_checks import round_up
+from jaxmoe.capacity import claim_ranks
 from jaxmoe.ops import row_gather
 from jaxmoe.ops.row_gather import xla as row_gather_xla
 from jaxmoe.ranks import scatter_inverse, stable_ranks
@@ -56,6 +60,11 @@ class DispatchPlan(NamedTuple):
     def num_rows(self) -> int:
         return self.row_assignment.shape[0]
 
+    @property
+    def dropped_per_token(self) -> jax.Array:
+        """``[T]`` int32: each token's copies that hold no row of this buffer (dropped)."""
+        return jnp.sum(self.assignment_row >= self.num_rows, axis=1, dtype=jnp.int32)
+
 
 def capacity_block_rows(capacity: int | None, alignment: int) -> int | None:
     """Rows of every expert block in capacity mode (``Cp``), or None when dropless."""
@@ -74,7 +83,14 @@ def buffer_rows(
 
 
 def plan_dispatch(
-    experts: jax.Array, num_experts: int, *, alignment: int = 1, capacity: int | None = None
+    experts: jax.Array,
+    num_experts: int,
+    *,
+    alignment: int = 1,
+    capacity: int | None = None,
+    drop_policy: str = "position",
+    sequence_length: int | None = None,
+    weights: jax.Array | None = None,
 ) -> DispatchPlan:
     """Plans the expert-major layout of the token copies chosen by ``experts``.
 
@@ -83,6 +99,10 @@ def plan_dispatch(
       num_experts: E.
       alignment: pad each expert's block to a multiple of this many rows.
       capacity: per-expert capacity C, or ``None`` for dropless.
+      drop_policy, sequence_length, weights: with a capacity, the order in which copies claim
+        an expert's C rows (:func:`jaxmoe.capacity.claim_ranks`): ``"position"`` (default;
+        with ``sequence_length=None`` the T tokens are one sequence: token order) or
+        ``"probs"`` (largest of ``weights [T, K]`` first).
 
     Returns:
       A :class:`DispatchPlan`.
@@ -91,14 +111,22 @@ def plan_dispatch(
     num_assignments = num_tokens * top_k
     num_rows = buffer_rows(num_assignments, num_experts, alignment, capacity)
     flat_experts = experts.reshape(-1).astype(jnp.int32)
-    # Each copy's place among its expert's copies, in token order (this defines who a capacity
-    # drops): what a stable sort by expert gives, without the sort where experts are few.
-    rank = stable_ranks(flat_experts, num_experts)
     tokens_per_expert = jnp.zeros((num_experts,), jnp.int32).at[flat_experts].add(1)
     if capacity is None:
+        # Each copy's place among its expert's copies, in token order: what a stable sort by
+        # expert gives, without the sort where experts are few.
+        rank = stable_ranks(flat_experts, num_experts)
         kept = tokens_per_expert
         group_sizes = round_up(kept, alignment)
     else:
+        # The place in claim order (the drop policy's): the first C of each expert are kept.
+        rank = claim_ranks(
+            experts,
+            num_experts,
+            drop_policy=drop_policy,
+            sequence_length=sequence_length,
+            weights=weights,
+        ).reshape(-1)
         kept = jnp.minimum(tokens_per_expert, capacity)
         group_sizes = jnp.full((num_experts,), round_up(capacity, alignment), jnp.int32)
     offsets = jnp.cumsum(group_sizes) - group_sizes  # first buffer row of each block

@@ -215,7 +215,7 @@ def bench_exchange(
             chunks=chunks,
             dispatch=dispatch,
         ):
-            y, _, dropped, _ = ep_apply_experts(
+            y, _, dropped, *_ = ep_apply_experts(
                 x,
                 experts,
                 weights,

@@ -19,8 +19,10 @@ Counts stay on the device: each rank's ``[E]`` counts are all-gathered over the 
 in token order within a sender: the token order of the ep group, as on one device. Two bounds
 can drop copies, each counted in ``dropped`` (never silent):
 
-1. capacity ``C`` (per expert, over the ep group's tokens): an expert keeps its first ``C``
-   copies in that order;
+1. capacity ``C`` (per expert, over the ep group's tokens): an expert keeps the first ``C``
+   copies in the claim order of the drop policy over the ep group's tokens
+   (:func:`jaxmoe.parallel.layout.capacity_keep`; ``"position"`` over one sequence: that
+   token order);
 2. the slot bound ``P``: the rows one sender can put in one receiver's slot. Within a slot the
    copies are ordered by expert then token; copies past the first ``P`` are dropped (the last
    experts' last tokens of that sender) -- unless :func:`ep_apply_experts` sends them in later
@@ -63,6 +65,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxmoe import debug, permutation
+from jaxmoe.capacity import check_drop_policy
 from jaxmoe.option_names import EP_DISPATCHES, check_registry
 from jaxmoe.parallel import layout, token_dispatch
 from jaxmoe.parallel.exchange import Exchange, exchange_rows, resolve_exchange
@@ -131,6 +134,9 @@ def ep_dispatch(
     alignment: int = 1,
     all_counts: jax.Array | None = None,
     window=0,
+    drop_policy: str = "position",
+    sequence_length: int | None = None,
+    routing_weights: jax.Array | None = None,
 ) -> tuple[jax.Array, jax.Array, EPHandle]:
     r"""Sends each token copy to the rank owning its expert; returns my experts' rows.
 
@@ -161,6 +167,11 @@ def ep_dispatch(
       window: which ``P`` positions of each slot travel: ``[window*P, (window+1)*P)`` of the
         slot's copies (ordered by expert, then token). 0 (default) is the bounded path; the
         dropless overflow of :func:`ep_apply_experts` sends the later windows. May be traced.
+      drop_policy, sequence_length, routing_weights: with a capacity, which copies claim an
+        expert's ``C`` rows first, over the ep group's tokens in rank order
+        (:func:`jaxmoe.capacity.claim_ranks`): ``"position"`` (default) with
+        ``sequence_length`` S (``None``: the group's tokens are one sequence, so token order),
+        or ``"probs"`` (the largest of ``routing_weights [T, K]`` first).
 
     Returns:
       ``(buffer [R, H], group_sizes [E_l] int32, handle)``: ``buffer`` is ready for
@@ -175,6 +186,8 @@ def ep_dispatch(
     """
     impl = resolve_exchange(exchange)
     num_tokens, top_k = routing_experts.shape
+    if capacity is not None:
+        check_drop_policy("ep_dispatch", drop_policy, routing_weights)
     ep = jax.lax.axis_size(axis_name)
     if num_experts % ep:
         raise ValueError(
@@ -199,7 +212,18 @@ def ep_dispatch(
     if all_counts is None:
         all_counts = layout.all_expert_counts(routing_experts, num_experts, axis_name)
     counts = jax.lax.dynamic_index_in_dim(all_counts, me, axis=0, keepdims=False)
-    kept, offset, skip = layout.slot_layout(all_counts, num_local, capacity, rows, window)
+    keep, send_counts = None, all_counts
+    if capacity is not None:
+        keep, send_counts = layout.capacity_keep(
+            routing_experts,
+            num_experts,
+            capacity,
+            axis_name,
+            drop_policy=drop_policy,
+            sequence_length=sequence_length,
+            routing_weights=routing_weights,
+        )
+    kept, offset, skip = layout.slot_layout(send_counts, num_local, rows, window)
     kept_mine = jax.lax.dynamic_index_in_dim(kept, me, axis=0, keepdims=False)  # [ep (d), E_l]
     offset_mine = jax.lax.dynamic_index_in_dim(offset, me, axis=0, keepdims=False)
     kept_here = jax.lax.dynamic_index_in_dim(kept, me, axis=1, keepdims=False)  # [ep (s), E_l]
@@ -209,7 +233,7 @@ def ep_dispatch(
 
     skip_mine = jax.lax.dynamic_index_in_dim(skip, me, axis=0, keepdims=False)
     send_plan = layout.send_plan(
-        flat_experts, counts, kept_mine, offset_mine, skip_mine, rows, top_k
+        flat_experts, counts, kept_mine, offset_mine, skip_mine, rows, top_k, keep
     )
     send = permutation.dispatch(x, send_plan).reshape(ep, rows, x.shape[1])
     recv = exchange_rows(impl, send, send_sizes, recv_sizes, axis_name)
@@ -274,6 +298,7 @@ class EPExpertsResult(NamedTuple):
     tokens_per_expert: jax.Array  # [E] int32 this rank's copies per (global) expert
     dropped: jax.Array  # int32 this rank's copies dropped by a capacity or a receive bound
     overflow: jax.Array  # int32 this rank's copies past the fast slots (sent in later windows)
+    dropped_per_token: jax.Array  # [T] int32 each token's dropped copies (sums to `dropped`)
 
 
 def ep_apply_experts(
@@ -292,6 +317,8 @@ def ep_apply_experts(
     alignment: int = 1,
     num_chunks: int = 1,
     dispatch: str = "copies",
+    drop_policy: str = "position",
+    sequence_length: int | None = None,
 ) -> EPExpertsResult:
     r""":func:`ep_dispatch`, ``expert_fn``, :func:`ep_combine`: dropless at the cost of balance.
 
@@ -334,10 +361,13 @@ def ep_apply_experts(
         ``"tokens"`` where dropless and a pair averages >= 1.5 copies). Where a pair can only
         be one copy (``ep == 1``, or ``min(K, E_l) == 1``) ``"tokens"`` runs the copies path,
         which sends the same rows.
+      drop_policy, sequence_length: with a capacity, as for :func:`ep_dispatch` (``"probs"``
+        ranks by ``routing_weights``).
       Others: as for :func:`ep_dispatch`.
 
     Returns:
-      An :class:`EPExpertsResult` ``(out, tokens_per_expert, dropped, overflow)``.
+      An :class:`EPExpertsResult` ``(out, tokens_per_expert, dropped, overflow,
+      dropped_per_token)``.
     """
     ep = jax.lax.axis_size(axis_name)
     num_tokens, top_k = routing_experts.shape
@@ -363,7 +393,7 @@ def ep_apply_experts(
     # copies path sends the same rows without the ids and weights beside them.
     if dispatch == "tokens" and (ep == 1 or min(top_k, num_experts // ep) == 1):
         dispatch = "copies"
-    if dispatch == "tokens":
+    if dispatch == "tokens":  # dropless only (it refuses a bound): nothing is dropped
         return EPExpertsResult(
             *token_dispatch.apply_experts(
                 x,
@@ -379,7 +409,8 @@ def ep_apply_experts(
                 fast_slot_factor=fast_slot_factor,
                 alignment=alignment,
                 num_chunks=num_chunks,
-            )
+            ),
+            dropped_per_token=jnp.zeros((num_tokens,), jnp.int32),
         )
     # [chunks, ep, E]: each chunk's counts on every rank (one all-gather for all chunks).
     all_counts = layout.all_expert_counts(routing_experts, num_experts, axis_name, num_chunks)
@@ -404,6 +435,9 @@ def ep_apply_experts(
                 alignment=alignment,
                 all_counts=counts,
                 window=window,
+                drop_policy=drop_policy,
+                sequence_length=sequence_length,
+                routing_weights=weights,
             )
         with jax.named_scope("experts"):
             expert_out = expert_fn(buffer, group_sizes, params)
@@ -420,8 +454,12 @@ def ep_apply_experts(
     tokens_per_expert = sum(handle.tokens_per_expert for handle in handles)
     left_out = sum(handle.dropped for handle in handles)
     dropped, overflow = 0, 0
+    dropped_per_token = jnp.zeros((num_tokens,), jnp.int32)
     if fast_rows is None:
         dropped = left_out
+        dropped_per_token = jnp.concatenate(
+            [handle.send_plan.dropped_per_token for handle in handles]
+        )
     else:
         # The fast windows leave out exactly this rank's overflow copies; they go through as
         # many later windows as the fullest slot of any chunk needs (P_fast < T*K: some may).
@@ -433,4 +471,5 @@ def ep_apply_experts(
         tokens_per_expert=tokens_per_expert,
         dropped=jnp.asarray(dropped, jnp.int32),
         overflow=jnp.asarray(overflow, jnp.int32),
+        dropped_per_token=dropped_per_token,
     )

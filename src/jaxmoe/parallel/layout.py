@@ -7,6 +7,7 @@ itself is described in :mod:`jaxmoe.parallel.dispatch`; this module holds its ar
 * :func:`slot_rows` / :func:`fast_slot_rows`: ``P``, the static rows per (sender, receiver) slot;
 * :func:`pair_slot_rows` / :func:`pair_copy_rows`: the static sizes of the deduplicated
   (``ep_dispatch="tokens"``) slots, ``P_pairs`` rows and ``Q`` copies per slot and window;
+* :func:`capacity_keep`: which copies a capacity keeps, by the ep group's drop policy;
 * :func:`slot_layout`: the copies kept in each slot and where they start;
 * :func:`send_plan`: my send buffer ``[ep*P]`` as a :class:`~jaxmoe.permutation.DispatchPlan`;
 * :func:`receive_plan`: the sort of my receive buffer into expert-major blocks.
@@ -21,6 +22,8 @@ import jax.numpy as jnp
 
 from jaxmoe import permutation
 from jaxmoe.argument_checks import round_up
+from jaxmoe.capacity import claim_ranks
+from jaxmoe.config import ceil_scaled
 from jaxmoe.ranks import scatter_inverse, stable_ranks
 from jaxmoe.sorted_search import search_right
 
@@ -39,7 +42,7 @@ def slot_rows(
     if capacity is not None:
         rows = min(rows, num_local_experts * min(num_tokens, capacity))
     if receive_factor is not None:
-        rows = min(rows, math.ceil(math.ceil(receive_factor * num_tokens * top_k) / ep))
+        rows = min(rows, -(-ceil_scaled(receive_factor, num_tokens * top_k) // ep))
     return max(rows, 1)
 
 
@@ -113,27 +116,73 @@ def pair_copy_rows(
     local_slots = min(top_k, num_local)
     if factor is None:
         return max(num_tokens * local_slots, 1)
-    balanced = math.ceil(math.ceil(factor * num_tokens * top_k) / ep)
+    balanced = -(-ceil_scaled(factor, num_tokens * top_k) // ep)
     return max(1, min(num_tokens * local_slots, max(local_slots, balanced)))
 
 
-def slot_layout(all_counts, num_local_experts: int, capacity: int | None, rows: int, window=0):
+def capacity_keep(
+    routing_experts: jax.Array,
+    num_experts: int,
+    capacity: int,
+    axis_name,
+    *,
+    drop_policy: str = "position",
+    sequence_length: int | None = None,
+    routing_weights: jax.Array | None = None,
+):
+    """Which of my copies a capacity ``C`` over the ep group's tokens keeps, and every rank's
+    kept copies per expert.
+
+    The capacity counts the ep group's ``ep * T`` tokens in rank order (as one device would
+    for the group's tokens, concatenated): each rank gathers the group's expert ids (and, for
+    ``"probs"``, routing weights; ``[T, K]`` each, small beside the tokens) and ranks them
+    with :func:`jaxmoe.capacity.claim_ranks`, so every rank derives the same decision.
+
+    Returns:
+      ``(keep [T, K] bool, kept_counts [ep, E] int32)``: my copies kept, and rank ``s``'s
+      kept copies of each expert.
+    """
+    num_tokens, top_k = routing_experts.shape
+    ep = jax.lax.axis_size(axis_name)
+    group_experts = jax.lax.all_gather(routing_experts.astype(jnp.int32), axis_name, tiled=True)
+    group_weights = None
+    if drop_policy == "probs":
+        weights = jax.lax.stop_gradient(routing_weights).astype(jnp.float32)
+        group_weights = jax.lax.all_gather(weights, axis_name, tiled=True)
+    ranks = claim_ranks(
+        group_experts,
+        num_experts,
+        drop_policy=drop_policy,
+        sequence_length=sequence_length,
+        weights=group_weights,
+    )
+    group_keep = ranks < capacity  # [ep*T, K]
+    sender = jnp.arange(ep * num_tokens, dtype=jnp.int32)[:, None] // max(num_tokens, 1)
+    kept_counts = (
+        jnp.zeros((ep, num_experts), jnp.int32)
+        .at[jnp.broadcast_to(sender, group_experts.shape), group_experts]
+        .add(group_keep.astype(jnp.int32))
+    )
+    me = jax.lax.axis_index(axis_name)
+    keep = jax.lax.dynamic_slice_in_dim(group_keep, me * num_tokens, num_tokens, axis=0)
+    return keep, kept_counts
+
+
+def slot_layout(all_counts, num_local_experts: int, rows: int, window=0):
     """Copies sent in one window of each slot, for every (sender s, receiver d, local expert e).
 
+    ``all_counts`` ``[ep, E]``: each sender's copies of each expert to send (after any
+    capacity, :func:`capacity_keep`).
     Within slot ``(s, d)`` sender ``s``'s copies for rank ``d`` are ordered by local expert,
     then token; their positions ``[window * P, (window + 1) * P)`` travel in this exchange
     (window 0: the first ``P``, all a bounded path sends). ``window`` may be traced; a window
     past a slot's copies keeps none of them (``kept`` 0: nothing sent, received or combined).
 
     Returns ``(kept, offset, skip)``, each ``[ep, ep, E_l]`` int32: sender ``s``'s copies of
-    expert ``d*E_l + e`` in the window (after the capacity, if any), where they start in the
-    window, and how many of that expert's copies earlier windows hold.
+    expert ``d*E_l + e`` in the window, where they start in the window, and how many of that
+    expert's copies earlier windows hold.
     """
     ep = all_counts.shape[0]
-    if capacity is not None:
-        # Copies of earlier ranks come first (token order of the ep group).
-        before = jnp.cumsum(all_counts, axis=0) - all_counts
-        all_counts = jnp.clip(capacity - before, 0, all_counts)
     per_slot = all_counts.reshape(ep, ep, num_local_experts)
     slot_offset = jnp.cumsum(per_slot, axis=-1) - per_slot
     window_start = window * rows
@@ -152,22 +201,29 @@ def windows_needed(all_counts: jax.Array, rows: int) -> jax.Array:
     return jnp.maximum((fullest_slot(all_counts, ep) + rows - 1) // rows, 1).astype(jnp.int32)
 
 
-def send_plan(flat_experts, counts, kept_mine, offset_mine, skip_mine, rows: int, top_k: int):
+def send_plan(
+    flat_experts, counts, kept_mine, offset_mine, skip_mine, rows: int, top_k: int, keep=None
+):
     """The :class:`DispatchPlan` of my send buffer ``[ep*P]`` (slot-major, expert, token).
 
     ``kept_mine``, ``offset_mine``, ``skip_mine`` (``[ep (d), E_l]``) are my rows of
-    :func:`slot_layout`: copy ``i`` of expert ``e`` (in token order) is sent when
-    ``skip <= i < skip + kept``, to position ``offset + i - skip`` of its slot.
+    :func:`slot_layout`: copy ``i`` of expert ``e`` (in token order, among the copies that
+    ``keep`` ``[T, K]`` keeps, all if None) is sent when ``skip <= i < skip + kept``, to
+    position ``offset + i - skip`` of its slot.
     """
     ep, num_local = kept_mine.shape
+    num_experts = ep * num_local
     num_assignments = flat_experts.shape[0]
     kept_flat, offset_flat = kept_mine.reshape(-1), offset_mine.reshape(-1)
     skip_flat = skip_mine.reshape(-1)
     # Copy i of expert e (its rank among e's copies, in token order) goes out when skip <= i <
     # skip + kept; the send row -> assignment map is the inverse of assignment -> send row.
-    rank = stable_ranks(flat_experts, ep * num_local) - skip_flat[flat_experts]
+    # Copies a capacity drops are ranked under an extra key, apart from every expert's.
+    kept_copy = True if keep is None else keep.reshape(-1)
+    keys = flat_experts if keep is None else jnp.where(kept_copy, flat_experts, num_experts)
+    rank = stable_ranks(keys, num_experts + (keep is not None)) - skip_flat[flat_experts]
     assignment_row = jnp.where(
-        (rank >= 0) & (rank < kept_flat[flat_experts]),
+        kept_copy & (rank >= 0) & (rank < kept_flat[flat_experts]),
         (flat_experts // num_local) * rows + offset_flat[flat_experts] + rank,
         ep * rows,
     ).astype(jnp.int32)

@@ -17,7 +17,13 @@ import jax.numpy as jnp
 from jaxmoe import compat
 from jaxmoe.config import MoEConfig
 from jaxmoe.experts import routed_experts
-from jaxmoe.layer_body import ExpertsResult, MoEStats, moe_body, resolve_alignment
+from jaxmoe.layer_body import (
+    ExpertsResult,
+    MoEStats,
+    moe_body,
+    resolve_alignment,
+    sequence_length,
+)
 from jaxmoe.ops.grouped_matmul import resolve_backend
 from jaxmoe.parallel import sharding
 from jaxmoe.parallel.dispatch import ep_apply_experts
@@ -37,9 +43,17 @@ def gather_fsdp(expert_params: dict, specs: dict, axes) -> dict:
 
 
 def sharded_experts_step(
-    params, cfg: MoEConfig, expert_specs: dict, group_tokens: int, fp8_weights=None
+    params,
+    cfg: MoEConfig,
+    expert_specs: dict,
+    group_tokens: int,
+    fp8_weights=None,
+    sequence_length=None,
 ):
     """The experts step of one shard: dispatch -> exchange -> experts -> exchange -> combine.
+
+    ``group_tokens``: the tokens of the ep group (what the capacity counts); ``sequence_length``:
+    S of their ``[B, S]`` order, for the capacity's drop policy (``None``: one sequence).
 
     ``fp8_weights``: this rank's experts' FP8 weights (whole experts, never FSDP-sharded), or
     None. They travel beside the weights as ``expert_fn``'s parameters (a closure would hide
@@ -78,6 +92,8 @@ def sharded_experts_step(
                 alignment=resolve_alignment(cfg),
                 num_chunks=cfg.ep_chunks,
                 dispatch=cfg.ep_dispatch,
+                drop_policy=cfg.capacity_drop_policy,
+                sequence_length=sequence_length,
             )
         )
 
@@ -101,6 +117,7 @@ def _no_tokens_step(tokens: jax.Array, routing: Routing) -> ExpertsResult:
         jnp.zeros((num_experts,), jnp.int32),
         jnp.zeros((), jnp.int32),
         jnp.zeros((), jnp.int32),
+        jnp.zeros(tokens.shape[:1], jnp.int32),
     )
 
 
@@ -112,7 +129,8 @@ def _moe_shard(
     def psum_stats(tree):
         return jax.tree.map(lambda value: jax.lax.psum(value, axes), tree)
 
-    step = sharded_experts_step(params, cfg, expert_specs, group_tokens, fp8_weights)
+    length = sequence_length(x.shape, group_tokens)
+    step = sharded_experts_step(params, cfg, expert_specs, group_tokens, fp8_weights, length)
     return moe_body(params, x, cfg, step, psum_stats)
 
 
@@ -125,9 +143,11 @@ def moe_sharded(
     Capacity (``cfg.capacity_factor``) counts the tokens of one data shard (the ep group):
     with ``data_axes`` the result equals :func:`jaxmoe.moe` run on each data shard separately.
     Losses and ``tokens_per_expert`` are over the global batch; ``dropped_tokens`` sums the
-    capacity and receive-bound drops of every rank. A batch of zero tokens gives ``y`` of
-    ``x``'s shape and zero losses and counts, as on one device. ``fp8_weights``
-    (:func:`jaxmoe.quantize_expert_weights`, checked by the caller) enters with ``E`` over
+    capacity and receive-bound drops of every rank (``dropped_tokens_per_sequence``: of each
+    sequence; the capacity's drop policy orders the ep group's tokens as one device would). A
+    batch of zero tokens gives ``y`` of ``x``'s shape and zero losses and counts, as on one
+    device. ``fp8_weights`` (:func:`jaxmoe.quantize_expert_weights`, checked by the caller)
+    enters with ``E`` over
     ``cfg.ep_axis``: each rank gets its experts' FP8 weights, the same values it would quantize
     from its own weights (every quantization block lies inside one expert).
     Memory: :mod:`jaxmoe.parallel.dispatch`.
@@ -161,6 +181,12 @@ def moe_sharded(
         operands += (fp8_weights,)
         in_specs += (sharding.fp8_weights_partition_specs(cfg, fp8_weights),)
     stats_specs = MoEStats(*([jax.sharding.PartitionSpec()] * len(MoEStats._fields)))
+    # Each shard holds whole sequences of a [..., S, H] x: their drop counts stay sharded.
+    stats_specs = stats_specs._replace(
+        dropped_tokens_per_sequence=jax.sharding.PartitionSpec(
+            sharding.batch_axes(cfg) if x.ndim >= 3 else None
+        )
+    )
     body = functools.partial(
         _moe_shard,
         cfg=cfg,
