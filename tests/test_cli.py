@@ -358,3 +358,62 @@ def test_layer_bench_reports_every_row_as_it_goes():
         on_row=lambda rows: seen.append(len(rows)),
     )
     assert seen == [1, 2] and len(rows) == 2
+
+
+# --------------------------------------------------------------------------------------------------
+# Flags that cannot work, found by trying the commands adversarially: exit status 2 before any
+# work, and no folder left behind.
+# --------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("flag", ["--out", "--checkpoint-dir"])
+def test_demo_refuses_an_empty_folder_name(flag, capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert _exit_code(["demo", flag, ""]) == 2
+    assert f"argument {flag}: must name a folder" in _one_error_line(capsys)
+    assert list(tmp_path.iterdir()) == []  # nothing written into the current directory
+
+
+def test_demo_folder_under_a_file_is_refused(capsys, tmp_path):
+    (tmp_path / "file").write_text("")
+    assert _exit_code(["demo", "--out", str(tmp_path / "file" / "run")]) == 2
+    assert "is not a folder" in _one_error_line(capsys)
+
+
+def test_a_rejected_demo_creates_no_folder(capsys, tmp_path):
+    out, checkpoints = tmp_path / "out", tmp_path / "checkpoints"
+    argv = ["demo", "--expert-bias-rate", "0.01", "--out", str(out)]
+    assert _exit_code([*argv, "--checkpoint-dir", str(checkpoints)]) == 2
+    assert "--score sigmoid" in _one_error_line(capsys)
+    assert not out.exists() and not checkpoints.exists()
+
+
+@pytest.mark.parametrize("value", ["0.5", "0.99"])
+def test_bench_ep_fast_slot_factor_below_one(value, capsys, monkeypatch):
+    from jaxmoe.bench import expert_parallel
+
+    def must_not_run(*args, **kwargs):
+        raise AssertionError("the benchmark ran with a fast slot factor below 1")
+
+    monkeypatch.setattr(expert_parallel, "run_ep_benchmark", must_not_run)
+    assert _exit_code(["bench", "ep", "--fast-slot-factor", value]) == 2
+    assert "argument --fast-slot-factor: must be a finite number >= 1" in _one_error_line(capsys)
+
+
+def test_demo_help_states_each_fp8_default_once():
+    from jaxmoe.cli.main import build_parser
+
+    """The formatter appends ``(default: X)`` (test_cli checks it is there); the flag's own
+    text must not state the default a second time."""
+    demo = next(
+        sub
+        for action in build_parser()._actions
+        if isinstance(getattr(action, "choices", None), dict)
+        for name, sub in action.choices.items()
+        if name == "demo"
+    )
+    text = " ".join(demo.format_help().split())
+    for action in demo._actions:
+        if action.dest in ("fp8", "fp8_wgrad"):
+            assert "default" not in action.help, action.help
+            assert text.count(f"{action.help} (default: {action.default})") == 1

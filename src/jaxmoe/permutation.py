@@ -29,9 +29,10 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jaxmoe import debug
-from jaxmoe.argument_checks import round_up
+from jaxmoe.argument_checks import as_array, concrete_value, describe, round_up
 from jaxmoe.capacity import claim_ranks
 from jaxmoe.ops import row_gather
 from jaxmoe.ops.row_gather import xla as row_gather_xla
@@ -82,6 +83,79 @@ def buffer_rows(
     return round_up(num_assignments + num_experts * (alignment - 1), alignment)
 
 
+# Argument checks of the public entry points, in Python before anything is traced. Shapes,
+# dtypes and the static counts are always checked; the expert ids' values (range, distinct
+# within a token) only where they are concrete. A traced ``experts`` (under ``jit``, ``grad``,
+# ``vmap``) cannot be checked without a host round trip: its ids must come from a top-k over
+# ``num_experts`` scores (as the router's do), and any other ids give an unspecified plan.
+
+
+def _check_count(value, name: str, where: str, low: int, fix: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | np.integer):
+        raise TypeError(f"{where}: `{name}` must be an int; got {describe(value)}. {fix}")
+    if value < low:
+        raise ValueError(f"{where}: `{name}` must be an int >= {low}; got {value}. {fix}")
+
+
+def _check_plan_args(experts, num_experts, alignment, capacity) -> jax.Array:
+    where = "plan_dispatch"
+    experts = as_array(experts, "experts", where)
+    _check_count(num_experts, "num_experts", where, 1, "Pass the number of routed experts E.")
+    _check_count(alignment, "alignment", where, 1, "Pass 1 for no padding.")
+    if capacity is not None:
+        _check_count(capacity, "capacity", where, 0, "Pass None for dropless.")
+    if experts.ndim != 2 or not jnp.issubdtype(experts.dtype, jnp.integer):
+        raise ValueError(
+            f"{where}: `experts` must be a 2-D integer array [T, K] of expert ids; got "
+            f"{experts.dtype} of shape {experts.shape}. Pass the router's top-k indices, e.g. "
+            "routing.experts, or experts.astype(jnp.int32)."
+        )
+    top_k = experts.shape[1]
+    if top_k > num_experts:
+        raise ValueError(
+            f"{where}: `experts` has K={top_k} choices per token but there are only "
+            f"num_experts={num_experts}; a token's experts are distinct, so K <= E."
+        )
+    ids = concrete_value(experts)
+    if ids is None or ids.size == 0:
+        return experts
+    outside = (ids < 0) | (ids >= num_experts)
+    if outside.any():
+        token, choice = (int(i[0]) for i in np.nonzero(outside))
+        raise ValueError(
+            f"{where}: `experts` must hold ids in [0, num_experts={num_experts}); got "
+            f"{ids[token, choice]} at [{token}, {choice}] ({int(outside.sum())} of {ids.size} "
+            "out of range). Negative ids do not count from the end."
+        )
+    ordered = np.sort(ids, axis=1)
+    repeated = ordered[:, 1:] == ordered[:, :-1]
+    if repeated.any():
+        token = int(np.nonzero(repeated.any(axis=1))[0][0])
+        raise ValueError(
+            f"{where}: `experts` must be distinct within each token; token {token} picks "
+            f"{ids[token].tolist()}. Take the experts from a top-k (each at most once)."
+        )
+    return experts
+
+
+def _check_plan(plan, where: str) -> None:
+    if not isinstance(plan, DispatchPlan):
+        raise TypeError(
+            f"{where}: `plan` must be a DispatchPlan from plan_dispatch; got {describe(plan)}."
+        )
+
+
+def _check_rows(value, name: str, rows: int, what: str, where: str) -> jax.Array:
+    """``value`` as a 2-D array of ``rows`` rows (``what`` says where that count comes from)."""
+    value = as_array(value, name, where)
+    if value.ndim != 2 or value.shape[0] != rows:
+        raise ValueError(
+            f"{where}: `{name}` must be 2-D with {rows} rows ({what}); got shape "
+            f"{value.shape}. Pass the array the plan was made for."
+        )
+    return value
+
+
 def plan_dispatch(
     experts: jax.Array,
     num_experts: int,
@@ -95,10 +169,12 @@ def plan_dispatch(
     """Plans the expert-major layout of the token copies chosen by ``experts``.
 
     Args:
-      experts: ``[T, K]`` int32 chosen experts (distinct within a row).
-      num_experts: E.
-      alignment: pad each expert's block to a multiple of this many rows.
-      capacity: per-expert capacity C, or ``None`` for dropless.
+      experts: ``[T, K]`` integer chosen experts, in ``[0, num_experts)`` and distinct within
+        a row (``ValueError`` otherwise where ``experts`` is concrete; traced ids are not
+        checked, and ids other than a top-k's give an unspecified plan).
+      num_experts: E, an int >= 1.
+      alignment: pad each expert's block to a multiple of this many rows (an int >= 1).
+      capacity: per-expert capacity C (an int >= 0), or ``None`` for dropless.
       drop_policy, sequence_length, weights: with a capacity, the order in which copies claim
         an expert's C rows (:func:`jaxmoe.capacity.claim_ranks`): ``"position"`` (default;
         with ``sequence_length=None`` the T tokens are one sequence: token order) or
@@ -107,6 +183,7 @@ def plan_dispatch(
     Returns:
       A :class:`DispatchPlan`.
     """
+    experts = _check_plan_args(experts, num_experts, alignment, capacity)
     num_tokens, top_k = experts.shape
     num_assignments = num_tokens * top_k
     num_rows = buffer_rows(num_assignments, num_experts, alignment, capacity)
@@ -246,7 +323,9 @@ def dispatch(x: jax.Array, plan: DispatchPlan) -> jax.Array:
       ``[R, H]`` expert-major buffer. Padding rows inside blocks are zeros; rows past the blocks
       are zeros too (NaN in the ``JAXMOE_POISON`` debug mode: nothing may read them).
     """
-    top_k = plan.assignment_row.shape[1]
+    _check_plan(plan, "dispatch")
+    num_tokens, top_k = plan.assignment_row.shape
+    x = _check_rows(x, "x", num_tokens, "the plan's tokens T", "dispatch")
     live_rows = jnp.sum(plan.group_sizes)
     return _dispatch(x, plan.row_assignment, plan.assignment_row, live_rows, top_k)
 
@@ -299,5 +378,15 @@ def combine(buffer: jax.Array, weights: jax.Array, plan: DispatchPlan) -> jax.Ar
     Returns:
       ``[T, H]`` float32.
     """
+    _check_plan(plan, "combine")
+    buffer = _check_rows(buffer, "buffer", plan.num_rows, "the plan's buffer rows R", "combine")
+    weights = as_array(weights, "weights", "combine")
+    if weights.shape != plan.assignment_row.shape or not jnp.issubdtype(
+        weights.dtype, jnp.floating
+    ):
+        raise ValueError(
+            f"combine: `weights` must be a float array [T, K] = {plan.assignment_row.shape} "
+            f"(one per token copy of the plan); got {weights.dtype} of shape {weights.shape}."
+        )
     live_rows = jnp.sum(plan.group_sizes)
     return _combine(buffer, weights, plan.row_assignment, plan.assignment_row, live_rows)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -136,11 +137,15 @@ def writable_file(text: str) -> str:
 
 
 def writable_folder(text: str) -> str:
-    """A folder that exists or can be created, and can be written into."""
-    folder = Path(text)
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        check_writable(folder / ".jaxmoe-write-check")
-    except (OSError, ValueError) as error:
-        raise argparse.ArgumentTypeError(f"cannot write into {text!r}: {error}") from None
+    """A folder that exists or can be created, and can be written into. Nothing is created
+    while parsing (the command makes it once every flag is accepted); an empty name, which
+    would mean the current directory, is refused."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("must name a folder; got an empty name")
+    folder = Path(text).expanduser()
+    existing = next(p for p in (folder, *folder.parents) if p.exists() or p == Path(p.anchor))
+    if not existing.is_dir():
+        raise argparse.ArgumentTypeError(f"cannot write into {text!r}: {existing} is not a folder")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise argparse.ArgumentTypeError(f"cannot write into {text!r}: {existing} is read-only")
     return text

@@ -109,14 +109,14 @@ def _add_demo(commands) -> None:
         choices=FP8_RECIPES,
         default=None,
         help="run the routed experts' matmuls in FP8 (e4m3) with this scaling recipe "
-        "(default: off, matmuls in float32)",
+        "(None: off, matmuls in float32)",
     )
     demo.add_argument(
         "--fp8-wgrad",
         choices=("high", "fp8"),
         default="high",
-        help="with --fp8 rowwise: 'fp8' runs the weight gradients in FP8 too "
-        "(Fp8Recipe.wgrad; default: high precision)",
+        help="with --fp8 rowwise: 'fp8' runs the weight gradients in FP8 too, 'high' in "
+        "high precision (Fp8Recipe.wgrad)",
     )
 
 
@@ -282,7 +282,7 @@ def _add_ep(kinds) -> None:
     )
     sub.add_argument(
         "--fast-slot-factor",
-        type=flags.number(0, above=True, none=True),
+        type=flags.number(1, none=True),  # ep_fast_slot_factor's rule: a multiple >= 1
         default="1.125",
         help="ep_fast_slot_factor of the layer part and of the default exchange row",
     )

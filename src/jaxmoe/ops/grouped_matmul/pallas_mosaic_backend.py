@@ -18,6 +18,7 @@ from jaxmoe.ops.grouped_matmul.pallas_mosaic_tiles import (
     default_mosaic_gmm_tiles,
     unsupported_reason,
 )
+from jaxmoe.ops.grouped_matmul.xla import XlaGroupedMatmul
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,6 +73,14 @@ class PallasMosaicGroupedMatmul(GroupedMatmulBackend):
             return super().preferred_alignment(dtype)
         return pallas_mosaic_tiles.MOSAIC_ALIGNMENT
 
+    def _fallback(self, lhs) -> GroupedMatmulBackend:
+        """What ``triton_fallback`` runs where the Mosaic kernel does not apply: the Triton
+        kernels, or XLA for operands they do not take either (``auto`` never picks a kernel
+        that cannot run)."""
+        if pallas_triton.unsupported_reason(lhs.dtype) is None:
+            return self.triton
+        return XlaGroupedMatmul()
+
     def gmm(self, lhs, rhs, group_sizes, *, transpose_rhs, out_dtype):
         m, k = lhs.shape
         n = rhs.shape[1] if transpose_rhs else rhs.shape[2]
@@ -97,7 +106,7 @@ class PallasMosaicGroupedMatmul(GroupedMatmulBackend):
                 "backend='pallas_triton' (Triton kernels), or 'auto', which takes the Triton "
                 "kernel wherever the Mosaic one does not apply."
             )
-        return self.triton.gmm(
+        return self._fallback(lhs).gmm(
             lhs, rhs, group_sizes, transpose_rhs=transpose_rhs, out_dtype=out_dtype
         )
 
@@ -115,7 +124,7 @@ class PallasMosaicGroupedMatmul(GroupedMatmulBackend):
                 lhs, rhs, group_sizes, out_dtype=out_dtype, tiles=cfg, interpret=self.interpret
             )
         if self.triton_fallback:
-            return self.triton.tgmm(lhs, rhs, group_sizes, out_dtype=out_dtype)
+            return self._fallback(lhs).tgmm(lhs, rhs, group_sizes, out_dtype=out_dtype)
         raise NotImplementedError(
             f"grouped_matmul backend 'pallas' (Mosaic GPU) wgrad: lhs {lhs.shape} "
             f"{lhs.dtype}, rhs {rhs.shape}, out {jnp.dtype(out_dtype)}: {reason}. Use "

@@ -278,6 +278,20 @@ def _use_interpret(interpret: bool | None) -> bool:
     return jax.default_backend() != "gpu"
 
 
+# The operand dtypes the kernels take: Triton's dot with float32 accumulation. (A float64
+# accumulator, under jax_enable_x64, does not lower.)
+KERNEL_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16), jnp.dtype(jnp.float32))
+
+
+def unsupported_reason(dtype) -> str | None:
+    """Why the Triton kernels cannot take operands of ``dtype``, or ``None`` if they can. Any
+    shape lowers: the blocks are powers of two (:func:`_fit`) and every edge is masked."""
+    if jnp.dtype(dtype) not in KERNEL_DTYPES:
+        names = ", ".join(str(d) for d in KERNEL_DTYPES)
+        return f"operands are {jnp.dtype(dtype)}, not one of {names}"
+    return None
+
+
 def _check(lhs, rhs, group_sizes, transpose_rhs, what):
     if lhs.ndim != 2 or rhs.ndim != 3:
         raise ValueError(f"{what}: `lhs` must be 2-D and `rhs` 3-D; got {lhs.shape}, {rhs.shape}.")
@@ -415,7 +429,16 @@ class PallasTritonGroupedMatmul(GroupedMatmulBackend):
     tgmm_tiles: TileConfig | None = None
     interpret: bool | None = None
 
+    def _refuse(self, lhs, what: str) -> None:
+        reason = unsupported_reason(lhs.dtype)
+        if reason is not None:
+            raise NotImplementedError(
+                f"grouped_matmul backend 'pallas_triton' ({what}): {reason}. Use backend="
+                "'xla', or 'auto', which takes XLA wherever the Pallas kernels do not apply."
+            )
+
     def gmm(self, lhs, rhs, group_sizes, *, transpose_rhs, out_dtype):
+        self._refuse(lhs, "gmm")
         return gmm(
             lhs,
             rhs,
@@ -427,6 +450,7 @@ class PallasTritonGroupedMatmul(GroupedMatmulBackend):
         )
 
     def tgmm(self, lhs, rhs, group_sizes, *, out_dtype):
+        self._refuse(lhs, "tgmm")
         return tgmm(
             lhs,
             rhs,

@@ -28,18 +28,35 @@ def unsupported_reason(
     values: jax.Array, index: jax.Array, *, rows: int = ROWS, columns: int = COLUMNS
 ) -> str | None:
     """Why the kernel (``rows`` x ``columns`` blocks) cannot gather these operands, or
-    ``None`` if it can."""
+    ``None`` if it can.
+
+    A program's block is ``[rows, min(columns, H)]``, and Pallas' Triton lowering takes only
+    arrays whose sizes are powers of two: ``H`` below ``columns`` must itself be one (96 is
+    not), ``H`` above it a multiple of it.
+    """
     if compat.varying_axes(values) or compat.varying_axes(index):
         # A Pallas output declares no mesh variance, which jax.shard_map(check_vma=True)
         # refuses (the sharded layer turns the check off where its grouped matmul is Pallas).
         return "operands vary over shard_map axes checked by check_vma=True"
     num_columns = values.shape[1]
+    (num_entries,) = index.shape
+    if num_columns == 0 or num_entries == 0:  # an empty grid: no program to launch
+        return f"values {values.shape} or index {index.shape} has no rows to write"
     columns = min(columns, num_columns)
+    if not _is_power_of_two(columns) or not _is_power_of_two(rows):
+        return (
+            f"the block [{rows}, {columns}] (for values with {num_columns} columns) is not a "
+            "power of two in each dim, which Pallas' Triton lowering requires"
+        )
     if num_columns % columns:
         return f"values has {num_columns} columns, not a multiple of the kernel's {columns}"
-    if index.shape[0] % rows:
-        return f"index has {index.shape[0]} entries, not a multiple of the kernel's {rows}"
+    if num_entries % rows:
+        return f"index has {num_entries} entries, not a multiple of the kernel's {rows}"
     return None
+
+
+def _is_power_of_two(size: int) -> bool:
+    return size > 0 and size & (size - 1) == 0
 
 
 def gather_rows(
