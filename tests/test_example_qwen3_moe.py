@@ -20,7 +20,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:  # `examples` is a folder of the repository, not an installed package
     sys.path.insert(0, ROOT)
 
-from examples.qwen3_moe import flops, presets, train  # noqa: E402
+from examples.qwen3_moe import flops, presets, step, train  # noqa: E402
 from examples.qwen3_moe.config import decoder_config  # noqa: E402
 from examples.qwen3_moe.hf_checkpoint import load_checkpoint  # noqa: E402
 from examples.qwen3_moe.model import attention_implementation  # noqa: E402
@@ -140,9 +140,10 @@ def test_mesh_step_equals_one_device_step():
     tokens = np.random.default_rng(0).integers(0, 65, (8, 33), dtype=np.int32)
     results = []
     for run, on in ((one, None), (meshed, mesh)):
-        graphdef, state, shardings = train.init_state(run, on)
-        step = train.make_train_step(graphdef, 0.0, shardings)
-        state, loss, aux, load, _ = step(state, train.place_batch(tokens, run.cfg, on))
+        tx = step.adamw(run.learning_rate, run.warmup_steps, run.steps)
+        graphdef, state, shardings = step.init_state(run.cfg, tx, run.seed, on)
+        train_step = step.make_train_step(graphdef, shardings)
+        state, loss, aux, load, _ = train_step(state, train.place_batch(tokens, run.cfg, on))
         results.append((float(loss), float(aux), np.asarray(load), _pure_params(state)))
     experts = nnx.to_pure_dict(state[0])["layers"][1]["mlp"]["experts"]["w_up"]
     assert len(experts.sharding.device_set) == 8  # the updated experts stay sharded

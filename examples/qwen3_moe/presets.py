@@ -18,7 +18,7 @@
       activations, 8192 tokens: 8 layers x 148 kB/token + head 1.8 MB/token        24.6
       total                                                                       114.4
 
-  (9 layers: 125.6; 10: 136.8.) 114 GB is 106 GiB: with
+  (9 layers: 125.5; 10: 136.7.) 114 GB is 106 GiB: with
   ``XLA_PYTHON_CLIENT_MEM_FRACTION=0.95`` (JAX reserves 75% of the GPU by default) that leaves
   about 27 GiB for XLA's temporaries, the cuDNN and grouped-matmul workspaces and
   fragmentation. The activation figure counts what the backward pass keeps per token (see

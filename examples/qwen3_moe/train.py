@@ -15,9 +15,10 @@ expert load; ``metrics.json`` and ``train.png`` in ``--out``. With ``--checkpoin
 run is saved every ``--save-every`` steps (:mod:`jaxmoe.checkpoint`) and resumes from the
 latest save with the same batches and losses as a run that never stopped.
 
-Reused from ``jaxmoe demo`` (:mod:`jaxmoe.cli.demo`, public functions): the jitted train step
-(``make_train_step``), the mesh layout of the model and optimizer state (``state_shardings``),
-the checkpoints (``DemoCheckpoints``), the figure (``plot_demo``) and the corpus.
+Reused from ``jaxmoe demo`` (public functions of :mod:`jaxmoe.cli`): the mesh layout of the
+model and optimizer state (``state_shardings``), the checkpoints (``DemoCheckpoints``), the
+figure (``plot_demo``), the flag types, the corpus and its codec. The step is this example's own
+(:mod:`examples.qwen3_moe.step`: it donates the state).
 """
 
 from __future__ import annotations
@@ -32,12 +33,9 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
-from flax import nnx
 from jax.sharding import NamedSharding
 
 import jaxmoe.parallel
-from jaxmoe.cli.demo import make_train_step, state_shardings
 from jaxmoe.cli.flags import Parser, integer, number, usage_error, writable_folder
 from jaxmoe.cli.plot import expert_balance, plot_demo
 from jaxmoe.cli.resume import DemoCheckpoints
@@ -45,8 +43,9 @@ from jaxmoe.cli.resume import DemoCheckpoints
 from .config import DecoderConfig
 from .data import DATA_SOURCES, Batches
 from .flops import H100_BF16_DENSE_TFLOPS, flops_per_token, mfu, parameter_counts
-from .model import Qwen3MoE, attention_implementation
+from .model import attention_implementation
 from .presets import PRESETS, build_config, memory_estimate
+from .step import adamw, init_state, make_train_step
 
 MESH_AXES = ("fsdp", "ep")
 
@@ -182,31 +181,6 @@ def make_mesh(axes: dict | None):
     return jax.sharding.Mesh(devices, MESH_AXES)
 
 
-def optimizer(run: Run) -> optax.GradientTransformation:
-    """AdamW (b2 0.95, weight decay 0.1), linear warmup then cosine decay to a tenth."""
-    schedule = optax.warmup_cosine_decay_schedule(
-        0.0,
-        run.learning_rate,
-        min(run.warmup_steps, run.steps),
-        max(run.steps, run.warmup_steps + 1),
-        end_value=0.1 * run.learning_rate,
-    )
-    adamw = optax.adamw(schedule, b1=0.9, b2=0.95, weight_decay=0.1)
-    return optax.chain(optax.clip_by_global_norm(1.0), adamw)
-
-
-def init_state(run: Run, mesh=None):
-    """``(graphdef, state, shardings)``: the model and its optimizer as one ``nnx.State``
-    (laid out on ``mesh`` when given; ``shardings`` None without one)."""
-    model = Qwen3MoE(run.cfg, rngs=nnx.Rngs(run.seed), mesh=mesh)
-    opt = nnx.Optimizer(model, optimizer(run), wrt=nnx.Param)
-    graphdef, state = nnx.split((model, opt))
-    shardings = None if mesh is None else state_shardings(state, mesh, run.cfg.moe)
-    if shardings is not None:
-        state = jax.device_put(state, shardings)
-    return graphdef, state, shardings
-
-
 def place_batch(tokens: np.ndarray, cfg: DecoderConfig, mesh) -> jax.Array:
     """The batch on the mesh's batch axes (``(fsdp, ep)``), or on the default device."""
     if mesh is None:
@@ -227,8 +201,9 @@ def train(run: Run) -> dict:
     out = Path(run.out)
     out.mkdir(parents=True, exist_ok=True)
     mesh = make_mesh(run.mesh)
-    graphdef, state, shardings = init_state(run, mesh)
-    train_step = make_train_step(graphdef, 0.0, shardings)
+    tx = adamw(run.learning_rate, run.warmup_steps, run.steps)
+    graphdef, state, shardings = init_state(run.cfg, tx, run.seed, mesh)
+    train_step = make_train_step(graphdef, shardings)
     rng = np.random.default_rng(run.seed)
     batches = Batches(run.data, run.cfg.vocab_size, run.batch_size, run.seq_len, rng)
     devices = 1 if mesh is None else mesh.size
