@@ -29,10 +29,10 @@ fi
 nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu,clocks_throttle_reasons.active \
   --format=csv -l 5 > "$W/smi-trace.csv" &
 SMI=$!
-gemm() {  # stem, time limit (s), then grouped_matmul.py's arguments
+gemm() {  # stem, time limit (s), then `jaxmoe bench gemm`'s arguments
   local stem=$1 limit=$2; shift 2
-  timeout "$limit" python3 benchmarks/grouped_matmul.py --out-dir "$W" --stem "$stem" \
-    --time-budget-s $((limit - 40)) "$@" > "$W/$stem.log" 2>&1
+  timeout "$limit" python3 -m jaxmoe bench gemm --preset all --out "$W/$stem.json" \
+    --budget-s $((limit - 40)) "$@" > "$W/$stem.log" 2>&1
   echo "$stem rc=$?"
   tr '\r' '\n' < "$W/$stem.log" | grep -a -E " ms |ERROR|budget|skipp" | tail -40
 }
@@ -41,8 +41,8 @@ layer() {  # presets, time limit (s)
     --out "$W/layer-${1//,/-}.json" > "$W/layer-${1//,/-}.log" 2>&1
   echo "layer $1 rc=$?"
   grep -E "^\| (mixtral|dsv3|qwen3)" "$W/layer-${1//,/-}.md" | cut -c1-200
-  timeout 170 python3 benchmarks/layer_timing_probe.py --out-dir "$W/timing" --presets "$1" \
-    --cases fwd,grad > "$W/timing-${1//,/-}.log" 2>&1
+  timeout 170 python3 -m jaxmoe bench layer-api --preset "$1" --cases fwd,grad \
+    --out "$W/timing/layer-api-${1//,/-}.json" > "$W/timing-${1//,/-}.log" 2>&1
   echo "timing $1 rc=$?"
   grep '^{' "$W/timing-${1//,/-}.log" | cut -c1-330
 }

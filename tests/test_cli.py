@@ -282,10 +282,12 @@ def _all_parsers(parser):
 
 
 def test_every_help_shows_every_default():
+    from jaxmoe.cli import bench_commands
     from jaxmoe.cli.main import build_parser
 
     parsers = list(_all_parsers(build_parser()))
-    assert len(parsers) == 6  # jaxmoe, demo, bench, gemm, layer, ep
+    # jaxmoe, demo, bench, gemm, layer, ep, and the other bench subcommands
+    assert len(parsers) == 6 + len(bench_commands.KINDS)
     for parser in parsers:
         text = " ".join(parser.format_help().split())
         for action in parser._actions:

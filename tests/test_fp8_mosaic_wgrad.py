@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import importlib.util
 import json
 import pathlib
+import types
 
 import jax
 import jax.numpy as jnp
@@ -26,6 +26,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from jaxmoe.cli.main import main as jaxmoe_main
 from jaxmoe.ops.fp8 import pallas_mosaic_wgrad as wgrad
 from jaxmoe.ops.grouped_matmul import pallas_mosaic_tiles
 
@@ -266,14 +267,20 @@ def test_a_gpu_other_than_hopper_is_refused(monkeypatch):
 
 
 def test_probe_smoke_runs_in_the_interpreter(tmp_path):
-    # benchmarks/fp8_wgrad_probe.py (for an H100) on a tiny skewed problem with an empty group:
+    # `jaxmoe bench fp8-wgrad --smoke` (for an H100) on a tiny skewed problem with an empty group:
     # its padded layout, quantization and float32 reference agree with the kernel.
-    path = pathlib.Path(__file__).parents[1] / "benchmarks" / "fp8_wgrad_probe.py"
-    spec = importlib.util.spec_from_file_location("fp8_wgrad_probe", path)
-    probe = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(probe)
+    probe = types.SimpleNamespace(main=fp8_wgrad_bench_with_out_dir)
     assert probe.main(["--smoke", "--routings", "skewed", "--out-dir", str(tmp_path)]) == 0
     rows = json.loads((tmp_path / "fp8-wgrad-probe.json").read_text())["rows"]
     assert [(r["impl"], r["ok"], r["empty_groups"]) for r in rows] == [("fp8_mosaic", True, 1)]
     assert rows[0]["rel_err"] < 3e-3
     assert (tmp_path / "fp8-wgrad-probe.md").exists()
+
+
+def fp8_wgrad_bench_with_out_dir(argv):
+    """``jaxmoe bench fp8-wgrad ARGV``, with ``--out-dir DIR`` standing for ``--out
+    DIR/fp8-wgrad-probe.json`` (the flag the bench had as a script)."""
+    argv = list(argv)
+    at = argv.index("--out-dir")
+    argv[at : at + 2] = ["--out", str(pathlib.Path(argv[at + 1]) / "fp8-wgrad-probe.json")]
+    return jaxmoe_main(["bench", "fp8-wgrad", *argv])

@@ -16,6 +16,7 @@ from __future__ import annotations
 import datetime
 import importlib.metadata
 import json
+import subprocess
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -42,8 +43,26 @@ def torch_version() -> str | None:
     return package_version("torch")
 
 
+def source_commit() -> str | None:
+    """The short git commit of the jaxmoe source being run (None outside a git checkout, e.g. a
+    copied working tree on a device machine: then the table builder's ``--commit`` names it)."""
+    try:
+        found = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            cwd=Path(__file__).parent,
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=False,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return found.stdout.strip() or None if found.returncode == 0 else None
+
+
 def results_header(command: str, **extra: Any) -> dict[str, Any]:
-    """Where and how the numbers were taken: device, platform, versions, date, the command."""
+    """Where and how the numbers were taken: device, platform, versions, date, the command and
+    the commit of the source that ran."""
     return {
         "device": jax.devices()[0].device_kind,
         "platform": jax.default_backend(),
@@ -52,6 +71,7 @@ def results_header(command: str, **extra: Any) -> dict[str, Any]:
         "torch": torch_version(),
         "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "command": command,
+        "commit": source_commit(),
         **extra,
     }
 
@@ -195,16 +215,22 @@ def write_results(
     return written
 
 
-def row_emitter(path: str | Path, header: dict[str, Any]) -> Callable[[dict[str, Any]], None]:
-    """A probe's row sink: ``emit(row)`` rounds the row's floats to 6 digits, prints it as one
-    JSON line and rewrites ``path`` (:func:`write_results`) with every row so far."""
+def row_emitter(
+    path: str | Path | None,
+    header: dict[str, Any],
+    render: Callable[[dict[str, Any], Sequence[dict[str, Any]]], str] | None = None,
+) -> Callable[[dict[str, Any]], None]:
+    """A bench's row sink: ``emit(row)`` rounds the row's floats to 6 digits, prints it as one
+    JSON line and rewrites ``path`` (:func:`write_results`, with ``render``'s markdown beside
+    it; ``None``: nothing written) with every row so far."""
     rows: list[dict[str, Any]] = []
 
     def emit(row: dict[str, Any]) -> None:
         row = {k: (round(v, 6) if isinstance(v, float) else v) for k, v in row.items()}
         rows.append(row)
         print(json.dumps(row, default=str), flush=True)
-        write_results(path, header, rows)
+        if path is not None:
+            write_results(path, header, rows, render)
 
     return emit
 

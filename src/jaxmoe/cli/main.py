@@ -1,4 +1,5 @@
-"""The ``jaxmoe`` command (also ``python -m jaxmoe``): ``demo`` and ``bench gemm|layer|ep``.
+"""The ``jaxmoe`` command (also ``python -m jaxmoe``): ``demo`` and ``bench gemm|layer|ep`` (the
+other bench subcommands are in :mod:`jaxmoe.cli.bench_commands`).
 
 This module parses and prints; the work is in :mod:`jaxmoe.cli.demo` and :mod:`jaxmoe.bench`.
 Every flag is checked while parsing (:mod:`jaxmoe.cli.flags`): a bad one prints one line,
@@ -24,7 +25,7 @@ from tqdm.auto import tqdm
 from jaxmoe.bench import expert_parallel, gemm, gemm_tile_sweep, harness, layer, timing
 from jaxmoe.bench.layer_scaling import LAYER_CASES
 from jaxmoe.bench.presets import GEMM_SHAPES, LAYER_PRESETS
-from jaxmoe.cli import flags
+from jaxmoe.cli import bench_commands, flags
 from jaxmoe.option_names import FP8_RECIPES
 from jaxmoe.parallel.exchange import EXCHANGES
 
@@ -49,10 +50,17 @@ def build_parser() -> argparse.ArgumentParser:
         "JSON ({'header', 'rows'}) to --out.",
         formatter_class=Formatter,
     )
-    kinds = bench.add_subparsers(dest="kind", required=True, metavar="{gemm,layer,ep}")
+    metavar = "{" + ",".join(("gemm", "layer", "ep", *bench_commands.KINDS)) + "}"
+    kinds = bench.add_subparsers(dest="kind", required=True, metavar=metavar)
     _add_gemm(kinds)
     _add_layer(kinds)
     _add_ep(kinds)
+    bench_commands.add_fp8_gemm(kinds)
+    bench_commands.add_fp8_wgrad(kinds)
+    bench_commands.add_fp8_quantize(kinds)
+    bench_commands.add_layer_profile(kinds)
+    bench_commands.add_layer_api(kinds)
+    bench_commands.add_ep_memory(kinds)
     return parser
 
 
@@ -364,6 +372,11 @@ def run_bench_command(args) -> int:
     command = "jaxmoe " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     if args.kind == "ep":
         return run_bench_ep(args, command)
+    if args.kind == "ep-memory":  # simulated CPU devices must be asked for before JAX starts
+        _request_cpu_devices(args.ep)
+    if args.kind in bench_commands.KINDS:
+        os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # torch shares the GPU
+        return bench_commands.run(args, command)
     # Let torch and JAX share one GPU: JAX otherwise reserves 75% of its memory up front.
     os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
     if args.kind == "layer":
