@@ -20,6 +20,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
+from jaxmoe import compat
 from jaxmoe.ops.grouped_matmul.base import GroupedMatmulBackend, group_ids
 
 
@@ -42,7 +43,9 @@ def _per_group_product(lhs, rhs, group_sizes, *, transpose_rhs):
         product = jax.lax.dot_general(lhs, rhs[group], dims, preferred_element_type=jnp.float32)
         return jnp.where((ids == group)[:, None], product, out)
 
-    out = jnp.zeros((lhs.shape[0], rhs.shape[3 - contract]), jnp.float32)
+    # The loop's carry has one type: inside shard_map, varying over the operands' axes.
+    axes = frozenset().union(*(compat.varying_axes(a) or () for a in (lhs, rhs, group_sizes)))
+    out = compat.vary(jnp.zeros((lhs.shape[0], rhs.shape[3 - contract]), jnp.float32), tuple(axes))
     return jax.lax.fori_loop(0, rhs.shape[0], one_group, out)
 
 
@@ -56,7 +59,7 @@ def ragged_dot_confined(lhs, rhs, group_sizes, *, transpose_rhs: bool = False):
     contract = 2 if transpose_rhs else 1
     dims = _dims(1, contract, lhs_ragged=0, rhs_group=[0])
 
-    def ragged(weights):
+    def ragged(lhs, weights):
         return jax.lax.ragged_dot_general(
             lhs, weights, group_sizes, dims, preferred_element_type=jnp.float32
         )
@@ -66,17 +69,22 @@ def ragged_dot_confined(lhs, rhs, group_sizes, *, transpose_rhs: bool = False):
 
     def confined():
         # Finite columns from the same product on weights whose non-finite entries are zeroed
-        # (each row's own group is unchanged there, so these are the finite run's bits); the
-        # rest from the per-group product.
-        out = ragged(jnp.where(finite, rhs, jnp.zeros((), rhs.dtype)))
-        exact = _per_group_product(lhs, rhs, group_sizes, transpose_rhs=transpose_rhs)
+        # (each row's own group is unchanged there, so these are the finite run's bits; for float8
+        # as far as XLA's float8 dot accumulates as its float32 one, as on CPU); the
+        # rest from the per-group product. Float8 operands are multiplied in float32 here
+        # (their products are exact there), so the float8 product stays the fast path's one dot.
+        wide_lhs, wide_rhs = (
+            a.astype(jnp.float32) if a.dtype.itemsize == 1 else a for a in (lhs, rhs)
+        )
+        out = ragged(wide_lhs, jnp.where(finite, wide_rhs, jnp.zeros((), wide_rhs.dtype)))
+        exact = _per_group_product(wide_lhs, wide_rhs, group_sizes, transpose_rhs=transpose_rhs)
         ids = group_ids(group_sizes, lhs.shape[0])
         row_finite = jnp.take(column_finite, ids, axis=0, mode="fill", fill_value=True)
         return jnp.where(row_finite, out, exact)
 
     if rhs.shape[0] == 0 or rhs.size == 0:
-        return ragged(rhs)
-    return jax.lax.cond(jnp.all(column_finite), lambda: ragged(rhs), confined)
+        return ragged(lhs, rhs)
+    return jax.lax.cond(jnp.all(column_finite), lambda: ragged(lhs, rhs), confined)
 
 
 @dataclasses.dataclass(frozen=True)
