@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from jaxmoe.ops.grouped_matmul import work_list
-from jaxmoe.ops.grouped_matmul.api import grouped_matmul
+from jaxmoe.ops.grouped_matmul.api import grouped_matmul, resolve_backend
 from jaxmoe.ops.grouped_matmul.pallas_triton import (
     PallasTritonGroupedMatmul,
     TileConfig,
@@ -168,6 +168,112 @@ def test_default_tiles_and_interpret_default():
 
 
 # --------------------------------------------------------------------------------------------------
+# Non-finite values stay in their group: rows of group g come from lhs_g and rhs[g] only.
+# --------------------------------------------------------------------------------------------------
+
+# Groups end at 10, 10, 43, 50, 55 of M = 70 (an empty group, 15 rows past the end). The poisoned
+# group is 2 (rows 10:43); row 25 is one of its rows; the last row lies past the groups.
+CONFINED_SIZES = [10, 0, 33, 7, 5]
+POISON_GROUP, POISON_ROW = 2, 25
+
+
+def assert_only_where(got, clean, bad, what):
+    """``got`` equals ``clean`` bit for bit outside the boolean mask ``bad``, and is non-finite
+    somewhere inside it (the poison is computed, not dropped)."""
+    got, clean = (np.asarray(jnp.asarray(a, jnp.float32)) for a in (got, clean))
+    bad = np.broadcast_to(bad, got.shape)
+    np.testing.assert_array_equal(got[~bad], clean[~bad], err_msg=what)
+    if bad.any():
+        assert not np.all(np.isfinite(got[bad])), f"{what}: the poison vanished"
+
+
+def check_confined(
+    backend, value, m=70, k=40, n=48, dtype="float32", sizes=CONFINED_SIZES, only=None
+):
+    """A NaN or inf in ``rhs[g]``, in a row of ``lhs_g``, in a row of the cotangent and in a
+    row past the groups reaches only what depends on it: forward, d lhs and d rhs (``only``:
+    the names of the cases to run, default all)."""
+    lhs, rhs, dout = random_inputs(m, k, n, len(sizes), dtype)
+    gs = jnp.asarray(sizes, jnp.int32)
+    bounds = np_bounds(sizes, m)
+    rows = np.arange(m)
+    in_group = (rows >= bounds[POISON_GROUP]) & (rows < bounds[POISON_GROUP + 1])
+    tail_row = m - 1
+    assert bounds[-1] <= tail_row and in_group[POISON_ROW]
+    run = fwd_and_grads(backend)
+    clean = run(lhs, rhs, gs, dout)
+    poison = jnp.asarray(value, dtype)
+    none_rows, none_groups = np.zeros((m, 1), bool), np.zeros((len(sizes), 1, 1), bool)
+    group_mask = (np.arange(len(sizes)) == POISON_GROUP)[:, None, None]
+    cases = {
+        # rhs[g][3, 5]: column 5 of group g's rows, and d lhs's column 3 of those rows.
+        "rhs[g]": (
+            (lhs, rhs.at[POISON_GROUP, 3, 5].set(poison), dout),
+            (in_group[:, None] & (np.arange(n) == 5), in_group[:, None] & (np.arange(k) == 3)),
+            none_groups,
+        ),
+        # lhs row 25 (group g): that output row, and group g's weight gradient.
+        "lhs row": (
+            (lhs.at[POISON_ROW, 1].set(poison), rhs, dout),
+            ((rows == POISON_ROW)[:, None], none_rows),
+            group_mask,
+        ),
+        # d out row 25: that row of d lhs, and group g's weight gradient.
+        "d out row": (
+            (lhs, rhs, dout.at[POISON_ROW, 2].set(poison)),
+            (none_rows, (rows == POISON_ROW)[:, None]),
+            group_mask,
+        ),
+        # A row past the groups reaches nothing.
+        "tail rows": (
+            (lhs.at[tail_row].set(poison), rhs, dout.at[tail_row].set(poison)),
+            (none_rows, none_rows),
+            none_groups,
+        ),
+    }
+    for case, ((a, b, d), (bad_out, bad_dlhs), bad_drhs) in cases.items():
+        if only is not None and case not in only:
+            continue
+        out, dlhs, drhs = run(a, b, gs, d)
+        what = f"{case} = {value}"
+        assert_only_where(out, clean[0], bad_out, f"{what}: forward")
+        assert_only_where(dlhs, clean[1], bad_dlhs, f"{what}: d lhs")
+        assert_only_where(drhs, clean[2], bad_drhs, f"{what}: d rhs")
+
+
+@pytest.mark.parametrize("value", [np.nan, np.inf], ids=["nan", "inf"])
+def test_non_finite_values_stay_in_their_group(backend, value):
+    check_confined(backend, value)
+
+
+def test_non_finite_weights_stay_in_their_group_through_the_transposed_weights():
+    # d lhs multiplies by rhs[g]^T: the transposed product of every backend (xla's own path).
+    lhs, rhs, _ = random_inputs(70, 40, 48, 5, "float32")
+    gs = jnp.asarray(CONFINED_SIZES, jnp.int32)
+    rows = np.arange(70)
+    bounds = np_bounds(CONFINED_SIZES, 70)
+    in_group = (rows >= bounds[POISON_GROUP]) & (rows < bounds[POISON_GROUP + 1])
+    weights_t = jnp.swapaxes(rhs, 1, 2)  # [G, N, K]
+    for name, backend in BACKENDS.items():
+        impl = resolve_backend(backend)
+        clean = impl.gmm(lhs, weights_t, gs, transpose_rhs=True, out_dtype=jnp.float32)
+        for value in (np.nan, np.inf):
+            poisoned = weights_t.at[POISON_GROUP, 5, 3].set(value)
+            out = impl.gmm(lhs, poisoned, gs, transpose_rhs=True, out_dtype=jnp.float32)
+            bad = in_group[:, None] & (np.arange(48) == 5)
+            assert_only_where(out, clean, bad, f"{name}: rhs[g]^T = {value}")
+
+
+def test_xla_keeps_the_finite_product_bit_for_bit():
+    # For finite weights the xla backend is lax.ragged_dot itself, unchanged.
+    lhs, rhs, _ = random_inputs(70, 40, 48, 5, "float32", seed=3)
+    gs = jnp.asarray(CONFINED_SIZES, jnp.int32)
+    want = jax.lax.ragged_dot(lhs, rhs, gs, preferred_element_type=jnp.float32)
+    got = jax.jit(lambda a, b: grouped_matmul(a, b, gs, backend="xla"))(lhs, rhs)
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+
+
+# --------------------------------------------------------------------------------------------------
 # Kernel metadata and proof that the kernels ran.
 # --------------------------------------------------------------------------------------------------
 
@@ -299,3 +405,26 @@ def test_importing_the_triton_kernels_leaves_warning_filters_alone():
         "assert warnings.filters == before, set(warnings.filters) ^ set(before)\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_non_finite_values_stay_in_their_group_on_the_mosaic_kernel():
+    # The Mosaic GPU forward in its interpreter (d lhs and d rhs on Triton, as on a GPU where
+    # Mosaic refuses them), on block-aligned bf16 shapes.
+    from jaxmoe.ops.grouped_matmul.pallas_mosaic import MosaicTileConfig
+    from jaxmoe.ops.grouped_matmul.pallas_mosaic_backend import PallasMosaicGroupedMatmul
+
+    backend = PallasMosaicGroupedMatmul(
+        gmm_tiles=MosaicTileConfig(block_m=64, block_n=128, block_k=64, stages=2, group_swizzle=2),
+        triton=PallasTritonGroupedMatmul(SMALL_TILES, SMALL_TILES),
+        triton_fallback=True,
+    )
+    check_confined(
+        backend,
+        np.nan,
+        m=128,
+        k=64,
+        n=128,
+        dtype="bfloat16",
+        sizes=[10, 0, 73, 20],
+        only=("rhs[g]", "tail rows"),
+    )

@@ -60,3 +60,105 @@ def test_non_finite_token_stays_in_its_own_output_row():
     assert not bool(jnp.all(jnp.isfinite(poisoned[2])))
     others = np.delete(np.arange(6), 2)
     np.testing.assert_array_equal(np.asarray(poisoned[others]), np.asarray(clean[others]))
+
+
+# --- A non-finite weight of one expert stays with that expert's rows --------------------------
+
+# Groups of 12 rows: [3, 0, 6] (an empty group, 3 rows past the groups); group 2 is poisoned.
+CONFINED_SIZES = jnp.array([3, 0, 6], jnp.int32)
+GROUP_ROWS = np.arange(12)[(np.arange(12) >= 3) & (np.arange(12) < 9)]
+OTHER_ROWS = np.setdiff1d(np.arange(12), GROUP_ROWS)
+
+
+def _weights(seed, shape):
+    return jax.random.normal(jax.random.key(seed), shape) / np.sqrt(shape[1])
+
+
+def _confined_grads(op, weights, poisoned_index, value):
+    """``op(x, *weights)``'s output and gradients, clean and with ``weights[0]`` poisoned at
+    ``poisoned_index`` (in group 2): the other rows, the input gradient of the other rows and
+    the other groups' weight gradients are the clean ones bit for bit."""
+    x = jax.random.normal(jax.random.key(9), (12, weights[0].shape[1]))
+    cotangent = jax.random.normal(jax.random.key(8), (12, weights[0].shape[2]))
+
+    @jax.jit
+    def run(x, weights):
+        out, vjp = jax.vjp(op, x, *weights)
+        return out, vjp(cotangent)
+
+    clean_out, clean_grads = run(x, weights)
+    bad = (weights[0].at[poisoned_index].set(value), *weights[1:])
+    out, grads = run(x, bad)
+    assert not np.all(np.isfinite(np.asarray(out[GROUP_ROWS]))), "the poison vanished"
+    np.testing.assert_array_equal(np.asarray(out[OTHER_ROWS]), np.asarray(clean_out[OTHER_ROWS]))
+    np.testing.assert_array_equal(
+        np.asarray(grads[0][OTHER_ROWS]), np.asarray(clean_grads[0][OTHER_ROWS])
+    )
+    for got, want in zip(grads[1:], clean_grads[1:], strict=True):
+        np.testing.assert_array_equal(np.asarray(got[:2]), np.asarray(want[:2]))
+
+
+def _gated_backends():
+    from jaxmoe.ops.gated_grouped_matmul.reference import ReferenceGatedGroupedMatmul
+    from jaxmoe.ops.grouped_matmul import ReferenceGroupedMatmul, XlaGroupedMatmul
+
+    return {
+        "xla": "xla",
+        "reference": "reference",
+        "fused_reference_on_xla": ReferenceGatedGroupedMatmul(grouped=XlaGroupedMatmul()),
+        "fused_reference": ReferenceGatedGroupedMatmul(grouped=ReferenceGroupedMatmul()),
+    }
+
+
+@pytest.mark.parametrize("value", [np.nan, np.inf], ids=["nan", "inf"])
+@pytest.mark.parametrize("backend", list(_gated_backends()))
+def test_gated_grouped_matmul_keeps_a_non_finite_weight_in_its_group(backend, value):
+    from jaxmoe.ops.gated_grouped_matmul import gated_grouped_matmul
+
+    impl = _gated_backends()[backend]
+
+    def op(x, w_up, w_gate):
+        return gated_grouped_matmul(
+            x, w_gate, w_up, CONFINED_SIZES, activation="swiglu", backend=impl
+        )
+
+    weights = (_weights(1, (3, 5, 4)), _weights(2, (3, 5, 4)))
+    _confined_grads(op, weights, (2, 1, 3), value)
+
+
+@pytest.mark.parametrize("backend", ["reference", "xla"])
+@pytest.mark.parametrize("recipe", ["rowwise", "blockwise"])
+def test_fp8_grouped_matmul_keeps_a_non_finite_weight_in_its_group(backend, recipe):
+    from jaxmoe.ops.fp8 import fp8_grouped_matmul
+
+    def op(x, w):
+        return fp8_grouped_matmul(x, w, CONFINED_SIZES, recipe=recipe, backend=backend)
+
+    _confined_grads(op, (_weights(3, (3, 40, 24)),), (2, 7, 5), np.nan)
+
+
+@pytest.mark.parametrize("backend", ["xla", "reference"])
+def test_a_nan_in_one_experts_weights_reaches_only_its_tokens(backend):
+    """A NaN in expert 3's ``w_up``: the tokens routed to expert 3 are non-finite, every other
+    token's output and input gradient are the clean run's, bit for bit."""
+    cfg = jaxmoe.MoEConfig(8, 2, 8, 16, grouped_matmul_backend=backend)
+    params = jaxmoe.init_params(jax.random.key(0), cfg)
+    x = jax.random.normal(jax.random.key(1), (16, 8))
+    routing = jaxmoe.route(x @ params["router"]["kernel"], cfg)
+    to_expert = np.any(np.asarray(routing.experts) == 3, axis=1)
+    assert 0 < to_expert.sum() < 16
+
+    @jax.jit
+    def run(params, x):
+        (y, _), vjp = jax.vjp(lambda x: jaxmoe.moe(params, x, cfg), x)
+        (grad_x,) = vjp((jnp.ones_like(y), jax.tree.map(jnp.zeros_like, _)))
+        return y, grad_x
+
+    bad = jax.tree.map(lambda a: a, params)
+    bad["experts"]["w_up"] = bad["experts"]["w_up"].at[3, 2, 5].set(jnp.nan)
+    clean_y, clean_grad = run(params, x)
+    y, grad_x = run(bad, x)
+    assert not np.any(np.all(np.isfinite(np.asarray(y[to_expert])), axis=1))
+    others = ~to_expert
+    np.testing.assert_array_equal(np.asarray(y[others]), np.asarray(clean_y[others]))
+    np.testing.assert_array_equal(np.asarray(grad_x[others]), np.asarray(clean_grad[others]))

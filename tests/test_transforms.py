@@ -260,3 +260,40 @@ def test_nnx_vmap_matches_loop():
     want = [call(layer, x[i]) for i in range(3)]
     _close(got[0], jnp.stack([w[0] for w in want]))
     _close(got[1], jnp.stack([w[1].load_balancing_loss for w in want]))
+
+
+def _tiny_layer_loss():
+    cfg = jaxmoe.MoEConfig(4, 2, 4, 6)
+    params = jaxmoe.init_params(jax.random.key(0), cfg)
+    x = jax.random.normal(jax.random.key(1), (5, 4))
+    return (lambda x: jaxmoe.moe(params, x, cfg)[0]), x, (params, cfg)
+
+
+@pytest.mark.parametrize("transform", ["jvp", "jacfwd"])
+def test_forward_mode_through_the_layer_is_refused_with_the_reason(transform):
+    layer, x, _ = _tiny_layer_loss()
+    run = {
+        "jvp": lambda: jax.jvp(layer, (x,), (jnp.ones_like(x),)),
+        "jacfwd": lambda: jax.jacfwd(layer)(x),
+    }[transform]
+    with pytest.raises(TypeError, match=r"jaxmoe\.permutation\.dispatch: forward-mode") as info:
+        run()
+    assert "jax.jacrev" in str(info.value) and "custom_vjp" in str(info.value)
+
+
+def test_layer_jacrev_matches_central_differences():
+    layer, x, (params, cfg) = _tiny_layer_loss()
+
+    def experts(x):
+        return np.asarray(jaxmoe.route(x @ params["router"]["kernel"], cfg).experts)
+
+    jacobian = np.asarray(jax.jit(jax.jacrev(layer))(x), np.float64).reshape(-1, x.size)
+    step = 1e-2
+    columns = []
+    for i in range(x.size):
+        basis = jnp.zeros(x.size).at[i].set(step).reshape(x.shape)
+        # The routing is piecewise constant: both sides must choose the same experts.
+        np.testing.assert_array_equal(experts(x + basis), experts(x - basis))
+        plus, minus = (np.asarray(layer(x + s * basis), np.float64) for s in (1, -1))
+        columns.append(((plus - minus) / (2 * step)).reshape(-1))
+    np.testing.assert_allclose(jacobian, np.stack(columns, axis=1), rtol=2e-2, atol=2e-3)

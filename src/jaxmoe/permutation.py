@@ -222,6 +222,31 @@ def plan_dispatch(
     )
 
 
+FORWARD_MODE_REASON = (
+    "forward-mode autodiff (jax.jvp, jax.jacfwd) cannot run through the token permutation: "
+    "its dispatch and combine are jax.custom_vjp functions (so that their gradients are gathers "
+    "by the inverse map, deterministic, rather than JAX's scatter-add), and JAX has no forward "
+    "mode for a custom VJP. Use reverse mode (jax.grad, jax.vjp, jax.jacrev), jax.linearize, "
+    "or forward-over-reverse (jax.hessian, jax.jvp of jax.grad), which all work."
+)
+
+
+def _refusing_forward_mode(name: str, function):
+    """``function``, with JAX's bare error for forward mode through a custom VJP replaced by
+    one that says why and what works."""
+
+    @functools.wraps(function)
+    def wrapped(*args, **kwargs):
+        try:
+            return function(*args, **kwargs)
+        except TypeError as error:
+            if "forward-mode autodiff" not in str(error) or "custom_vjp" not in str(error):
+                raise
+            raise TypeError(f"jaxmoe.permutation.{name}: {FORWARD_MODE_REASON}") from error
+
+    return wrapped
+
+
 # ``values[index]`` along axis 0, zeros for out-of-range (sentinel) indices, as XLA's gather:
 # where elementwise work around it (a weight, a cast, a sum over copies) fuses into it.
 _gather_rows = row_gather_xla.gather_rows
@@ -312,6 +337,7 @@ def _dispatch_bwd(top_k, residuals, grad_buffer):
 _dispatch.defvjp(_dispatch_fwd, _dispatch_bwd)
 
 
+@functools.partial(_refusing_forward_mode, "dispatch")
 def dispatch(x: jax.Array, plan: DispatchPlan) -> jax.Array:
     """Copies each token to its experts' rows: ``buffer[r] = x[row_assignment[r] // K]``.
 
@@ -364,6 +390,7 @@ def _combine_bwd(residuals, grad_out):
 _combine.defvjp(_combine_fwd, _combine_bwd)
 
 
+@functools.partial(_refusing_forward_mode, "combine")
 def combine(buffer: jax.Array, weights: jax.Array, plan: DispatchPlan) -> jax.Array:
     """Sums each token's K expert outputs: ``y[t] = sum_j weights[t, j] * buffer[row(t, j)]``.
 

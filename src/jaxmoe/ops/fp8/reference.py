@@ -39,12 +39,13 @@ class ReferenceScaledGroupedMatmul(ScaledGroupedMatmulBackend):
         # the group's own columns), every product exact in float32 at HIGHEST precision.
         columns = jnp.arange(lhs_t_q.shape[1])[None, :]
         start, size = group_starts[:, None], group_sizes[:, None]
-        in_group = ((columns >= start) & (columns < start + size)).astype(jnp.float32)
+        in_group = ((columns >= start) & (columns < start + size))[:, None, :]  # [G, 1, P]
+        # Selected per group on both operands: a one-hot multiply would spread a NaN column to
+        # every group (NaN * 0 = NaN).
         out = jnp.einsum(
-            "kp,gp,np->gkn",
-            lhs_t_q.astype(jnp.float32),
-            in_group,
-            rhs_t_q.astype(jnp.float32),
+            "gkp,gnp->gkn",
+            jnp.where(in_group, lhs_t_q.astype(jnp.float32)[None], 0.0),
+            jnp.where(in_group, rhs_t_q.astype(jnp.float32)[None], 0.0),
             precision=jax.lax.Precision.HIGHEST,
         )
         return (out * lhs_scale[:, :, None] * rhs_scale[:, None, :]).astype(out_dtype)

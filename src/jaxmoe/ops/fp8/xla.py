@@ -5,6 +5,7 @@
 per output for rowwise, once per K block's partial product for blockwise. It lowers on CPU
 (jax 0.10, checked by the tests); on a GPU, XLA rewrites ``ragged_dot`` into a dense masked dot,
 so this backend is for correctness, not speed, until a Hopper FP8 kernel is one more backend.
+A non-finite weight stays in its group's rows (:func:`.grouped_matmul.xla.ragged_dot_confined`).
 """
 
 from __future__ import annotations
@@ -12,14 +13,13 @@ from __future__ import annotations
 import dataclasses
 import math
 
-import jax
 import jax.numpy as jnp
 
 from jaxmoe.ops.fp8.base import ScaledGroupedMatmulBackend
 from jaxmoe.ops.fp8.columnwise import padded_group_sizes
 from jaxmoe.ops.fp8.quantize import expand_scale
 from jaxmoe.ops.grouped_matmul.base import group_ids
-from jaxmoe.ops.grouped_matmul.xla import XlaGroupedMatmul
+from jaxmoe.ops.grouped_matmul.xla import XlaGroupedMatmul, ragged_dot_confined
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,9 +41,7 @@ class XlaScaledGroupedMatmul(ScaledGroupedMatmulBackend):
         out = jnp.zeros((num_rows, width), jnp.float32)
         for block in range(math.ceil(depth / step)):  # none when K = 0: zeros
             cols = slice(block * step, (block + 1) * step)
-            partial = jax.lax.ragged_dot(
-                lhs_q[:, cols], rhs_q[:, cols, :], group_sizes, preferred_element_type=jnp.float32
-            )
+            partial = ragged_dot_confined(lhs_q[:, cols], rhs_q[:, cols, :], group_sizes)
             col_scale = expand_scale(rhs_scale[:, block, :], (num_groups, width), col_blocks)
             col_scale = jnp.take(col_scale, ids, axis=0, mode="clip")  # [M, N], row's group
             out = out + partial * lhs_scale[:, block : block + 1] * col_scale

@@ -32,15 +32,14 @@ class ReferenceGroupedMatmul(GroupedMatmulBackend):
     def tgmm(self, lhs, rhs, group_sizes, *, out_dtype):
         num_groups = group_sizes.shape[0]
         ids = group_ids(group_sizes, lhs.shape[0])
-        onehot = (ids[:, None] == jnp.arange(num_groups)[None, :]).astype(jnp.float32)  # [M, G]
-        # Rows past the groups may hold anything (NaN under JAXMOE_POISON): select them away,
-        # since the one-hot's zeros would not (NaN * 0 = NaN).
-        in_group = (ids < num_groups)[:, None]
+        in_group = (ids[None, :] == jnp.arange(num_groups)[:, None])[:, :, None]  # [G, M, 1]
+        # Each group's rows selected for it, on both operands: a one-hot multiply would not
+        # keep a NaN or inf (another group's row, or a row past the groups, which may hold NaN
+        # under JAXMOE_POISON) out of this group's sum, since NaN * 0 = NaN.
         out = jnp.einsum(
-            "mk,mg,mn->gkn",
-            jnp.where(in_group, lhs.astype(jnp.float32), 0.0),
-            onehot,
-            jnp.where(in_group, rhs.astype(jnp.float32), 0.0),
+            "gmk,gmn->gkn",
+            jnp.where(in_group, lhs.astype(jnp.float32)[None], 0.0),
+            jnp.where(in_group, rhs.astype(jnp.float32)[None], 0.0),
             precision=_HIGHEST,
         )
         return out.astype(out_dtype)
