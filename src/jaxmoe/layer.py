@@ -100,6 +100,8 @@ def local_experts_step(params, cfg: MoEConfig, fp8_weights=None):
                 fp8_recipe=cfg.fp8_recipe,
                 fp8_weights=fp8_weights,
                 buffer_fp8=buffer_fp8,
+                swiglu_alpha=cfg.swiglu_alpha,
+                swiglu_limit=cfg.swiglu_limit,
             )
         with jax.named_scope("combine"):
             out = permutation.combine(expert_out, routing.weights, plan)
