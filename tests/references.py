@@ -47,7 +47,19 @@ def activation(xp, name):
     }[name]
 
 
-GATED = ("swiglu", "geglu")
+GATED = ("swiglu", "geglu", "swiglu_clamped")
+
+
+def gated_hidden(xp, name, gate, up, clamp=None):
+    """A gated FFN's hidden layer. ``"swiglu_clamped"`` (gpt-oss), ``clamp = (alpha, limit)``:
+    the gate clipped from above at ``limit``, the up half to ``[-limit, limit]``, then
+    ``(up + 1) * gate * sigmoid(alpha * gate)``."""
+    if name != "swiglu_clamped":
+        return activation(xp, name)(gate) * up
+    alpha, limit = clamp
+    gate = xp.minimum(gate, limit)
+    up = xp.maximum(xp.minimum(up, limit), -limit)
+    return (up + 1.0) * gate * sigmoid(xp, alpha * gate)
 
 
 # ----------------------------------------------------------------------------- routing
@@ -315,13 +327,27 @@ def losses_reference(logits, experts, spec: RoutingSpec, num_sequences=1):
 # ----------------------------------------------------------------------------- dense layer
 
 
-def ffn(xp, x, weights, name, index=None):
-    """One FFN; ``index`` picks an expert out of stacked ``[E, ...]`` weights."""
+def ffn(xp, x, weights, name, index=None, clamp=None):
+    """One FFN; ``index`` picks an expert out of stacked ``[E, ...]`` weights. Each projection
+    ``w_*`` adds its bias ``b_*`` where ``weights`` has one; ``clamp``: see ``gated_hidden``."""
     pick = (lambda w: w) if index is None else (lambda w: w[index])
-    act = activation(xp, name)
-    up = x @ pick(weights["w_up"])
-    hidden = act(x @ pick(weights["w_gate"])) * up if name in GATED else act(up)
-    return hidden @ pick(weights["w_down"])
+
+    def project(z, name):
+        out = z @ pick(weights["w_" + name])
+        return out + pick(weights["b_" + name])[None, :] if "b_" + name in weights else out
+
+    up = project(x, "up")
+    if name in GATED:
+        hidden = gated_hidden(xp, name, project(x, "gate"), up, clamp)
+    else:
+        hidden = activation(xp, name)(up)
+    return project(hidden, "down")
+
+
+def router_logits(params, x):
+    """``x @ kernel`` (``+ bias`` where the router has one)."""
+    logits = x @ params["router"]["kernel"]
+    return logits + params["router"]["bias"][None, :] if "bias" in params["router"] else logits
 
 
 def dense_moe(xp, params, x, cfg, experts, kept, loss_weights=None):
@@ -334,14 +360,20 @@ def dense_moe(xp, params, x, cfg, experts, kept, loss_weights=None):
     spec = RoutingSpec.of(cfg)
     num_tokens = x.shape[0]
     num_experts = spec.num_experts
-    logits = x @ params["router"]["kernel"]
+    logits = router_logits(params, x)
     weights = routing_weights(xp, logits, experts, spec) * kept  # [T, K]
     onehot = np.asarray(experts)[:, :, None] == np.arange(num_experts)[None, None, :]  # [T, K, E]
     gates = xp.sum(weights[:, :, None] * onehot, axis=1)  # [T, E]
-    every = xp.stack([ffn(xp, x, params["experts"], cfg.activation, e) for e in range(num_experts)])
+    clamp = (getattr(cfg, "swiglu_alpha", None), getattr(cfg, "swiglu_limit", None))
+    every = xp.stack(
+        [ffn(xp, x, params["experts"], cfg.activation, e, clamp) for e in range(num_experts)]
+    )
     y = xp.einsum("te,teh->th", gates, xp.transpose(every, (1, 0, 2)))
     if "shared" in params:
-        y = y + ffn(xp, x, params["shared"], cfg.activation)
+        shared = ffn(xp, x, params["shared"], cfg.activation, clamp=clamp)
+        if "output_gate" in params["shared"]:  # Qwen2-MoE: sigmoid(x @ gate) per token
+            shared = shared * sigmoid(xp, x @ params["shared"]["output_gate"])
+        y = y + shared
     if loss_weights is None:
         return y, 0.0
     aux_coef, seq_coef, z_coef, num_sequences = loss_weights

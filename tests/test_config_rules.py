@@ -19,7 +19,12 @@ from jaxmoe import config, option_names
 
 BASE = {"num_experts": 8, "top_k": 2, "hidden_size": 16, "ffn_size": 32}
 # Fields that need other fields set to be valid at all (the value under test aside).
-CONTEXT = {"shared_ffn_size": {"num_shared_experts": 1}}
+CONTEXT = {
+    "shared_ffn_size": {"num_shared_experts": 1},
+    "shared_expert_gate": {"num_shared_experts": 1},
+    "swiglu_alpha": {"activation": "swiglu_clamped"},
+    "swiglu_limit": {"activation": "swiglu_clamped"},
+}
 
 # field -> (kind, lowest valid value, lowest excluded?, None allowed?)
 NUMERIC = {
@@ -40,6 +45,8 @@ NUMERIC = {
     "capacity_factor": (float, 0.0, True, True),
     "ep_receive_factor": (float, 0.0, True, True),
     "ep_fast_slot_factor": (float, 1.0, False, True),
+    "swiglu_alpha": (float, 0.0, True, False),
+    "swiglu_limit": (float, 0.0, True, False),
 }
 NAMES = {
     "activation": option_names.ACTIVATIONS,
@@ -50,7 +57,15 @@ NAMES = {
     "fp8_recipe": option_names.FP8_RECIPES,
     "capacity_drop_policy": option_names.CAPACITY_DROP_POLICIES,
 }
-FLAGS = ("pre_softmax", "use_expert_bias", "fsdp_expert_weights", "normalize_weights")
+FLAGS = (
+    "pre_softmax",
+    "use_expert_bias",
+    "fsdp_expert_weights",
+    "normalize_weights",
+    "shared_expert_gate",
+    "router_bias",
+    "expert_ffn_bias",
+)
 PROPERTY = settings(max_examples=40, deadline=None)
 
 
@@ -103,6 +118,8 @@ _VALID_FLOATS = {
     "capacity_factor": st.floats(1e-30, 1e308),
     "ep_receive_factor": st.floats(1e-30, 1e308),
     "ep_fast_slot_factor": st.floats(1, 1e308),
+    "swiglu_alpha": st.floats(1e-30, 1e30),
+    "swiglu_limit": st.floats(1e-30, 1e30),
 }
 
 

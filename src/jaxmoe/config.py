@@ -202,6 +202,15 @@ _FIELD_RULES: dict[str, Callable[[str, Any], Any]] = {
     "use_expert_bias": _Flag("Pass use_expert_bias=True or False."),
     "num_shared_experts": _Number(int, 0, "must be an int >= 0", "Pass 0 for no shared expert."),
     "shared_ffn_size": _positive_int(optional=True),
+    "shared_expert_gate": _Flag("Pass shared_expert_gate=True or False."),
+    "router_bias": _Flag("Pass router_bias=True or False."),
+    "expert_ffn_bias": _Flag("Pass expert_ffn_bias=True or False."),
+    "swiglu_alpha": _Number(
+        float, 0, "must be a finite float > 0", "gpt-oss uses swiglu_alpha=1.702.", low_open=True
+    ),
+    "swiglu_limit": _Number(
+        float, 0, "must be a finite float > 0", "gpt-oss uses swiglu_limit=7.0.", low_open=True
+    ),
     "aux_loss_coef": _LOSS_COEF,
     "seq_aux_loss_coef": _LOSS_COEF,
     "z_loss_coef": _LOSS_COEF,
@@ -255,6 +264,8 @@ _FIELD_RULES: dict[str, Callable[[str, Any], Any]] = {
 }
 
 # ----------------------------------------------------------------------------- cross-field rules
+# gpt-oss's clamped SwiGLU constants (its modeling code's ``alpha``, its config's ``swiglu_limit``).
+SWIGLU_ALPHA, SWIGLU_LIMIT = 1.702, 7.0
 # The grouped-matmul backends with an FP8 path (``jaxmoe.ops.fp8``; None/"auto": on a Hopper GPU
 # the Mosaic FP8 kernel where it applies, else "xla"; "pallas": that kernel, either recipe).
 _FP8_BACKENDS = (None, "auto", "reference", "xla", "pallas")
@@ -365,6 +376,24 @@ _CROSS_FIELD_RULES: tuple[tuple[str, Callable, Callable, Callable], ...] = (
         lambda c: "Set num_shared_experts >= 1 or shared_ffn_size=None.",
     ),
     (
+        "shared_expert_gate",
+        lambda c: c.shared_expert_gate and c.num_shared_experts == 0,
+        lambda c: "gates the shared expert's output but num_shared_experts is 0",
+        lambda c: "Set num_shared_experts >= 1 or shared_expert_gate=False.",
+    ),
+    (
+        "swiglu_alpha",
+        lambda c: c.activation != "swiglu_clamped" and c.swiglu_alpha != SWIGLU_ALPHA,
+        lambda c: f"only applies to activation='swiglu_clamped' (activation={c.activation!r})",
+        lambda c: f"Set activation='swiglu_clamped' or leave swiglu_alpha at {SWIGLU_ALPHA}.",
+    ),
+    (
+        "swiglu_limit",
+        lambda c: c.activation != "swiglu_clamped" and c.swiglu_limit != SWIGLU_LIMIT,
+        lambda c: f"only applies to activation='swiglu_clamped' (activation={c.activation!r})",
+        lambda c: f"Set activation='swiglu_clamped' or leave swiglu_limit at {SWIGLU_LIMIT}.",
+    ),
+    (
         "ep_chunks",
         lambda c: c.ep_chunks > 1 and c.capacity_factor is not None,
         lambda c: "must be 1 with a capacity_factor (capacity counts all of a device's tokens)",
@@ -412,8 +441,13 @@ class MoEConfig:
       top_k: K, experts per token, ``1 <= K <= E``.
       hidden_size: H, the model width.
       ffn_size: F, each expert's intermediate width.
-      activation: ``"swiglu"``/``"geglu"`` (gated: ``w_gate``, ``w_up``, ``w_down``) or
-        ``"gelu"``/``"relu"`` (``w_up``, ``w_down``). GELU is the tanh approximation.
+      activation: ``"swiglu"``/``"geglu"``/``"swiglu_clamped"`` (gated: ``w_gate``, ``w_up``,
+        ``w_down``; ``hidden = act(x @ w_gate) * (x @ w_up)``) or ``"gelu"``/``"relu"``
+        (``w_up``, ``w_down``; ``hidden = act(x @ w_up)``). GELU is the tanh approximation.
+        ``"swiglu_clamped"`` is gpt-oss's: with ``g = min(x @ w_gate, limit)`` and
+        ``u = clip(x @ w_up, -limit, limit)``, ``hidden = (u + 1) * g * sigmoid(alpha * g)``
+        (``alpha = swiglu_alpha``, ``limit = swiglu_limit``; biases, if any, added before the
+        clamps). It applies to the shared expert too.
       score: router score function: ``"softmax"``, ``"sigmoid"`` or ``"sqrtsoftplus"``.
       pre_softmax: softmax only; softmax over all E first, then top-k (else top-k on logits,
         then softmax over the K chosen).
@@ -426,6 +460,22 @@ class MoEConfig:
         balancing; sigmoid/sqrtsoftplus). Update it with ``update_expert_bias``.
       num_shared_experts, shared_ffn_size: a dense FFN applied to every token, of width
         ``shared_ffn_size`` (default ``ffn_size * num_shared_experts``).
+      shared_expert_gate: Qwen2-MoE's gate on the shared expert: its output is multiplied, per
+        token, by ``sigmoid(x @ params["shared"]["output_gate"])`` (``[H, 1]``, no bias).
+        Needs ``num_shared_experts >= 1``.
+      router_bias: the router is affine, ``logits = x @ router["kernel"] + router["bias"]``
+        (``[E]``, trained; gpt-oss). The biased logits are the logits everywhere: selection,
+        weights and the losses. Not to be confused with ``use_expert_bias``.
+      expert_ffn_bias: each routed expert's projections are affine (gpt-oss):
+        ``gate = x @ w_gate[e] + b_gate[e]``, ``up = x @ w_up[e] + b_up[e]``,
+        ``out = hidden @ w_down[e] + b_down[e]`` (``b_gate``/``b_up`` ``[E, F]``, ``b_down``
+        ``[E, H]``, in ``params["experts"]``), so ``y = sum_k w_k * (hidden_k @ w_down + b_down)``:
+        each routed copy carries its expert's down bias, scaled by its combine weight. The
+        shared expert has no bias. The fused gated kernel has no bias epilogue: such a layer
+        runs the unfused grouped matmuls on ``grouped_matmul_backend`` with the biases added
+        in between.
+      swiglu_alpha, swiglu_limit: the constants of ``activation="swiglu_clamped"`` (defaults
+        gpt-oss's 1.702 and 7.0), each a float > 0; other activations take the defaults only.
       aux_loss_coef, seq_aux_loss_coef, z_loss_coef: weights of the router losses in
         ``MoEStats.aux_loss``.
       capacity_factor: ``None`` = dropless. Else each expert keeps
@@ -506,6 +556,11 @@ class MoEConfig:
     use_expert_bias: bool = False
     num_shared_experts: int = 0
     shared_ffn_size: int | None = None
+    shared_expert_gate: bool = False
+    router_bias: bool = False
+    expert_ffn_bias: bool = False
+    swiglu_alpha: float = SWIGLU_ALPHA
+    swiglu_limit: float = SWIGLU_LIMIT
     aux_loss_coef: float = 0.0
     seq_aux_loss_coef: float = 0.0
     z_loss_coef: float = 0.0

@@ -24,6 +24,7 @@ weights, holds on each rank what that rank would quantize from its own experts;
 from __future__ import annotations
 
 from jaxmoe.config import MoEConfig
+from jaxmoe.experts import PROJECTION_BIASES
 from jaxmoe.ops.fp8 import Fp8Weights, quantize_fp8_weights, resolve_fp8_backend, resolve_recipe
 from jaxmoe.ops.fp8.weights import check_fp8_weights
 
@@ -43,7 +44,8 @@ def quantize_expert_weights(params, cfg: MoEConfig) -> dict[str, Fp8Weights]:
         ``grouped_matmul_backend``'s weight layout and ``cfg.dtype`` make the cache).
 
     Returns:
-      ``{name: Fp8Weights}``, one per expert weight. Make it after each optimizer update: a
+      ``{name: Fp8Weights}``, one per expert weight matrix (not the biases of
+      ``expert_ffn_bias``: they are added in ``cfg.dtype``). Make it after each optimizer update: a
       cache from before it holds the previous step's weights, and the layer cannot tell.
 
     Raises:
@@ -56,6 +58,8 @@ def quantize_expert_weights(params, cfg: MoEConfig) -> dict[str, Fp8Weights]:
             weight.astype(cfg.dtype), cfg.fp8_recipe, cfg.grouped_matmul_backend
         )
         for name, weight in params["experts"].items()
+        if name
+        in PROJECTION_BIASES  # the matrices; their biases (expert_ffn_bias) stay as they are
     }
 
 
@@ -65,7 +69,7 @@ def check_expert_fp8_weights(fp8_weights, params, cfg: MoEConfig) -> None:
     the values are the caller's promise)."""
     if cfg.fp8_recipe is None:
         raise ValueError(_NEEDS_RECIPE.format(caller="moe", name="fp8_weights"))
-    expected = sorted(params["experts"])
+    expected = sorted(name for name in params["experts"] if name in PROJECTION_BIASES)
     if not isinstance(fp8_weights, dict) or sorted(fp8_weights) != expected:
         got = sorted(fp8_weights) if isinstance(fp8_weights, dict) else type(fp8_weights).__name__
         raise ValueError(

@@ -117,6 +117,8 @@ def local_experts_step(params, cfg: MoEConfig, fp8_weights=None, sequence_length
                 fp8_recipe=cfg.fp8_recipe,
                 fp8_weights=fp8_weights,
                 buffer_fp8=buffer_fp8,
+                swiglu_alpha=cfg.swiglu_alpha,
+                swiglu_limit=cfg.swiglu_limit,
             )
         with jax.named_scope("combine"):
             out = permutation.combine(expert_out, routing.weights, plan)
@@ -145,9 +147,11 @@ def moe(
     .. math::
         y_t = \sum_{j<K} w_{t,j}\, \mathrm{FFN}_{e_{t,j}}(x_t) + \mathrm{shared}(x_t)
 
-    where ``(w, e) = route(x @ router_kernel)``. Tokens are permuted expert-major
-    (:mod:`jaxmoe.permutation`), each expert runs on its block through grouped matmuls, and the
-    K outputs of each token are summed back. Dropless unless ``cfg.capacity_factor`` is set.
+    where ``(w, e) = route(x @ router_kernel)`` (``+ router_bias`` with ``cfg.router_bias``), and
+    ``shared`` is scaled by ``sigmoid(x @ output_gate)`` with ``cfg.shared_expert_gate``. Tokens
+    are permuted expert-major (:mod:`jaxmoe.permutation`), each expert runs on its block through
+    grouped matmuls, and the K outputs of each token are summed back. Dropless unless
+    ``cfg.capacity_factor`` is set.
 
     Args:
       params: from :func:`jaxmoe.init_params` (shapes checked against ``cfg``).

@@ -108,7 +108,7 @@ def resolve_alignment(cfg: MoEConfig) -> int:
 
 def route_tokens(params, tokens: jax.Array, cfg: MoEConfig, sequences: int):
     """Router logits, routing and loss partial sums for ``tokens[T, H]`` (T = sequences * S)."""
-    logits = router_logits(tokens, params["router"]["kernel"])
+    logits = router_logits(tokens, params["router"]["kernel"], params["router"].get("bias"))
     routing = route(logits, cfg, params.get("expert_bias"))
     terms = losses.loss_terms(logits, routing.scores, routing.experts, sequences)
     return routing, terms
@@ -173,7 +173,9 @@ def moe_body(
         dropped_per_sequence = per_sequence(dropped_per_token, num_sequences(x.shape))
         if cfg.num_shared_experts:
             with jax.named_scope("shared_expert"):
-                out = out + shared_expert(compute, params["shared"], cfg.activation)
+                out = out + shared_expert(
+                    compute, params["shared"], cfg.activation, cfg.swiglu_alpha, cfg.swiglu_limit
+                )
         with jax.named_scope("stats"):
             if reduce_stats is not None:
                 terms, counts = reduce_stats((terms, counts))

@@ -11,8 +11,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 SCORES = ("softmax", "sigmoid", "sqrtsoftplus")
-ACTIVATIONS = ("swiglu", "geglu", "gelu", "relu")
-GATED_ACTIVATIONS = ("swiglu", "geglu")
+ACTIVATIONS = ("swiglu", "geglu", "swiglu_clamped", "gelu", "relu")
+# "swiglu_clamped": gpt-oss's gated activation (``MoEConfig.swiglu_alpha``, ``swiglu_limit``).
+GATED_ACTIVATIONS = ("swiglu", "geglu", "swiglu_clamped")
 # ``jaxmoe.ops.grouped_matmul.api``: "auto" (the platform's best) and one name per backend.
 GROUPED_MATMUL_BACKENDS = ("auto", "reference", "xla", "pallas", "pallas_triton")
 # ``jaxmoe.ops.fp8.recipe``: the FP8 scaling recipes of the expert matmuls.

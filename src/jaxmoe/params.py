@@ -21,7 +21,14 @@ def param_shapes(cfg: MoEConfig) -> dict:
     experts = {"w_up": (num_experts, hidden, ffn), "w_down": (num_experts, ffn, hidden)}
     if cfg.gated:
         experts = {"w_gate": (num_experts, hidden, ffn), **experts}
-    shapes = {"router": {"kernel": (hidden, num_experts)}, "experts": experts}
+    if cfg.expert_ffn_bias:
+        experts.update(b_up=(num_experts, ffn), b_down=(num_experts, hidden))
+        if cfg.gated:
+            experts["b_gate"] = (num_experts, ffn)
+    router = {"kernel": (hidden, num_experts)}
+    if cfg.router_bias:
+        router["bias"] = (num_experts,)
+    shapes = {"router": router, "experts": experts}
     if cfg.use_expert_bias:
         shapes["expert_bias"] = (num_experts,)
     if cfg.num_shared_experts:
@@ -29,6 +36,8 @@ def param_shapes(cfg: MoEConfig) -> dict:
         shared = {"w_up": (hidden, shared_ffn), "w_down": (shared_ffn, hidden)}
         if cfg.gated:
             shared = {"w_gate": (hidden, shared_ffn), **shared}
+        if cfg.shared_expert_gate:
+            shared["output_gate"] = (hidden, 1)
         shapes["shared"] = shared
     return shapes
 
@@ -38,13 +47,22 @@ def param_logical_axes(cfg: MoEConfig) -> dict:
     experts = {"w_up": (EXPERT, EMBED, MLP), "w_down": (EXPERT, MLP, EMBED)}
     if cfg.gated:
         experts["w_gate"] = (EXPERT, EMBED, MLP)
-    axes = {"router": {"kernel": (EMBED, ROUTER)}, "experts": experts}
+    if cfg.expert_ffn_bias:  # with their experts: E over the expert axis
+        experts.update(b_up=(EXPERT, MLP), b_down=(EXPERT, EMBED))
+        if cfg.gated:
+            experts["b_gate"] = (EXPERT, MLP)
+    router = {"kernel": (EMBED, ROUTER)}
+    if cfg.router_bias:
+        router["bias"] = (ROUTER,)
+    axes = {"router": router, "experts": experts}
     if cfg.use_expert_bias:
         axes["expert_bias"] = (ROUTER,)
     if cfg.num_shared_experts:
         shared = {"w_up": (EMBED, MLP), "w_down": (MLP, EMBED)}
         if cfg.gated:
             shared["w_gate"] = (EMBED, MLP)
+        if cfg.shared_expert_gate:
+            shared["output_gate"] = (EMBED, None)
         axes["shared"] = shared
     return jax.tree.map(lambda s, a: a, param_shapes(cfg), axes, is_leaf=_is_shape)
 
@@ -53,17 +71,23 @@ def _is_shape(node) -> bool:
     return isinstance(node, tuple) and all(isinstance(d, int) for d in node)
 
 
+# The leaves init_params starts at zero: the biases (by their key, the last of a leaf's path).
+_ZERO_INIT = ("['expert_bias']", "['bias']", "['b_gate']", "['b_up']", "['b_down']")
+
+
 def init_params(key: jax.Array, cfg: MoEConfig) -> dict:
     """Creates the parameters of an MoE layer.
 
     Weights are drawn from a truncated normal with standard deviation ``1/sqrt(fan_in)`` (LeCun);
-    ``expert_bias`` starts at zero.
+    every bias (``expert_bias``, the router's ``bias``, the experts' ``b_*``) starts at zero.
 
     Returns:
-      ``{"router": {"kernel": [H, E]}, "experts": {"w_gate": [E, H, F] (gated only),
-      "w_up": [E, H, F], "w_down": [E, F, H]}, "expert_bias": [E] (use_expert_bias only),
-      "shared": {"w_gate": [H, Fs] (gated only), "w_up": [H, Fs], "w_down": [Fs, H]}
-      (shared experts only)}`` in ``cfg.param_dtype``.
+      ``{"router": {"kernel": [H, E], "bias": [E] (router_bias only)}, "experts": {"w_gate":
+      [E, H, F] (gated only), "w_up": [E, H, F], "w_down": [E, F, H], and with expert_ffn_bias
+      "b_gate": [E, F] (gated only), "b_up": [E, F], "b_down": [E, H]}, "expert_bias": [E]
+      (use_expert_bias only), "shared": {"w_gate": [H, Fs] (gated only), "w_up": [H, Fs],
+      "w_down": [Fs, H], "output_gate": [H, 1] (shared_expert_gate only)} (shared experts
+      only)}`` in ``cfg.param_dtype``.
     """
     shapes = param_shapes(cfg)
     leaves, treedef = jax.tree.flatten(shapes, is_leaf=_is_shape)
@@ -74,7 +98,7 @@ def init_params(key: jax.Array, cfg: MoEConfig) -> dict:
     ]
     values = []
     for leaf_key, shape, path in zip(keys, leaves, paths, strict=True):
-        if "expert_bias" in path:
+        if path.endswith(_ZERO_INIT):
             values.append(jnp.zeros(shape, cfg.param_dtype))
             continue
         fan_in = shape[-2]
@@ -124,7 +148,8 @@ def check_params(params, cfg: MoEConfig) -> None:
     if extra:
         raise ValueError(
             f"moe: params{extra[0]} is not used by this config (unexpected leaves {extra}); "
-            "check use_expert_bias / num_shared_experts / activation."
+            "check use_expert_bias / num_shared_experts / activation / router_bias / "
+            "expert_ffn_bias / shared_expert_gate."
         )
 
 

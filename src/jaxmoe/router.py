@@ -54,9 +54,11 @@ def _normalize_jvp(primals, tangents):
     return out, (dvalues - out * jnp.sum(dvalues, axis=-1, keepdims=True)) / denominator
 
 
-def router_logits(x: jax.Array, kernel: jax.Array) -> jax.Array:
-    """``x[T, H] @ kernel[H, E]`` in float32 (router precision matters for selection)."""
-    return jnp.dot(x.astype(jnp.float32), kernel.astype(jnp.float32))
+def router_logits(x: jax.Array, kernel: jax.Array, bias: jax.Array | None = None) -> jax.Array:
+    """``x[T, H] @ kernel[H, E]`` (``+ bias[E]``: ``MoEConfig.router_bias``) in float32 (router
+    precision matters for selection)."""
+    logits = jnp.dot(x.astype(jnp.float32), kernel.astype(jnp.float32))
+    return logits if bias is None else logits + bias.astype(jnp.float32)[None, :]
 
 
 def _score_fn(logits: jax.Array, score: str) -> jax.Array:

@@ -29,10 +29,12 @@ def _param(value, axes, variable_type):
 class MoE(nnx.Module):
     """Mixture-of-Experts FFN layer (see :func:`jaxmoe.moe` for the math).
 
-    Attributes mirror ``init_params``: ``router`` (``{"kernel"}``), ``experts``
-    (``w_gate``/``w_up``/``w_down``), ``expert_bias`` (an :class:`ExpertBias`, with
-    ``use_expert_bias``) and ``shared`` (with shared experts). Parameters carry logical axis
-    names (``embed``, ``mlp``, ``expert``, ``router``) as sharding metadata.
+    Attributes mirror ``init_params``: ``router`` (``{"kernel"}``, ``"bias"`` with
+    ``router_bias``), ``experts`` (``w_gate``/``w_up``/``w_down``, ``b_gate``/``b_up``/``b_down``
+    with ``expert_ffn_bias``), ``expert_bias`` (an :class:`ExpertBias`, with
+    ``use_expert_bias``) and ``shared`` (with shared experts; ``output_gate`` with
+    ``shared_expert_gate``): every one but ``expert_bias`` an ``nnx.Param``. Parameters carry
+    logical axis names (``embed``, ``mlp``, ``expert``, ``router``) as sharding metadata.
 
     Example::
 

@@ -70,6 +70,8 @@ def sharded_experts_step(
             cfg.grouped_matmul_backend,
             fp8_recipe=cfg.fp8_recipe,
             fp8_weights=fp8,
+            swiglu_alpha=cfg.swiglu_alpha,
+            swiglu_limit=cfg.swiglu_limit,
         )
 
     def step(tokens: jax.Array, routing: Routing) -> ExpertsResult:

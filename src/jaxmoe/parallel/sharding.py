@@ -4,9 +4,10 @@ Layout of the expert-parallel layer on a mesh with ``cfg.ep_axis`` and ``cfg.dat
 
 * batch (leading dim of ``x``): sharded over ``(*data_axes, ep_axis)`` (ep minor, so one data
   shard's tokens are its ep ranks' tokens in rank order);
-* expert weights ``[E, ...]``: ``E`` over ``ep_axis``; with ``fsdp_expert_weights`` also ``H``
-  over ``data_axes`` (gathered just in time inside the layer);
-* router kernel, expert bias, shared expert: replicated.
+* expert weights ``[E, ...]`` (their biases ``b_gate``/``b_up``/``b_down`` too): ``E`` over
+  ``ep_axis``; with ``fsdp_expert_weights`` also ``H`` over ``data_axes`` (gathered just in time
+  inside the layer);
+* router kernel and bias, expert bias, shared expert (its ``output_gate`` too): replicated.
 """
 
 from __future__ import annotations
