@@ -75,3 +75,12 @@ def check_nonnegative(value, name: str, where: str, fix: str) -> None:
         f"{where}: `{name}` must be >= 0 everywhere; got {known.ravel()[first]} at index "
         f"{first} ({len(negative)} negative of {known.size}). {fix}"
     )
+
+
+def check_mesh_type(mesh, where: str) -> None:
+    """Raises TypeError, naming ``mesh``, unless it is None or a ``jax.sharding.Mesh``."""
+    if mesh is not None and not isinstance(mesh, jax.sharding.Mesh):
+        raise TypeError(
+            f"{where}: `mesh` must be a jax.sharding.Mesh or None; got {describe(mesh)}. Build "
+            "one with jax.make_mesh(shape, axis_names)."
+        )

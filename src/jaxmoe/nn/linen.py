@@ -8,9 +8,11 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from jaxmoe.argument_checks import check_mesh_type
 from jaxmoe.config import MoEConfig
 from jaxmoe.layer import MoEStats, moe
-from jaxmoe.params import init_params, param_logical_axes
+from jaxmoe.parallel import check_mesh
+from jaxmoe.params import check_config, check_params, init_params, param_logical_axes
 
 
 class MoELinen(nn.Module):
@@ -50,10 +52,22 @@ class MoELinen(nn.Module):
     cfg: MoEConfig
     mesh: Any = None
 
+    def __post_init__(self):
+        # Refuse a wrong cfg or mesh where the module is built, not inside init or apply.
+        check_config(self.cfg, "MoELinen")
+        check_mesh_type(self.mesh, "MoELinen")
+        if self.mesh is not None:
+            check_mesh(self.cfg, self.mesh)
+        super().__post_init__()
+
     @nn.compact
     def __call__(self, x: jax.Array, fp8_weights=None) -> tuple[jax.Array, MoEStats]:
         cfg = self.cfg
         axes = param_logical_axes(cfg)
+        if not self.is_initializing():
+            # The given variables against this config, before flax compares them with the
+            # initializers' shapes (its error names neither the leaf nor the config field).
+            check_params(self._given_params(), cfg, where="MoELinen.apply")
 
         def make(name):
             def init(key):
@@ -79,3 +93,15 @@ class MoELinen(nn.Module):
             )
             params["expert_bias"] = bias.value
         return moe(params, x, cfg, mesh=self.mesh, fp8_weights=fp8_weights)
+
+    def _given_params(self) -> dict:
+        # The ``init_params`` tree of the variables passed to ``apply`` (unboxed), as far as
+        # they exist; ``expert_bias`` comes from the ``"moe_state"`` collection.
+        given = {
+            name: nn.unbox(self.get_variable("params", name))
+            for name in ("router", "experts", "shared")
+            if self.has_variable("params", name)
+        }
+        if self.has_variable("moe_state", "expert_bias"):
+            given["expert_bias"] = self.get_variable("moe_state", "expert_bias")
+        return given

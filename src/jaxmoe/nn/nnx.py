@@ -5,9 +5,11 @@ from __future__ import annotations
 import jax
 from flax import nnx
 
+from jaxmoe.argument_checks import check_mesh_type, describe
 from jaxmoe.config import MoEConfig
 from jaxmoe.layer import MoEStats, moe
-from jaxmoe.params import init_params, param_logical_axes
+from jaxmoe.parallel import check_mesh
+from jaxmoe.params import check_config, init_params, param_logical_axes
 
 
 class ExpertBias(nnx.Variable):
@@ -44,6 +46,22 @@ class MoE(nnx.Module):
     """
 
     def __init__(self, cfg: MoEConfig, *, rngs: nnx.Rngs, mesh: jax.sharding.Mesh | None = None):
+        """Checks the arguments, then draws the parameters from ``rngs.params()``.
+
+        Raises:
+          TypeError: ``cfg`` is not a ``MoEConfig``, ``rngs`` not an ``nnx.Rngs`` (e.g. an int
+            seed: pass ``nnx.Rngs(0)``) or ``mesh`` not a ``jax.sharding.Mesh``.
+          ValueError: ``cfg`` cannot be laid out on ``mesh`` (``check_mesh``).
+        """
+        check_config(cfg, "jaxmoe.nn.MoE")
+        check_mesh_type(mesh, "jaxmoe.nn.MoE")
+        if mesh is not None:
+            check_mesh(cfg, mesh)
+        if not isinstance(rngs, nnx.Rngs):
+            raise TypeError(
+                f"jaxmoe.nn.MoE: `rngs` must be a flax.nnx.Rngs; got {describe(rngs)}. Pass "
+                "rngs=nnx.Rngs(0) (a seed or a key goes inside: nnx.Rngs(key))."
+            )
         self.cfg = cfg
         self.mesh = mesh
         values = init_params(rngs.params(), cfg)
