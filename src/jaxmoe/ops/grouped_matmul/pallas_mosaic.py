@@ -11,8 +11,8 @@ On a CPU the kernel runs in Mosaic GPU's interpreter (jax's GPU interpret mode),
 use; the interpreter has no transposed ``wgmma`` operand (dgrad).
 
 Measured against the Triton kernel, jax's pipelines and ``torch._grouped_mm``:
-docs/kernels.md, 'Mosaic gmm: the persistent kernel with one ring' and 'Grouped matmul: which
-backend ``auto`` picks'.
+docs/kernels.md, 'Mosaic gmm: the persistent kernel with one ring' and 'Grouped matmul: the
+auto backend'.
 """
 
 from __future__ import annotations
