@@ -1,4 +1,4 @@
-"""The probes' row sink (every row printed and the results file rewritten with all rows so far)
+"""The benches' row sink (every row printed and the results file rewritten with all rows so far)
 and the group sizes the benches and the exactness checks draw."""
 
 import json

@@ -1,5 +1,6 @@
-"""The scheduled-HLO reading behind benchmarks/ep_mock_topology.py (jaxmoe.bench.hlo_schedule),
-on a small synthetic module shaped like XLA GPU's scheduled text."""
+"""The scheduled-HLO reading of ``jaxmoe.bench.hlo_schedule`` (what XLA overlaps with the EP
+exchange, read from a mock-topology compile: docs/expert-parallelism.md, "Overlapping the
+exchange"), on a small synthetic module shaped like XLA GPU's scheduled text."""
 
 # ruff: noqa: E501 (an HLO instruction is one line)
 

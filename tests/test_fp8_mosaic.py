@@ -4,7 +4,7 @@ On a CPU the kernel runs in Mosaic GPU's interpreter, which multiplies float8 op
 float32 products, exactly) but has no transposed ``wgmma`` operand; there the weights go in
 ``[G, K, N]`` and the same body (work list, schedule, group-boundary stores, scale epilogue) runs.
 The K-major ``[G, N, K]`` operand FP8 ``wgmma`` needs on the GPU is proven by lowering for CUDA
-here and on the device by ``benchmarks/grouped_matmul_fp8.py``.
+here and on the device by ``jaxmoe bench fp8-gemm`` (its GPU checks run before the timing).
 
 Bound: the kernel's float32 result (FP8 products are exact in float32; the sum and the two
 scale multiplies round) is cast to bf16, so each element is within one bf16 ulp (``2**-8``

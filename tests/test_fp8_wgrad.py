@@ -255,8 +255,8 @@ COLUMNWISE_SIZES = [[130, 0, 300, 200], [0, 0, 0, 690], [0, 0, 0, 0], [128, 256,
 def test_the_pallas_columnwise_quantizer_is_the_xla_one(sizes):
     """In Pallas' interpreter: the same scales and starts bit for bit; the FP8 values too, up to
     one e4m3 step on a value that lands on a rounding tie (the interpreter's division may round
-    a quotient onto the tie that XLA's does not: seen once in 180 k elements). On an H100 the
-    benchmark (benchmarks/fp8_columnwise_bench.py) counts differing elements."""
+    a quotient onto the tie that XLA's does not: seen once in 180 k elements). On a GPU
+    ``jaxmoe bench fp8-quantize --kind columnwise`` counts differing elements."""
     from jaxmoe.ops.fp8.columnwise_pallas import quantize_columnwise_pallas
 
     x = _rows(0, 700, 256, past=10).astype(jnp.bfloat16)

@@ -2,8 +2,9 @@
 
 On a CPU the kernel runs in Mosaic GPU's interpreter (seconds a call), so shapes are the
 smallest with two M tiles, two N tiles and two K steps per tile; the derivative's grouped
-matmuls run on the reference backend (only the forward is the kernel's). On the device,
-``benchmarks/fused_glu_probe.py`` checks it at the benchmark shapes.
+matmuls run on the reference backend (only the forward is the kernel's). On a Hopper GPU the
+layer runs it by default: ``tests/gpu/test_layer_edge_cases.py`` checks it there on odd shapes
+and routings, and ``jaxmoe bench layer`` at the benchmark shapes (every row checked first).
 """
 
 from __future__ import annotations

@@ -516,8 +516,8 @@ class MoEConfig:
         another's matmuls. Every chunk's fast window runs before the overflow, one loop for
         all chunks. On a GPU XLA keeps one collective in flight by default, which leaves the
         forward exchanges under no matmul: set
-        ``XLA_FLAGS=--xla_gpu_experimental_parallel_collective_overlap_limit=2`` (README,
-        "Overlapping the exchange").
+        ``XLA_FLAGS=--xla_gpu_experimental_parallel_collective_overlap_limit=2``
+        (docs/expert-parallelism.md, "Overlapping the exchange").
         Needs ``capacity_factor=None``; must divide the tokens per device.
       ep_dispatch: what one expert-parallel exchange row holds. ``"copies"``: one row per
         (token, expert) copy. ``"tokens"``: one row per (token, destination rank) pair with

@@ -1,7 +1,8 @@
 """Router losses: load balancing (Switch), per-sequence balancing (DeepSeek-V3), z-loss (ST-MoE).
 
 Each loss is computed from partial sums (:class:`LossTerms`) so that a sharded layer can add
-them over devices before finishing: the result is the same as on one device.
+them over devices before finishing: the result is the one device's, to float rounding (the
+counts are taken before any capacity drop, so a per-shard capacity does not change them).
 
 **Which assignments the balancing losses count.** ``c_i`` counts the experts each token is
 actually routed to (``Routing.experts``: the selection with the expert bias and the

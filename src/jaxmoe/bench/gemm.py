@@ -94,7 +94,7 @@ def hard_group_sizes(m: int, groups: int, seed: int = 0) -> np.ndarray:
 def layer_group_sizes(shape: GemmShape, seed: int = 0) -> np.ndarray:
     """``[G]`` int32 sizes of the MoE layer's kind: multinomial loads on 7/8 of the ``M`` rows,
     each padded to the layer's alignment for the Mosaic kernels (``MOSAIC_ALIGNMENT``, 64); the
-    rows past their sum are tail rows. The probes time the kernels on these (about half the
+    rows past their sum are tail rows: the kernels timed as the layer calls them (about half the
     groups end in a 64-row tile)."""
     g = shape.groups
     loads = np.random.default_rng(seed).multinomial(shape.m * 7 // 8, np.full(g, 1 / g))

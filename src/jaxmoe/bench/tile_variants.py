@@ -1,4 +1,4 @@
-"""Tile variants of the MoE layer's Mosaic kernels, for probes that compare them in one process.
+"""Tile variants of the MoE layer's Mosaic kernels, for benches that compare them in one process.
 
 The layer's kernels read their default tiles (``default_mosaic_gmm_tiles``,
 ``default_gated_tiles``, the wgrad's ``default_mosaic_tgmm_tiles``) when traced;

@@ -73,7 +73,7 @@ def gather_rows(
     ``values`` ``[T, H]``, ``index`` ``[R]`` (see :func:`unsupported_reason`). With
     ``row_scale`` ``[R]``: ``row_scale[i] * values[index[i]]`` in float32, cast back (as
     :func:`.xla.gather_rows`, bit for bit). ``rows``, ``columns`` and ``num_warps``: the block
-    and the warps per program (probes sweep them)."""
+    and the warps per program (tunable, for a bench to sweep)."""
     reason = unsupported_reason(values, index, rows=rows, columns=columns)
     if reason is not None:
         raise NotImplementedError(f"gather_rows (pallas_triton): {reason}")
