@@ -88,3 +88,57 @@ def test_bench_ep_correctness_rows_are_told_apart(monkeypatch, capsys):
     assert len(rows) == 5, rows  # three exchanges (one skipped on CPU), two token checks
     assert len(set(rows)) == len(rows), rows
     assert any("fast_slot_factor=1)" in row for row in rows), rows
+
+
+# --------------------------------------------------------------------------------------------------
+# demo: every MoEConfig rule at flag check; a resume with other flags, or with nothing to do.
+# --------------------------------------------------------------------------------------------------
+
+
+def test_demo_layer_rule_is_one_line_naming_the_flags(capsys, tmp_path):
+    """top_k=1 with softmax after the top-k trains no router (MoEConfig's rule, its message)."""
+    out = tmp_path / "out"
+    assert exit_code(["demo", "--top-k", "1", "--aux-loss", "0", "--out", str(out)]) == 2
+    line = one_error_line(capsys)
+    assert "argument --top-k: MoEConfig.top_k: must not be 1 with score='softmax'" in line
+    assert "score is --score" in line and "aux_loss_coef is --aux-loss" in line
+    assert not out.exists()
+
+
+def _fake_demo_checkpoint(directory, step: int, **flags):
+    """A checkpoint as the demo saves it, holding the run's flags (no training needed)."""
+    import dataclasses
+
+    import jax.numpy as jnp
+
+    from jaxmoe import checkpoint
+    from jaxmoe.cli.demo import DemoConfig
+
+    config = dataclasses.asdict(DemoConfig(checkpoint_dir=str(directory), **flags))
+    items = {"state": {"w": jnp.zeros(2)}}
+    checkpoint.save(directory, step, items, metadata={"config": config})
+
+
+def test_demo_resumed_with_other_flags_is_refused(capsys, tmp_path):
+    ckpt = tmp_path / "ckpt"
+    _fake_demo_checkpoint(ckpt, 2, num_experts=8, seed=3)
+    argv = ["demo", "--experts", "4", "--checkpoint-dir", str(ckpt), "--out", str(tmp_path / "o")]
+    assert exit_code(argv) == 2
+    line = one_error_line(capsys)
+    assert f"argument --checkpoint-dir: {ckpt} holds step 2 of a run with other flags" in line
+    assert "--experts 8 (this run: 4), --seed 3 (this run: 0)" in line
+    assert not (tmp_path / "o").exists()
+
+
+def test_demo_resume_with_nothing_to_do(capsys, tmp_path):
+    ckpt, out = tmp_path / "ckpt", tmp_path / "out"
+    _fake_demo_checkpoint(ckpt, 5, steps=5)
+    for steps in ("5", "3"):  # at, then past --steps
+        argv = ["demo", "--steps", steps, "--checkpoint-dir", str(ckpt), "--out", str(out)]
+        assert exit_code(argv) == 0
+        said = capsys.readouterr().out.strip()
+        assert said == (
+            f"jaxmoe demo: nothing to do: {ckpt} is at step 5, at or past --steps {steps} "
+            "(raise --steps to train on)"
+        )
+    assert not out.exists()  # no metrics.json, no rate

@@ -308,7 +308,7 @@ def run_demo_command(args) -> int:
         _request_cpu_devices(args.devices)
         os.environ.setdefault("JAX_PLATFORMS", "cpu")
     # Imported here: flax, optax and the demo's model are needed by the demo only (slow imports).
-    from jaxmoe.cli.demo import DemoConfig, check_demo_config, run_demo
+    from jaxmoe.cli.demo import DemoConfig, check_demo_run, run_demo
 
     cfg = DemoConfig(
         steps=args.steps,
@@ -326,7 +326,7 @@ def run_demo_command(args) -> int:
         fp8_wgrad=args.fp8_wgrad,
     )
     try:
-        check_demo_config(cfg)
+        check_demo_run(cfg)
     except ValueError as error:
         flags.usage_error(str(error))
         return 2
