@@ -419,3 +419,43 @@ def test_demo_help_states_each_fp8_default_once():
         if action.dest in ("fp8", "fp8_wgrad"):
             assert "default" not in action.help, action.help
             assert text.count(f"{action.help} (default: {action.default})") == 1
+
+
+def test_demo_resume_to_more_steps_and_its_rates(tmp_path, capsys, monkeypatch):
+    """A resume with a larger --steps trains on to it and says so; rates count only the steps
+    this run timed (after its first, compiling one), and a run of that one step writes none."""
+    import dataclasses
+
+    from jaxmoe.cli import demo
+    from jaxmoe.cli.resume import check_resume
+
+    small = dict(width=16, ffn_size=16, seq_len=8, batch_size=4, sample_chars=2, num_layers=1)
+    ckpt = tmp_path / "ckpt"
+    cfg = DemoConfig(steps=2, out=str(tmp_path / "a"), checkpoint_dir=str(ckpt), **small)
+    assert demo.run_demo(dataclasses.replace(cfg, save_every=1))["tokens_per_second"] > 0
+    capsys.readouterr()
+    # The checkpoint holds the run's flags: another --top-k is refused before any work.
+    with pytest.raises(ValueError, match=r"--top-k 2 \(this run: 1\)"):
+        check_resume(dataclasses.replace(cfg, top_k=1))
+
+    timed, rate = [], demo.tokens_per_second
+
+    def recording(tokens_per_step, timed_steps, seconds):
+        timed.append(timed_steps)
+        return rate(tokens_per_step, timed_steps, seconds)
+
+    monkeypatch.setattr(demo, "tokens_per_second", recording)
+    resumed = demo.run_demo(dataclasses.replace(cfg, steps=12, out=str(tmp_path / "b")))
+    out = capsys.readouterr().out
+    assert (
+        f"resumed from step 2 of {ckpt}, training on to --steps 12 (the checkpoint's run had "
+        "--steps 2; the learning-rate schedule now spans 12 steps)" in out
+    )
+    assert resumed["step"] == list(range(1, 13))
+    assert timed == [7, 9, 9]  # the bar at steps 10 and 12, the summary: steps 4..12 timed
+    timed.clear()
+
+    last = demo.run_demo(dataclasses.replace(cfg, steps=13, out=str(tmp_path / "c")))
+    assert timed == [0, 0] and last["tokens_per_second"] is None
+    assert json.loads((tmp_path / "c" / "metrics.json").read_text())["tokens_per_second"] is None
+    assert "tokens/s not measured" in capsys.readouterr().out

@@ -184,6 +184,32 @@ def _device_peak_gb(mesh) -> float | None:
     return max(stat["peak_bytes_in_use"] for stat in stats) / 1e9
 
 
+def layer_config(
+    case: EPLayerCase,
+    ep: int,
+    *,
+    exchange: str | None = None,
+    receive_factor: float | None = 1.25,
+    fast_slot_factor: float | None = 1.125,
+    chunks: int = 1,
+    backend: str | None = None,
+) -> jaxmoe.MoEConfig:
+    """The ``MoEConfig`` :func:`bench_layer` runs ``case`` with at ``ep`` (``ValueError`` from
+    its rules before any work: the command line checks its flags with it)."""
+    return case.config(
+        ep,
+        dtype=jnp.bfloat16,
+        param_dtype=jnp.bfloat16,
+        aux_loss_coef=0.01,
+        ep_axis="ep",
+        ep_exchange=exchange,
+        ep_receive_factor=receive_factor,
+        ep_fast_slot_factor=fast_slot_factor,
+        ep_chunks=chunks if ep > 1 else 1,
+        grouped_matmul_backend=backend,
+    )
+
+
 def bench_layer(
     case: EPLayerCase,
     ep: int,
@@ -197,17 +223,14 @@ def bench_layer(
 ) -> dict[str, Any]:
     """``jaxmoe.moe`` forward+backward on ``ep`` devices, ``case.tokens_per_gpu`` tokens each."""
 
-    cfg = case.config(
+    cfg = layer_config(
+        case,
         ep,
-        dtype=jnp.bfloat16,
-        param_dtype=jnp.bfloat16,
-        aux_loss_coef=0.01,
-        ep_axis="ep",
-        ep_exchange=exchange,
-        ep_receive_factor=receive_factor,
-        ep_fast_slot_factor=fast_slot_factor,
-        ep_chunks=chunks if ep > 1 else 1,
-        grouped_matmul_backend=backend,
+        exchange=exchange,
+        receive_factor=receive_factor,
+        fast_slot_factor=fast_slot_factor,
+        chunks=chunks,
+        backend=backend,
     )
     mesh = first_devices_mesh(ep)
     k1, k2 = jax.random.split(jax.random.key(seed))

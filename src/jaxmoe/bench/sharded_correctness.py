@@ -14,6 +14,16 @@ from jaxmoe.bench.harness import first_devices_mesh, relative_error
 
 # Largest relative error that counts as a match (float32, highest matmul precision).
 TOLERANCE = 1e-4
+DEFAULT_FAST_SLOT_FACTOR = jaxmoe.MoEConfig.ep_fast_slot_factor  # the field's default
+
+
+def correctness_label(impl: str, ep_dispatch: str, fast_slot_factor: float) -> str:
+    """A correctness row's ``impl``: the exchange, and each setting that is not the layer's
+    default (two rows that differ only in a setting would otherwise read the same)."""
+    settings = [f"dispatch={ep_dispatch}"] if ep_dispatch != "copies" else []
+    if fast_slot_factor != DEFAULT_FAST_SLOT_FACTOR:
+        settings.append(f"fast_slot_factor={fast_slot_factor:g}")
+    return f"{impl} ({', '.join(settings)})" if settings else impl
 
 
 def check_correctness(
@@ -22,7 +32,7 @@ def check_correctness(
     *,
     tiny: bool = False,
     seed: int = 0,
-    fast_slot_factor: float = 1.125,
+    fast_slot_factor: float = DEFAULT_FAST_SLOT_FACTOR,
     ep_dispatch: str = "copies",
 ) -> dict[str, Any]:
     """Relative errors of the sharded layer against one device (float32, highest precision).
@@ -72,7 +82,7 @@ def check_correctness(
     row = {
         "case": "correctness",
         "ep": ep,
-        "impl": impl if ep_dispatch == "copies" else f"{impl} (dispatch={ep_dispatch})",
+        "impl": correctness_label(impl, ep_dispatch, fast_slot_factor),
         "fast_slot_factor": fast_slot_factor,
         "rel_err_y": relative_error(y_ep, y_ref),
         "max_rel_err_grad": max(grad_errs),

@@ -20,6 +20,7 @@ nothing failed, 1 if not.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib.util
 import json
 
@@ -36,8 +37,12 @@ from jaxmoe.bench import (
 )
 from jaxmoe.bench.layer import PASSES
 from jaxmoe.bench.presets import GEMM_SHAPES, LAYER_PRESETS
+from jaxmoe.bench.tile_variants import SITE_NAMES, tile_sites
 from jaxmoe.bench.timing import SETTLE_MS
-from jaxmoe.cli import flags
+from jaxmoe.cli import ep_flags, flags
+from jaxmoe.ops.gated_grouped_matmul.pallas_mosaic import PallasMosaicGatedGroupedMatmul
+from jaxmoe.ops.grouped_matmul.pallas_mosaic_tiles import MosaicTileConfig
+from jaxmoe.ops.grouped_matmul.pallas_mosaic_wgrad import MosaicTgmmTileConfig
 from jaxmoe.option_names import FP8_RECIPES
 
 BENCH_MODULES = {
@@ -107,6 +112,15 @@ def _json_variants(text: str) -> dict[str, dict]:
             f"got {text!r}"
         )
     return value
+
+
+def _tile_sites(text: str) -> str:
+    """``--sites``: a comma list of :data:`jaxmoe.bench.tile_variants.SITE_NAMES` keys."""
+    try:
+        tile_sites(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+    return text
 
 
 def add_fp8_gemm(kinds) -> None:
@@ -234,7 +248,11 @@ def add_layer_profile(kinds) -> None:
         "--sites' kernels, each profiled after the default",
     )
     sub.add_argument(
-        "--sites", default="gmm,gated", help="kernels whose tiles --tile-variants change"
+        "--sites",
+        type=_tile_sites,
+        default="gmm,gated",
+        help=f"comma list of the kernels whose tiles --tile-variants change "
+        f"({', '.join(SITE_NAMES)})",
     )
     sub.add_argument(
         "--backend-variants",
@@ -286,7 +304,7 @@ def add_ep_memory(kinds) -> None:
     )
     sub.add_argument(
         "--ep",
-        type=flags.integer(1),
+        type=flags.device_count(1),
         default=8,
         help="expert-parallel size (CPU: that many simulated devices)",
     )
@@ -299,6 +317,31 @@ def add_ep_memory(kinds) -> None:
         help="comma list of fwd (jit(moe)), fwd+bwd (jit(grad))",
     )
     _add_out(sub)
+
+
+def _check_flags(args) -> None:
+    """``ValueError`` naming the flag for a rule between flags that the bench would otherwise
+    break only after its earlier work (no device needed)."""
+    if args.kind == "layer-profile":
+        sites = args.sites.split(",")
+        tile_types = [
+            MosaicTgmmTileConfig if site == "wgrad" else MosaicTileConfig for site in sites
+        ]
+        _check_fields("--tile-variants", args.tile_variants, tile_types)
+        _check_fields("--backend-variants", args.backend_variants, [PallasMosaicGatedGroupedMatmul])
+
+
+def _check_fields(flag: str, variants: dict[str, dict], types) -> None:
+    """Every field a variant sets is a field of each of ``types`` (dataclasses)."""
+    for name, changes in variants.items():
+        for kind in types:
+            unknown = set(changes) - {field.name for field in dataclasses.fields(kind)}
+            if unknown:
+                raise ValueError(
+                    f"argument {flag}: variant {name!r} sets {', '.join(sorted(unknown))}, not "
+                    f"fields of {kind.__name__}; choose from "
+                    f"{', '.join(field.name for field in dataclasses.fields(kind))}"
+                )
 
 
 def _refusal(args) -> str | None:
@@ -375,15 +418,25 @@ def _produce(args, on_row):
 
 def run(args, command: str) -> int:
     """Runs the bench subcommand ``args.kind`` (one of :data:`KINDS`); returns the exit status."""
+    try:
+        _check_flags(args)
+    except ValueError as error:
+        flags.usage_error(str(error))
+        return 2
     reason = _refusal(args)
     if reason is not None:
         flags.usage_error(reason)
         return 2
-    if args.kind == "ep-memory" and args.ep > jax.device_count():
-        flags.usage_error(
-            f"argument --ep: {args.ep} devices asked for; {jax.device_count()} available"
-        )
-        return 2
+    if args.kind == "ep-memory":
+        try:
+            if args.ep > jax.device_count():
+                raise ValueError(
+                    f"argument --ep: {args.ep} devices asked for; {jax.device_count()} available"
+                )
+            ep_flags.check_ep_memory(args)
+        except ValueError as error:
+            flags.usage_error(str(error))
+            return 2
     module = BENCH_MODULES[args.kind]
     header = harness.results_header(command, **getattr(module, "HEADER_FACTS", {}))
     render = getattr(module, "render", None) or harness.markdown_report(

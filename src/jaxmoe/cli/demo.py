@@ -22,9 +22,10 @@ from flax import linen, nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
 import jaxmoe
+from jaxmoe.cli import flags
 from jaxmoe.cli.model import CharTransformer, ModelConfig
 from jaxmoe.cli.plot import expert_balance, plot_demo
-from jaxmoe.cli.resume import DemoCheckpoints
+from jaxmoe.cli.resume import DemoCheckpoints, check_resume
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,8 +56,21 @@ class DemoConfig:
     save_every: int = 50
 
 
+# The demo flag that sets each MoEConfig field of the layers (moe_config).
+MOE_FLAGS = {
+    "num_experts": "--experts",
+    "top_k": "--top-k",
+    "score": "--score",
+    "aux_loss_coef": "--aux-loss",
+    "use_expert_bias": "--expert-bias-rate",
+    "ep_axis": "--devices",
+    "fp8_recipe": "--fp8",
+}
+
+
 def check_demo_config(cfg: DemoConfig) -> None:
-    """Raises ValueError with the flag's name, the rule, the value and the fix."""
+    """Raises ValueError with the flag's name, the rule, the value and the fix: the demo's own
+    rules, then every rule of the layers' ``MoEConfig`` (built here, before any work)."""
     if cfg.steps < 1:
         raise ValueError(f"--steps must be >= 1; got {cfg.steps}.")
     if not 1 <= cfg.top_k <= cfg.num_experts:
@@ -89,6 +103,16 @@ def check_demo_config(cfg: DemoConfig) -> None:
             f"the batch ({cfg.batch_size} sequences) must be a multiple of --devices "
             f"({cfg.devices})."
         )
+    try:
+        moe_config(cfg)
+    except ValueError as error:
+        raise ValueError(flags.config_error(error, MOE_FLAGS)) from None
+
+
+def check_demo_run(cfg: DemoConfig) -> int:
+    """:func:`check_demo_config` and :func:`check_resume`: the step to resume from (0: none)."""
+    check_demo_config(cfg)
+    return check_resume(cfg)
 
 
 def load_corpus() -> str:
@@ -135,9 +159,9 @@ def _fp8_recipe(cfg: DemoConfig):
     return jaxmoe.ops.fp8.Fp8Recipe(cfg.fp8, wgrad=cfg.fp8_wgrad)
 
 
-def build(cfg: DemoConfig, vocab_size: int):
-    """The model and its optimizer (AdamW on ``nnx.Param`` only: the expert bias is state)."""
-    moe_cfg = jaxmoe.MoEConfig(
+def moe_config(cfg: DemoConfig) -> jaxmoe.MoEConfig:
+    """The ``MoEConfig`` of every layer (``ValueError`` from its rules)."""
+    return jaxmoe.MoEConfig(
         num_experts=cfg.num_experts,
         top_k=cfg.top_k,
         hidden_size=cfg.width,
@@ -149,12 +173,16 @@ def build(cfg: DemoConfig, vocab_size: int):
         ep_axis="ep" if cfg.devices > 1 else None,
         fp8_recipe=_fp8_recipe(cfg),
     )
+
+
+def build(cfg: DemoConfig, vocab_size: int):
+    """The model and its optimizer (AdamW on ``nnx.Param`` only: the expert bias is state)."""
     model_cfg = ModelConfig(
         vocab_size=vocab_size,
         seq_len=cfg.seq_len,
         num_layers=cfg.num_layers,
         num_heads=cfg.num_heads,
-        moe=moe_cfg,
+        moe=moe_config(cfg),
     )
     model = CharTransformer(model_cfg, rngs=nnx.Rngs(cfg.seed), mesh=make_mesh(cfg.devices))
     schedule = optax.warmup_cosine_decay_schedule(
@@ -268,14 +296,26 @@ def sample_text(
     return codec.decode(out)
 
 
-def run_demo(cfg: DemoConfig) -> dict:
+def tokens_per_second(tokens_per_step: int, timed_steps: int, seconds: float) -> float | None:
+    """Training throughput over ``timed_steps`` steps (None when none was timed)."""
+    return tokens_per_step * timed_steps / max(seconds, 1e-9) if timed_steps > 0 else None
+
+
+def run_demo(cfg: DemoConfig) -> dict | None:
     """Trains, prints a summary and samples, writes ``metrics.json`` and ``demo.png``.
 
-    Returns the metrics dictionary written to ``metrics.json``.
+    Returns the metrics dictionary written to ``metrics.json``; None, having written nothing,
+    when the checkpoint to resume from is already at or past ``cfg.steps`` (nothing to do).
     """
     from tqdm.auto import tqdm
 
-    check_demo_config(cfg)
+    saved_step = check_demo_run(cfg)
+    if saved_step >= cfg.steps:
+        print(
+            f"jaxmoe demo: nothing to do: {cfg.checkpoint_dir} is at step {saved_step}, at or "
+            f"past --steps {cfg.steps} (raise --steps to train on)"
+        )
+        return None
     out_dir = Path(cfg.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     text = load_corpus()
@@ -311,7 +351,9 @@ def run_demo(cfg: DemoConfig) -> dict:
     metrics = {"step": [], "val_step": [], "val_loss": []}
     first_step, checkpoints = 1, None
     if cfg.checkpoint_dir:
-        checkpoints = DemoCheckpoints(cfg.checkpoint_dir, cfg.save_every)
+        checkpoints = DemoCheckpoints(
+            cfg.checkpoint_dir, cfg.save_every, config=dataclasses.asdict(cfg)
+        )
         state, first_step = checkpoints.resume(state, rng, record, metrics)
     if shardings is not None:
         state = jax.device_put(state, shardings)
@@ -322,9 +364,9 @@ def run_demo(cfg: DemoConfig) -> dict:
         t0 = time.perf_counter()
         state, loss, aux, counts, dropped = train_step(state, batch(train_data))
         if step == first_step:
-            jax.block_until_ready(loss)
+            jax.block_until_ready(state)
             compile_s = time.perf_counter() - t0
-            start = time.perf_counter()  # throughput excludes compilation
+            start = time.perf_counter()  # throughput excludes the first (compiling) step
         metrics["step"].append(step)
         for key, value in zip(record, (loss, aux, counts, dropped), strict=True):
             record[key].append(value)
@@ -332,9 +374,15 @@ def run_demo(cfg: DemoConfig) -> dict:
             metrics["val_step"].append(step)
             metrics["val_loss"].append(float(np.mean([eval_loss(state, b) for b in val_batches])))
         if step % 10 == 0 or step == cfg.steps:
-            elapsed = time.perf_counter() - start
-            rate = tokens_per_step * max(step - 1, 1) / max(elapsed, 1e-9)
-            bar.set_postfix(loss=f"{float(loss):.3f}", tok_s=f"{rate:,.0f}")
+            # Dispatched steps run ahead of Python: the rate counts the ones that finished.
+            jax.block_until_ready(state)
+            rate = tokens_per_second(
+                tokens_per_step, step - first_step, time.perf_counter() - start
+            )
+            postfix = {"loss": f"{float(loss):.3f}"}
+            if rate is not None:
+                postfix["tok_s"] = f"{rate:,.0f}"
+            bar.set_postfix(postfix)
         if checkpoints:
             checkpoints.maybe_save(step, cfg.steps, state, rng, record, metrics)
     bar.close()
@@ -363,7 +411,8 @@ def run_demo(cfg: DemoConfig) -> dict:
         max_over_mean_load=expert_balance(last).tolist(),
         compile_seconds=compile_s,
         train_seconds=train_s,
-        tokens_per_second=tokens_per_step * max(cfg.steps - 1, 1) / max(train_s, 1e-9),
+        # Over the steps after this run's first (None: it ran only that compiling step).
+        tokens_per_second=tokens_per_second(tokens_per_step, cfg.steps - first_step, train_s),
         config=dataclasses.asdict(cfg),
         vocab="".join(codec.chars),
     )
@@ -371,10 +420,15 @@ def run_demo(cfg: DemoConfig) -> dict:
         print("warning: the loss became non-finite during training")
 
     print(f"\nsummary after {cfg.steps} steps ({train_s:.1f} s + {compile_s:.1f} s compile):")
+    rate = metrics["tokens_per_second"]
     print(
         f"  loss {loss[0]:.3f} -> {final_loss:.3f} (mean of the last steps); "
         f"validation {metrics['val_loss'][-1]:.3f}; "
-        f"{metrics['tokens_per_second']:,.0f} tokens/s"
+        + (
+            f"{rate:,.0f} tokens/s"
+            if rate is not None
+            else "tokens/s not measured (this run made only its first, compiling step)"
+        )
     )
     for layer, (balance, counts) in enumerate(
         zip(metrics["max_over_mean_load"], last, strict=True)

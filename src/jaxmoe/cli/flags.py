@@ -10,8 +10,9 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import re
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from jaxmoe.bench.harness import check_writable
@@ -108,6 +109,50 @@ def integers(minimum: int) -> Callable[[str], list[int]]:
             ) from None
 
     return parse
+
+
+# The most devices one ``jaxmoe`` process may ask for (``--ep``, ``--exchange-ep``, ``--devices``):
+# a GPU host has 8 (16 at most), and on a CPU each is a simulated device of one process, where 64
+# compile in seconds and 1000 were still compiling after five minutes.
+MAX_DEVICES = 64
+
+
+def _check_device_count(value: int, text: str) -> int:
+    if value > MAX_DEVICES:
+        raise argparse.ArgumentTypeError(
+            f"{value} devices is more than one jaxmoe process drives (at most {MAX_DEVICES}: a "
+            "GPU host has 8, and on a CPU each is a simulated device of this process, which "
+            f"past {MAX_DEVICES} take minutes to compile); got {text!r}"
+        )
+    return value
+
+
+def device_count(minimum: int) -> Callable[[str], int]:
+    """A number of devices: an integer ``>= minimum`` and at most :data:`MAX_DEVICES`."""
+    one = integer(minimum)
+    return lambda text: _check_device_count(one(text), text)
+
+
+def device_counts(minimum: int) -> Callable[[str], list[int]]:
+    """A comma list of integers ``>= minimum``, each at most :data:`MAX_DEVICES`."""
+    many = integers(minimum)
+    return lambda text: [_check_device_count(value, text) for value in many(text)]
+
+
+def config_error(error: ValueError, flag_of_field: Mapping[str, str]) -> str:
+    """A ``MoEConfig`` rule's message (``MoEConfig.field: rule; got value. fix``) as a flag error:
+    ``argument --flag: `` before it when a flag sets that field, and after it the flags that set
+    the other fields it names (its fix speaks of fields)."""
+    message = str(error)
+    match = re.match(r"MoEConfig\.(\w+):", message)
+    field = match.group(1) if match else None
+    others = [
+        f"{name} is {flag}"
+        for name, flag in flag_of_field.items()
+        if name != field and re.search(rf"\b{name}\b", message)
+    ]
+    head = f"argument {flag_of_field[field]}: " if field in flag_of_field else ""
+    return head + message + (f" (here {'; '.join(others)})" if others else "")
 
 
 def preset_names(choices: Sequence[str], all_presets: Sequence[str]) -> Callable[[str], list[str]]:

@@ -19,13 +19,12 @@ import os
 import shlex
 import sys
 
-import jax
 from tqdm.auto import tqdm
 
 from jaxmoe.bench import expert_parallel, gemm, gemm_tile_sweep, harness, layer, timing
 from jaxmoe.bench.layer_scaling import LAYER_CASES
 from jaxmoe.bench.presets import GEMM_SHAPES, LAYER_PRESETS
-from jaxmoe.cli import bench_commands, flags
+from jaxmoe.cli import bench_commands, ep_flags, flags
 from jaxmoe.option_names import FP8_RECIPES
 from jaxmoe.parallel.exchange import EXCHANGES
 
@@ -95,7 +94,7 @@ def _add_demo(commands) -> None:
     )
     demo.add_argument(
         "--devices",
-        type=flags.integer(1),
+        type=flags.device_count(1),
         default=1,
         help="expert parallelism over N simulated CPU devices (experts sharded over a mesh axis)",
     )
@@ -252,7 +251,7 @@ def _add_ep(kinds) -> None:
     _add_budget(sub)
     sub.add_argument(
         "--ep",
-        type=flags.integers(1),
+        type=flags.device_counts(1),
         default="1,2",
         help="comma list of expert-parallel sizes (CPU: that many simulated devices)",
     )
@@ -272,7 +271,7 @@ def _add_ep(kinds) -> None:
     )
     sub.add_argument(
         "--exchange-ep",
-        type=flags.integers(2),
+        type=flags.device_counts(2),
         default=None,
         help="expert-parallel sizes of the exchange part (None: those of --ep)",
     )
@@ -309,7 +308,7 @@ def run_demo_command(args) -> int:
         _request_cpu_devices(args.devices)
         os.environ.setdefault("JAX_PLATFORMS", "cpu")
     # Imported here: flax, optax and the demo's model are needed by the demo only (slow imports).
-    from jaxmoe.cli.demo import DemoConfig, check_demo_config, run_demo
+    from jaxmoe.cli.demo import DemoConfig, check_demo_run, run_demo
 
     cfg = DemoConfig(
         steps=args.steps,
@@ -327,7 +326,7 @@ def run_demo_command(args) -> int:
         fp8_wgrad=args.fp8_wgrad,
     )
     try:
-        check_demo_config(cfg)
+        check_demo_run(cfg)
     except ValueError as error:
         flags.usage_error(str(error))
         return 2
@@ -448,12 +447,13 @@ def run_bench_ep(args, command: str) -> int:
     except ValueError as error:
         flags.usage_error(f"argument --preset: {error}")
         return 2
-    # Simulated CPU devices must be asked for before JAX starts (harmless on a GPU host).
-    _request_cpu_devices(max(args.ep))
-    if max(args.ep) > jax.device_count():  # the first device query starts JAX's backends
-        flags.usage_error(
-            f"argument --ep: {max(args.ep)} devices asked for; {jax.device_count()} available"
-        )
+    try:
+        ep_flags.check_bench_ep(args, cases, tiny)
+        # Simulated CPU devices must be asked for before JAX starts (harmless on a GPU host).
+        _request_cpu_devices(max(args.ep))
+        ep_flags.check_devices(args)
+    except ValueError as error:
+        flags.usage_error(str(error))
         return 2
     results = _Results(args, command, expert_parallel.COLUMNS, expert_parallel.HEADER_FACTS)
     rows: list[dict] = []
