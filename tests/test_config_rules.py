@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 import jaxmoe
 import jaxmoe.parallel
-from jaxmoe import config, option_names
+from jaxmoe import config, field_rules, option_names
 
 BASE = {"num_experts": 8, "top_k": 2, "hidden_size": 16, "ffn_size": 32}
 # Fields that need other fields set to be valid at all (the value under test aside).
@@ -198,9 +198,8 @@ def test_registries_implement_exactly_the_listed_names():
         option_names.check_registry("EP_EXCHANGES", option_names.EP_EXCHANGES, ("all_to_all",))
 
 
-def test_config_imports_nothing_of_jaxmoe_but_the_name_tables():
-    """config.py sits below ops and parallel (they import it): it reads names from choices."""
-    tree = ast.parse(open(config.__file__).read())
+def _jaxmoe_imports(module) -> set[str]:
+    tree = ast.parse(open(module.__file__).read())
     imported = {
         alias.name
         for node in ast.walk(tree)
@@ -208,7 +207,14 @@ def test_config_imports_nothing_of_jaxmoe_but_the_name_tables():
         for alias in node.names
     }
     imported |= {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
-    assert {name for name in imported if name.startswith("jaxmoe")} == {"jaxmoe.option_names"}
+    return {name for name in imported if name.startswith("jaxmoe")}
+
+
+def test_config_imports_nothing_of_jaxmoe_but_the_name_tables():
+    """config.py sits below ops and parallel (they import it): it reads names from the option
+    registry and its rule kinds from field_rules, which imports nothing of jaxmoe."""
+    assert _jaxmoe_imports(config) == {"jaxmoe.option_names", "jaxmoe.field_rules"}
+    assert _jaxmoe_imports(field_rules) == set()
 
 
 # ----------------------------------------------------------------------------- flags, axes

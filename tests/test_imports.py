@@ -127,6 +127,7 @@ FOUNDATION = (
     "jaxmoe.compat",
     "jaxmoe.argument_checks",
     "jaxmoe.option_names",
+    "jaxmoe.field_rules",
     "jaxmoe.sorted_search",
     "jaxmoe.debug",
 )

@@ -3,15 +3,24 @@
 from __future__ import annotations
 
 import dataclasses
-import math
-import numbers
 from collections.abc import Callable
-from fractions import Fraction
-from typing import Any, NoReturn
+from typing import Any
 
 import jax.numpy as jnp
-import numpy as np
 
+from jaxmoe.field_rules import (
+    LOSS_COEF,
+    Flag,
+    Name,
+    Number,
+    axis_name,
+    axis_names,
+    ceil_scaled,
+    factor,
+    fail,
+    float_dtype,
+    positive_int,
+)
 from jaxmoe.option_names import (
     ACTIVATIONS,
     CAPACITY_DROP_POLICIES,
@@ -26,234 +35,75 @@ from jaxmoe.option_names import (
 __all__ = ["ACTIVATIONS", "GATED_ACTIVATIONS", "SCORES", "MoEConfig"]
 
 
-def ceil_scaled(factor: float, count: int, divisor: int = 1) -> int:
-    """``ceil(factor * count / divisor)`` in exact arithmetic, ``factor`` taken as the decimal
-    it prints as (``1.1`` is 11/10, not the nearest double, 1.1000000000000000888...): the
-    size that a factor of the config (a capacity, a receive bound) describes.
-
-    A float product rounds: ``1.1 * 200 * 6 / 8`` is ``165.00000000000003`` in float64, whose
-    ceil is 166, where the capacity the factor describes is exactly 165.
-    """
-    return math.ceil(Fraction(repr(float(factor))) * count / divisor)
-
-
-def _fail(field: str, rule: str, value: Any, fix: str) -> NoReturn:
-    raise ValueError(f"MoEConfig.{field}: {rule}; got {value!r}. {fix}")
-
-
-# ----------------------------------------------------------------------------- one-field rules
-# Each rule is called as ``rule(field, value)``: it returns the value (normalised: numpy scalars
-# to Python numbers, dtypes to ``jnp.dtype``, axes to a tuple) or raises through ``_fail``.
-
-
-@dataclasses.dataclass(frozen=True)
-class _Number:
-    """A number of one kind (int, or float which takes ints too; never a bool), finite, >= low."""
-
-    kind: type
-    low: float
-    rule: str
-    fix: str
-    low_open: bool = False  # value > low rather than >= low
-    optional: bool = False  # None is allowed
-
-    def __call__(self, field: str, value: Any) -> Any:
-        if value is None and self.optional:
-            return None
-        kind = numbers.Integral if self.kind is int else numbers.Real
-        if (
-            isinstance(value, kind)
-            and not isinstance(value, bool)
-            and (self.kind is int or _fits_a_float(value))
-            and (value > self.low if self.low_open else value >= self.low)
-        ):
-            return value if type(value) in (int, float) else self.kind(value)
-        _fail(field, self.rule, value, self.fix.format(field=field))
-
-
-def _fits_a_float(value: Any) -> bool:
-    try:
-        return math.isfinite(value)
-    except OverflowError:  # an int too large for a float
-        return False
-
-
-def _positive_int(optional: bool = False) -> _Number:
-    return _Number(int, 1, "must be a positive int", "Pass {field}=<int >= 1>.", optional=optional)
-
-
-def _factor(fix: str) -> _Number:
-    """A multiplier of a size: None (no bound) or a finite float > 0."""
-    return _Number(float, 0, "must be None (dropless) or a float > 0", fix, True, True)
-
-
-_LOSS_COEF = _Number(float, 0, "must be a finite float >= 0", "Pass {field}=0.0 to disable.")
-
-
-@dataclasses.dataclass(frozen=True)
-class _Name:
-    """One of ``names``; with ``methods``, also an object that has them (a configured one)."""
-
-    names: tuple[str, ...]
-    fix: str
-    optional: bool = False  # None is allowed (the platform's default)
-    methods: tuple[str, ...] = ()
-    # A configured object with these attributes (duck-typed: config imports no ops module).
-    attributes: tuple[str, ...] = ()
-    kind: str = ""  # what such an object is, for the message
-
-    def __call__(self, field: str, value: Any) -> Any:
-        if (value is None and self.optional) or (isinstance(value, str) and value in self.names):
-            return value
-        if self.methods and not isinstance(value, str) and _implements(value, self.methods):
-            return value
-        if self.attributes and _has_attributes(value, self.attributes):
-            return value
-        rule = f"must be {'None or ' if self.optional else ''}one of {self.names}"
-        if self.methods:
-            rule += f" or a hashable object with methods {self.methods}"
-        if self.attributes:
-            rule += f" or a {self.kind}"
-        _fail(field, rule, value, self.fix)
-
-
-def _hashable(value: Any) -> bool:
-    try:
-        hash(value)  # the config is a static jit argument: every field must hash
-    except TypeError:
-        return False
-    return True
-
-
-def _has_attributes(value: Any, attributes: tuple[str, ...]) -> bool:
-    return (
-        not isinstance(value, str)
-        and _hashable(value)
-        and all(hasattr(value, attribute) for attribute in attributes)
-    )
-
-
-def _implements(value: Any, methods: tuple[str, ...]) -> bool:
-    return _hashable(value) and all(callable(getattr(value, method, None)) for method in methods)
-
-
-@dataclasses.dataclass(frozen=True)
-class _Flag:
-    """A bool (``numpy.bool_`` too); with ``optional``, None as well."""
-
-    fix: str
-    optional: bool = False
-
-    def __call__(self, field: str, value: Any) -> Any:
-        if value is None and self.optional:
-            return None
-        if isinstance(value, bool | np.bool_):
-            return bool(value)
-        _fail(field, f"must be {'None or ' if self.optional else ''}a bool", value, self.fix)
-
-
-def _float_dtype(field: str, value: Any) -> jnp.dtype:
-    try:
-        dtype = jnp.dtype(value)
-    except (TypeError, ValueError):
-        _fail(field, "must be a dtype", value, "Use e.g. jnp.float32 or jnp.bfloat16.")
-    if not jnp.issubdtype(dtype, jnp.floating):
-        fix = "Use jnp.float32, jnp.bfloat16 or jnp.float16."
-        _fail(field, "must be a floating dtype", value, fix)
-    return dtype
-
-
-def _axis_name(field: str, value: Any) -> str | None:
-    if value is None or isinstance(value, str):
-        return value
-    _fail(field, "must be None or a mesh axis name (a str)", value, "Pass e.g. ep_axis='expert'.")
-
-
-def _axis_names(field: str, value: Any) -> tuple[str, ...]:
-    axes = (value,) if isinstance(value, str) else value
-    try:
-        axes = tuple(axes)
-    except TypeError:
-        axes = None
-    if axes is None or not all(isinstance(axis, str) for axis in axes):
-        _fail(
-            field,
-            "must be a mesh axis name or a tuple of them",
-            value,
-            "Pass e.g. data_axes=('data',), or () for none.",
-        )
-    return axes
-
-
 _FIELD_RULES: dict[str, Callable[[str, Any], Any]] = {
-    "num_experts": _positive_int(),
-    "top_k": _positive_int(),
-    "hidden_size": _positive_int(),
-    "ffn_size": _positive_int(),
-    "activation": _Name(ACTIVATIONS, "Pick a supported activation."),
-    "score": _Name(SCORES, "Pick a supported score."),
-    "pre_softmax": _Flag("Pass pre_softmax=True or False."),
-    "normalize_weights": _Flag("Pass True, False, or None for the score's default.", True),
-    "num_groups": _positive_int(),
-    "group_top_k": _positive_int(optional=True),
-    "routed_scaling": _Number(
+    "num_experts": positive_int(),
+    "top_k": positive_int(),
+    "hidden_size": positive_int(),
+    "ffn_size": positive_int(),
+    "activation": Name(ACTIVATIONS, "Pick a supported activation."),
+    "score": Name(SCORES, "Pick a supported score."),
+    "pre_softmax": Flag("Pass pre_softmax=True or False."),
+    "normalize_weights": Flag("Pass True, False, or None for the score's default.", True),
+    "num_groups": positive_int(),
+    "group_top_k": positive_int(optional=True),
+    "routed_scaling": Number(
         float, 0, "must be a finite float > 0", "Use 1.0 for no scaling.", low_open=True
     ),
-    "use_expert_bias": _Flag("Pass use_expert_bias=True or False."),
-    "num_shared_experts": _Number(int, 0, "must be an int >= 0", "Pass 0 for no shared expert."),
-    "shared_ffn_size": _positive_int(optional=True),
-    "shared_expert_gate": _Flag("Pass shared_expert_gate=True or False."),
-    "router_bias": _Flag("Pass router_bias=True or False."),
-    "expert_ffn_bias": _Flag("Pass expert_ffn_bias=True or False."),
-    "swiglu_alpha": _Number(
+    "use_expert_bias": Flag("Pass use_expert_bias=True or False."),
+    "num_shared_experts": Number(int, 0, "must be an int >= 0", "Pass 0 for no shared expert."),
+    "shared_ffn_size": positive_int(optional=True),
+    "shared_expert_gate": Flag("Pass shared_expert_gate=True or False."),
+    "router_bias": Flag("Pass router_bias=True or False."),
+    "expert_ffn_bias": Flag("Pass expert_ffn_bias=True or False."),
+    "swiglu_alpha": Number(
         float, 0, "must be a finite float > 0", "gpt-oss uses swiglu_alpha=1.702.", low_open=True
     ),
-    "swiglu_limit": _Number(
+    "swiglu_limit": Number(
         float, 0, "must be a finite float > 0", "gpt-oss uses swiglu_limit=7.0.", low_open=True
     ),
-    "aux_loss_coef": _LOSS_COEF,
-    "seq_aux_loss_coef": _LOSS_COEF,
-    "z_loss_coef": _LOSS_COEF,
-    "capacity_factor": _factor("Use e.g. 1.25, or None for dropless."),
-    "capacity_drop_policy": _Name(
+    "aux_loss_coef": LOSS_COEF,
+    "seq_aux_loss_coef": LOSS_COEF,
+    "z_loss_coef": LOSS_COEF,
+    "capacity_factor": factor("Use e.g. 1.25, or None for dropless."),
+    "capacity_drop_policy": Name(
         CAPACITY_DROP_POLICIES,
         "Use 'position' (the latest positions of each sequence drop first) or 'probs' (the "
         "lowest routing weights drop first).",
     ),
-    "dtype": _float_dtype,
-    "param_dtype": _float_dtype,
-    "ep_axis": _axis_name,
-    "data_axes": _axis_names,
-    "grouped_matmul_backend": _Name(
+    "dtype": float_dtype,
+    "param_dtype": float_dtype,
+    "ep_axis": axis_name,
+    "data_axes": axis_names,
+    "grouped_matmul_backend": Name(
         GROUPED_MATMUL_BACKENDS,
         "Pick a listed name, None for the platform's best, or a backend object "
         "(e.g. jaxmoe.ops.grouped_matmul.XlaGroupedMatmul()).",
         optional=True,
         methods=("gmm", "tgmm"),
     ),
-    "alignment": _positive_int(optional=True),
-    "ep_exchange": _Name(
+    "alignment": positive_int(optional=True),
+    "ep_exchange": Name(
         EP_EXCHANGES,
         "Pick a listed name, None for the platform default, or an exchange object "
         "(a jaxmoe.parallel.Exchange).",
         optional=True,
         methods=("exchange", "check_platform"),
     ),
-    "ep_receive_factor": _factor("Use e.g. 2.0, or None for the dropless bound."),
-    "ep_fast_slot_factor": _Number(
+    "ep_receive_factor": factor("Use e.g. 2.0, or None for the dropless bound."),
+    "ep_fast_slot_factor": Number(
         float,
         1,
         "must be None or a finite float >= 1 (a multiple of the balanced slot)",
         "Use e.g. 1.125, or None to always size slots for the worst case.",
         optional=True,
     ),
-    "ep_chunks": _positive_int(),
-    "ep_dispatch": _Name(
+    "ep_chunks": positive_int(),
+    "ep_dispatch": Name(
         EP_DISPATCHES,
         "Use 'auto', 'copies' (one row per token copy) or 'tokens' (one row per token and rank).",
     ),
-    "fsdp_expert_weights": _Flag("Pass fsdp_expert_weights=True or False."),
-    "fp8_recipe": _Name(
+    "fsdp_expert_weights": Flag("Pass fsdp_expert_weights=True or False."),
+    "fp8_recipe": Name(
         FP8_RECIPES,
         "Pick a listed recipe, a jaxmoe.ops.fp8.Fp8Recipe (e.g. Fp8Recipe('rowwise', "
         "wgrad='fp8')), or None for expert matmuls in `dtype`.",
@@ -589,7 +439,7 @@ class MoEConfig:
                 object.__setattr__(self, field, checked)
         for field, broken, rule, fix in _CROSS_FIELD_RULES:
             if broken(self):
-                _fail(field, rule(self), getattr(self, field), fix(self))
+                fail(field, rule(self), getattr(self, field), fix(self))
 
     # Derived values, computed from the fields (never stored).
 

@@ -57,6 +57,35 @@ def tile_sites(kernels: str) -> list:
     return [(module, name) for module, name in sites if name in chosen]
 
 
+def check_variant_fields(kernels: str, tile_variants: dict, backend_variants: dict) -> None:
+    """``ValueError`` naming the flag where a variant sets a field its config lacks:
+    ``tile_variants`` (name -> ``MosaicTileConfig`` changes, ``MosaicTgmmTileConfig`` for the
+    wgrad) of the ``kernels`` sites, ``backend_variants`` (name -> gated backend fields)."""
+    tile_types = [
+        pallas_mosaic_wgrad.MosaicTgmmTileConfig
+        if kernel == "wgrad"
+        else pallas_mosaic_tiles.MosaicTileConfig
+        for kernel in kernels.split(",")
+    ]
+    _check_fields("--tile-variants", tile_variants, tile_types)
+    _check_fields(
+        "--backend-variants", backend_variants, [gated_mosaic.PallasMosaicGatedGroupedMatmul]
+    )
+
+
+def _check_fields(flag: str, variants: dict[str, dict], types) -> None:
+    """Every field a variant sets is a field of each of ``types`` (dataclasses)."""
+    for name, changes in variants.items():
+        for kind in types:
+            unknown = set(changes) - {field.name for field in dataclasses.fields(kind)}
+            if unknown:
+                raise ValueError(
+                    f"argument {flag}: variant {name!r} sets {', '.join(sorted(unknown))}, not "
+                    f"fields of {kind.__name__}; choose from "
+                    f"{', '.join(field.name for field in dataclasses.fields(kind))}"
+                )
+
+
 @contextlib.contextmanager
 def default_tiles_with(calls: list, sites=DEFAULT_TILE_SITES, **changes):
     """The default tiles of every site (of ``sites``) with ``changes`` applied, while inside; each

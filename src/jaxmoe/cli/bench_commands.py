@@ -20,7 +20,6 @@ nothing failed, 1 if not.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import importlib.util
 import json
 
@@ -37,12 +36,9 @@ from jaxmoe.bench import (
 )
 from jaxmoe.bench.layer import PASSES
 from jaxmoe.bench.presets import GEMM_SHAPES, LAYER_PRESETS
-from jaxmoe.bench.tile_variants import SITE_NAMES, tile_sites
+from jaxmoe.bench.tile_variants import SITE_NAMES, check_variant_fields, tile_sites
 from jaxmoe.bench.timing import SETTLE_MS
 from jaxmoe.cli import ep_flags, flags
-from jaxmoe.ops.gated_grouped_matmul.pallas_mosaic import PallasMosaicGatedGroupedMatmul
-from jaxmoe.ops.grouped_matmul.pallas_mosaic_tiles import MosaicTileConfig
-from jaxmoe.ops.grouped_matmul.pallas_mosaic_wgrad import MosaicTgmmTileConfig
 from jaxmoe.option_names import FP8_RECIPES
 
 BENCH_MODULES = {
@@ -323,25 +319,7 @@ def _check_flags(args) -> None:
     """``ValueError`` naming the flag for a rule between flags that the bench would otherwise
     break only after its earlier work (no device needed)."""
     if args.kind == "layer-profile":
-        sites = args.sites.split(",")
-        tile_types = [
-            MosaicTgmmTileConfig if site == "wgrad" else MosaicTileConfig for site in sites
-        ]
-        _check_fields("--tile-variants", args.tile_variants, tile_types)
-        _check_fields("--backend-variants", args.backend_variants, [PallasMosaicGatedGroupedMatmul])
-
-
-def _check_fields(flag: str, variants: dict[str, dict], types) -> None:
-    """Every field a variant sets is a field of each of ``types`` (dataclasses)."""
-    for name, changes in variants.items():
-        for kind in types:
-            unknown = set(changes) - {field.name for field in dataclasses.fields(kind)}
-            if unknown:
-                raise ValueError(
-                    f"argument {flag}: variant {name!r} sets {', '.join(sorted(unknown))}, not "
-                    f"fields of {kind.__name__}; choose from "
-                    f"{', '.join(field.name for field in dataclasses.fields(kind))}"
-                )
+        check_variant_fields(args.sites, args.tile_variants, args.backend_variants)
 
 
 def _refusal(args) -> str | None:

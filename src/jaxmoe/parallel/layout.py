@@ -23,7 +23,7 @@ import jax.numpy as jnp
 from jaxmoe import permutation
 from jaxmoe.argument_checks import round_up
 from jaxmoe.capacity import claim_ranks
-from jaxmoe.config import ceil_scaled
+from jaxmoe.field_rules import ceil_scaled
 from jaxmoe.ranks import scatter_inverse, stable_ranks
 from jaxmoe.sorted_search import search_right
 
