@@ -9,6 +9,7 @@ token and masks the result by the routing. Nothing here imports ``jaxmoe``.
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 from typing import NamedTuple
 
 import jax
@@ -206,7 +207,8 @@ def sort_by_expert(experts, weights):
 def capacity(capacity_factor, num_tokens, top_k, num_experts):
     if capacity_factor is None:
         return None
-    return math.ceil(capacity_factor * num_tokens * top_k / num_experts)
+    # Exact: the factor as the decimal it prints as (1.1 is 11/10), as the contract states.
+    return math.ceil(Fraction(repr(float(capacity_factor))) * num_tokens * top_k / num_experts)
 
 
 def claim_order(num_tokens, top_k, policy="position", sequence_length=None, weights=None):

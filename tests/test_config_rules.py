@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import math
+from fractions import Fraction
 
 import jax
 import jax.numpy as jnp
@@ -249,7 +250,8 @@ def test_capacity_is_the_formula_capped_at_the_tokens(factor, num_tokens, expert
     cfg = jaxmoe.MoEConfig(num_experts, top_k, 4, 4, pre_softmax=True, capacity_factor=factor)
     capacity = cfg.capacity(num_tokens)
     assert isinstance(capacity, int) and 0 <= capacity <= num_tokens
-    uncapped = factor * num_tokens * top_k / num_experts
+    # Exact: the factor as the decimal it prints as (a float product can round up past it).
+    uncapped = Fraction(repr(factor)) * num_tokens * top_k / num_experts
     if uncapped < num_tokens:
         assert capacity == math.ceil(uncapped)
     else:
