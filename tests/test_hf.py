@@ -49,24 +49,35 @@ def test_every_family_has_a_golden():
     }
 
 
-@pytest.mark.parametrize("case", CASES)
-def test_layer_matches_transformers(case):
-    layer, want = golden(case)
-    cfg, params = jaxmoe.hf.load_moe_layer(os.path.join(GOLDEN, case), layer)
-    x = jnp.asarray(want["hidden"])
+def jaxmoe_outputs(cfg, params, inputs):
+    """jaxmoe's block on a golden's ``hidden``: its ``output``, ``input_grad`` (of
+    ``sum(output * loss_weights)``) and ``top_k_indices`` (each row sorted)."""
+    x = jnp.asarray(inputs["hidden"])
 
     def loss(x):
         y, _ = jaxmoe.moe(params, x, cfg)
-        return jnp.sum(y * want["loss_weights"]), y
+        return jnp.sum(y * inputs["loss_weights"]), y
 
     (_, y), grad = jax.value_and_grad(loss, has_aux=True)(x)
-    assert rel(y, want["output"]) <= 1e-5
-    assert rel(grad, want["input_grad"]) <= 1e-5
     logits = router_logits(
         x.reshape(-1, cfg.hidden_size), params["router"]["kernel"], params["router"].get("bias")
     )
     experts = route(logits, cfg, params.get("expert_bias")).experts
-    np.testing.assert_array_equal(np.sort(np.asarray(experts), -1), want["top_k_indices"])
+    return {
+        "output": np.asarray(y),
+        "input_grad": np.asarray(grad),
+        "top_k_indices": np.sort(np.asarray(experts), -1),
+    }
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_layer_matches_transformers(case):
+    layer, want = golden(case)
+    cfg, params = jaxmoe.hf.load_moe_layer(os.path.join(GOLDEN, case), layer)
+    got = jaxmoe_outputs(cfg, params, want)
+    assert rel(got["output"], want["output"]) <= 1e-5
+    assert rel(got["input_grad"], want["input_grad"]) <= 1e-5
+    np.testing.assert_array_equal(got["top_k_indices"], want["top_k_indices"])
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -153,7 +164,7 @@ def _shard(directory, files=2):
     )
 
 
-def _record_reads(monkeypatch) -> list:
+def record_reads(monkeypatch) -> list:
     """``(key, index)`` of every ``CheckpointFiles.read`` from now on."""
     reads = []
     original = hf_checkpoint.CheckpointFiles.read
@@ -185,7 +196,7 @@ def test_mesh_load_equals_unsharded_and_reads_own_experts(case, tmp_path, monkey
     _shard(directory)
     layer, want = golden(case)
     cfg, params = jaxmoe.hf.load_moe_layer(directory, layer)
-    reads = _record_reads(monkeypatch)
+    reads = record_reads(monkeypatch)
     mesh = jax.make_mesh((8,), ("expert",))
     sharded_cfg, sharded = jaxmoe.hf.load_moe_layer(directory, layer, mesh=mesh)
     assert sharded_cfg.ep_axis == "expert"
@@ -220,7 +231,7 @@ def test_gpt_oss_mesh_load_shards_expert_biases_and_reads_own_experts(tmp_path, 
     _shard(directory)
     layer, want = golden("gpt_oss")
     cfg, params = jaxmoe.hf.load_moe_layer(directory, layer)
-    reads = _record_reads(monkeypatch)
+    reads = record_reads(monkeypatch)
     mesh = jax.make_mesh((8,), ("expert",))
     sharded_cfg, sharded = jaxmoe.hf.load_moe_layer(directory, layer, mesh=mesh)
     _assert_sharded_equal(sharded, params)
