@@ -44,6 +44,29 @@ def test_every_family_has_a_golden():
         "deepseek_v3",
         "glm4_moe",
         "deepseek_v2",
+        "qwen2_moe",
+        "gpt_oss",
+    }
+
+
+def jaxmoe_outputs(cfg, params, inputs):
+    """jaxmoe's block on a golden's ``hidden``: its ``output``, ``input_grad`` (of
+    ``sum(output * loss_weights)``) and ``top_k_indices`` (each row sorted)."""
+    x = jnp.asarray(inputs["hidden"])
+
+    def loss(x):
+        y, _ = jaxmoe.moe(params, x, cfg)
+        return jnp.sum(y * inputs["loss_weights"]), y
+
+    (_, y), grad = jax.value_and_grad(loss, has_aux=True)(x)
+    logits = router_logits(
+        x.reshape(-1, cfg.hidden_size), params["router"]["kernel"], params["router"].get("bias")
+    )
+    experts = route(logits, cfg, params.get("expert_bias")).experts
+    return {
+        "output": np.asarray(y),
+        "input_grad": np.asarray(grad),
+        "top_k_indices": np.sort(np.asarray(experts), -1),
     }
 
 
@@ -51,18 +74,10 @@ def test_every_family_has_a_golden():
 def test_layer_matches_transformers(case):
     layer, want = golden(case)
     cfg, params = jaxmoe.hf.load_moe_layer(os.path.join(GOLDEN, case), layer)
-    x = jnp.asarray(want["hidden"])
-
-    def loss(x):
-        y, _ = jaxmoe.moe(params, x, cfg)
-        return jnp.sum(y * want["loss_weights"]), y
-
-    (_, y), grad = jax.value_and_grad(loss, has_aux=True)(x)
-    assert rel(y, want["output"]) <= 1e-5
-    assert rel(grad, want["input_grad"]) <= 1e-5
-    logits = router_logits(x.reshape(-1, cfg.hidden_size), params["router"]["kernel"])
-    experts = route(logits, cfg, params.get("expert_bias")).experts
-    np.testing.assert_array_equal(np.sort(np.asarray(experts), -1), want["top_k_indices"])
+    got = jaxmoe_outputs(cfg, params, want)
+    assert rel(got["output"], want["output"]) <= 1e-5
+    assert rel(got["input_grad"], want["input_grad"]) <= 1e-5
+    np.testing.assert_array_equal(got["top_k_indices"], want["top_k_indices"])
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -94,6 +109,22 @@ def test_config_of_each_family():
     assert (v2.normalize_weights, v2.routed_scaling, v2.effective_shared_ffn_size) == (0, 1.5, 16)
     assert config("glm4_moe").ep_axis is None
     assert jaxmoe.hf.moe_config(os.path.join(GOLDEN, "olmoe"), ep_axis="expert").ep_axis == "expert"
+    qwen2 = config("qwen2_moe")
+    assert (qwen2.score, qwen2.pre_softmax, qwen2.normalize_weights) == ("softmax", 1, 0)
+    assert (qwen2.num_shared_experts, qwen2.shared_ffn_size, qwen2.shared_expert_gate) == (1, 12, 1)
+    normed = {
+        **json.load(open(os.path.join(GOLDEN, "qwen2_moe", "config.json"))),
+        "norm_topk_prob": True,
+    }
+    assert jaxmoe.hf.moe_config(normed).normalize_weights
+    oss = config("gpt_oss")
+    assert (oss.score, oss.pre_softmax, oss.normalize_weights) == ("softmax", 0, 0)
+    assert oss.router_bias and oss.expert_ffn_bias and not oss.num_shared_experts
+    assert (oss.activation, oss.swiglu_alpha, oss.swiglu_limit) == ("swiglu_clamped", 1.25, 0.15)
+    defaults = json.load(open(os.path.join(GOLDEN, "gpt_oss", "config.json")))
+    del defaults["swiglu_alpha"], defaults["swiglu_limit"]  # older configs: the model's constants
+    older = jaxmoe.hf.moe_config(defaults)
+    assert (older.swiglu_alpha, older.swiglu_limit) == (1.702, 7.0)
 
 
 def test_dense_layers_of_each_family():
@@ -102,10 +133,10 @@ def test_dense_layers_of_each_family():
         count = json.load(open(os.path.join(hf, "config.json")))["num_hidden_layers"]
         return [i for i in range(count) if not jaxmoe.hf.is_moe_layer(hf, i)]
 
-    assert dense("qwen3_moe") == [0]  # mlp_only_layers
+    assert dense("qwen3_moe") == dense("qwen2_moe") == [0]  # mlp_only_layers
     assert dense("qwen3_moe_no_norm") == [0]  # decoder_sparse_step=2
     assert dense("deepseek_v3") == dense("glm4_moe") == [0]  # first_k_dense_replace
-    assert dense("mixtral") == dense("olmoe") == []
+    assert dense("mixtral") == dense("olmoe") == dense("gpt_oss") == []
 
 
 # ----------------------------------------------------------------------------- sharded loading
@@ -133,12 +164,8 @@ def _shard(directory, files=2):
     )
 
 
-@pytest.mark.parametrize("case", ["qwen3_moe", "deepseek_v3"])
-def test_mesh_load_equals_unsharded_and_reads_own_experts(case, tmp_path, monkeypatch):
-    directory = _copy(case, tmp_path)
-    _shard(directory)
-    layer, want = golden(case)
-    cfg, params = jaxmoe.hf.load_moe_layer(directory, layer)
+def record_reads(monkeypatch) -> list:
+    """``(key, index)`` of every ``CheckpointFiles.read`` from now on."""
     reads = []
     original = hf_checkpoint.CheckpointFiles.read
 
@@ -147,9 +174,11 @@ def test_mesh_load_equals_unsharded_and_reads_own_experts(case, tmp_path, monkey
         return original(self, key, index)
 
     monkeypatch.setattr(hf_checkpoint.CheckpointFiles, "read", spy)
-    mesh = jax.make_mesh((8,), ("expert",))
-    sharded_cfg, sharded = jaxmoe.hf.load_moe_layer(directory, layer, mesh=mesh)
-    assert sharded_cfg.ep_axis == "expert"
+    return reads
+
+
+def _assert_sharded_equal(sharded, params):
+    """Same arrays; every expert leaf (biases too) E-sharded, device d holding expert d."""
     for path, value in jax.tree_util.tree_flatten_with_path(params)[0]:
         got = sharded
         for entry in path:
@@ -159,6 +188,19 @@ def test_mesh_load_equals_unsharded_and_reads_own_experts(case, tmp_path, monkey
             assert got.sharding.spec[0] == "expert"
             for shard in got.addressable_shards:  # device d holds expert d (E=8 over 8)
                 assert shard.index[0] == slice(shard.device.id, shard.device.id + 1)
+
+
+@pytest.mark.parametrize("case", ["qwen3_moe", "deepseek_v3"])
+def test_mesh_load_equals_unsharded_and_reads_own_experts(case, tmp_path, monkeypatch):
+    directory = _copy(case, tmp_path)
+    _shard(directory)
+    layer, want = golden(case)
+    cfg, params = jaxmoe.hf.load_moe_layer(directory, layer)
+    reads = record_reads(monkeypatch)
+    mesh = jax.make_mesh((8,), ("expert",))
+    sharded_cfg, sharded = jaxmoe.hf.load_moe_layer(directory, layer, mesh=mesh)
+    assert sharded_cfg.ep_axis == "expert"
+    _assert_sharded_equal(sharded, params)
     expert_reads = [key for key, index in reads if ".experts." in key]
     # Every expert tensor is read exactly once, by the callback of the device that holds it.
     assert sorted(expert_reads) == sorted(set(expert_reads)) and len(expert_reads) == 8 * 3
@@ -184,6 +226,33 @@ def test_mesh_callbacks_read_only_their_expert_rows(tmp_path, monkeypatch):
         assert sorted(rows) == sorted([(2 * r, 2 * r + 2) for r in range(4)] * 2)
 
 
+def test_gpt_oss_mesh_load_shards_expert_biases_and_reads_own_experts(tmp_path, monkeypatch):
+    directory = _copy("gpt_oss", tmp_path)
+    _shard(directory)
+    layer, want = golden("gpt_oss")
+    cfg, params = jaxmoe.hf.load_moe_layer(directory, layer)
+    reads = record_reads(monkeypatch)
+    mesh = jax.make_mesh((8,), ("expert",))
+    sharded_cfg, sharded = jaxmoe.hf.load_moe_layer(directory, layer, mesh=mesh)
+    _assert_sharded_equal(sharded, params)
+    assert set(sharded["experts"]) == {"w_gate", "w_up", "w_down", "b_gate", "b_up", "b_down"}
+    # Each device reads only its own expert of the stacked tensors: the gate and up halves of
+    # gate_up_proj(_bias) once each, down_proj(_bias) once.
+    expert_reads = [(key, index[0]) for key, index in reads if ".experts." in key]
+    per_expert = {name: 2 if "gate_up" in name else 1 for name in ("gate_up_proj", "down_proj")}
+    want_reads = [
+        (f"model.layers.0.mlp.experts.{name}{suffix}", slice(e, e + 1))
+        for name, count in per_expert.items()
+        for suffix in ("", "_bias")
+        for e in range(8)
+        for _ in range(count)
+    ]
+    assert sorted(expert_reads, key=str) == sorted(want_reads, key=str)
+    tiled = np.tile(want["hidden"], (4, 1, 1))
+    y, _ = jaxmoe.moe(sharded, jnp.asarray(tiled), sharded_cfg, mesh=mesh)
+    assert rel(y, np.tile(want["output"], (4, 1, 1))) <= 1e-5
+
+
 # ----------------------------------------------------------------------------- refusals
 
 
@@ -202,13 +271,7 @@ def test_refuses_missing_and_dense_layers():
         jaxmoe.hf.moe_layer_state_dict(None, None, os.path.join(GOLDEN, "qwen3_moe"), 0)
 
 
-@pytest.mark.parametrize(
-    "model_type, match",
-    [("qwen2_moe", "not supported yet: Qwen2-MoE"), ("gpt_oss", "not supported yet: gpt-oss")],
-)
-def test_refuses_families_not_supported_yet(model_type, match):
-    with pytest.raises(ValueError, match=match):
-        jaxmoe.hf.moe_config({"model_type": model_type})
+def test_refuses_other_families():
     with pytest.raises(ValueError, match="model_type must be one of"):
         jaxmoe.hf.moe_config({"model_type": "llama"})
 
@@ -228,6 +291,21 @@ def test_refuses_families_not_supported_yet(model_type, match):
             "DeepSeek-V2 with topk_method='group_limited_greedy'",
         ),
         ("deepseek_v2", {"norm_topk_prob": True}, "DeepSeek-V2 with norm_topk_prob"),
+        (
+            "qwen2_moe",
+            {"shared_expert_intermediate_size": 0},
+            "Qwen2-MoE with shared_expert_intermediate_size=0",
+        ),
+        (
+            "deepseek_v3",
+            {"quantization_config": {"quant_method": "fp8", "weight_block_size": [128, 128]}},
+            "DeepSeek-V3 with quantization_config.quant_method='fp8'",
+        ),
+        (
+            "gpt_oss",
+            {"quantization_config": {"quant_method": "bitsandbytes"}},
+            "gpt-oss with quantization_config.quant_method='bitsandbytes'",
+        ),
     ],
 )
 def test_refuses_options_it_cannot_express(case, changes, match):

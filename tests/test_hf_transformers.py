@@ -5,7 +5,9 @@
 * regenerating them in memory (``make_goldens.make_case``) gives the committed files, when the
   library versions are those that made them (initialisation can change between versions);
 * the round trip ``load_moe_layer`` -> ``moe_layer_state_dict`` -> a Hub-layout checkpoint
-  reloads into transformers with no missing or unexpected keys and the same outputs.
+  reloads into transformers with no missing or unexpected keys and the same outputs;
+* a gpt-oss checkpoint with MXFP4 experts computes in jaxmoe what transformers computes after
+  its own dequantizing load.
 """
 
 import importlib.util
@@ -15,11 +17,13 @@ import os
 import numpy as np
 import pytest
 
-pytest.importorskip("torch")
-pytest.importorskip("transformers")
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
 
 from safetensors import safe_open  # noqa: E402
-from safetensors.numpy import load_file  # noqa: E402
+from safetensors.numpy import load_file, save_file  # noqa: E402
+from test_hf import jaxmoe_outputs  # noqa: E402
+from test_hf_mxfp4 import mxfp4_values, pack_mxfp4  # noqa: E402
 
 import jaxmoe.hf  # noqa: E402
 
@@ -82,3 +86,38 @@ def test_round_trip_reloads_into_transformers(case, tmp_path):
     model, info = make_goldens.reload_with_block(case, block, str(tmp_path))
     assert not info["missing_keys"] and not info["unexpected_keys"], info
     _close(make_goldens.block_outputs(model, layer, want), want, 1e-6)
+
+
+def test_mxfp4_checkpoint_computes_what_transformers_dequantizes(tmp_path):
+    config_class, kwargs, layer, prefix = make_goldens.CASES["gpt_oss"]
+    hidden, ffn, experts = kwargs["hidden_size"], 32, kwargs["num_local_experts"]  # 32 | widths
+    torch.manual_seed(make_goldens.SEED)
+    model = transformers.AutoModelForCausalLM.from_config(
+        config_class(**{**kwargs, "intermediate_size": ffn})
+    )
+    model.save_pretrained(tmp_path)
+    tensors = load_file(tmp_path / "model.safetensors")
+    rng = np.random.default_rng(make_goldens.SEED)
+    for name, rows in (("gate_up_proj", (2 * ffn, hidden)), ("down_proj", (hidden, ffn))):
+        del tensors[f"{prefix}experts.{name}"]
+        blocks, scales = pack_mxfp4(np.ldexp(mxfp4_values(rng, (experts, *rows)), -6))
+        tensors[f"{prefix}experts.{name}_blocks"] = blocks
+        tensors[f"{prefix}experts.{name}_scales"] = scales
+    save_file(tensors, tmp_path / "model.safetensors", {"format": "pt"})
+    config = json.loads((tmp_path / "config.json").read_text())
+    config["quantization_config"] = {
+        "quant_method": "mxfp4",
+        "modules_to_not_convert": ["model.layers.*.self_attn", "model.layers.*.mlp.router"],
+    }
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    reloaded, info = transformers.AutoModelForCausalLM.from_pretrained(
+        tmp_path,
+        dtype=torch.float32,
+        quantization_config=transformers.Mxfp4Config(dequantize=True),
+        output_loading_info=True,
+    )
+    assert not info["missing_keys"] and not info["unexpected_keys"], info
+    inputs = make_goldens.golden_inputs("gpt_oss")
+    want = make_goldens.block_outputs(reloaded, layer, inputs)
+    cfg, params = jaxmoe.hf.load_moe_layer(tmp_path, layer)
+    _close(jaxmoe_outputs(cfg, params, inputs), want, 1e-5)

@@ -165,23 +165,69 @@ CASES = {
         0,
         "model.layers.0.mlp.",
     ),
+    "qwen2_moe": (
+        transformers.Qwen2MoeConfig,
+        dict(
+            **_SMALL,
+            num_key_value_heads=1,
+            intermediate_size=16,
+            moe_intermediate_size=8,
+            shared_expert_intermediate_size=12,
+            num_hidden_layers=2,
+            num_experts=8,
+            num_experts_per_tok=2,
+            norm_topk_prob=False,
+            mlp_only_layers=[0],
+        ),
+        1,
+        "model.layers.1.mlp.",
+    ),
+    # The clamp limit is small so that the clamps bind on the tiny model's activations.
+    "gpt_oss": (
+        transformers.GptOssConfig,
+        dict(
+            **_SMALL,
+            num_key_value_heads=1,
+            head_dim=16,
+            intermediate_size=8,
+            num_hidden_layers=1,
+            num_local_experts=8,
+            num_experts_per_tok=2,
+            swiglu_alpha=1.25,
+            swiglu_limit=0.15,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        ),
+        0,
+        "model.layers.0.mlp.",
+    ),
 }
 
 
 def build_model(case: str):
     """The case's tiny random model (seeded; float32). A selection bias, where the family has
-    one, is drawn at random too (transformers starts it at zero, which would not test it)."""
+    one, and gpt-oss's expert biases are drawn at random too (transformers starts them at zero,
+    which would not test them)."""
     config_class, kwargs, layer, _ = CASES[case]
     torch.manual_seed(SEED)
     model = transformers.AutoModelForCausalLM.from_config(config_class(**kwargs))
     model = model.float().eval()
-    gate = model.model.layers[layer].mlp.gate
-    if hasattr(gate, "e_score_correction_bias"):
-        with torch.no_grad():
+    block = model.model.layers[layer].mlp
+    gate = router_of(block)
+    with torch.no_grad():
+        if hasattr(gate, "e_score_correction_bias"):
             gate.e_score_correction_bias.copy_(
                 0.1 * torch.randn(gate.e_score_correction_bias.shape)
             )
+        for name in ("gate_up_proj_bias", "down_proj_bias"):
+            if hasattr(block.experts, name):
+                bias = getattr(block.experts, name)
+                bias.copy_(0.1 * torch.randn(bias.shape))
     return model
+
+
+def router_of(block):
+    """The block's router module (gpt-oss names it ``router``, the others ``gate``)."""
+    return block.router if hasattr(block, "router") else block.gate
 
 
 def golden_inputs(case: str) -> dict[str, np.ndarray]:
@@ -198,9 +244,11 @@ def block_outputs(model, layer: int, inputs: dict[str, np.ndarray]) -> dict[str,
     block = model.model.layers[layer].mlp
     hidden = torch.tensor(inputs["hidden"], requires_grad=True)
     output = block(hidden)
+    if isinstance(output, tuple):  # gpt-oss returns (output, router scores)
+        output = output[0]
     (output * torch.tensor(inputs["loss_weights"])).sum().backward()
     with torch.no_grad():
-        _, _, indices = block.gate(hidden.reshape(-1, hidden.shape[-1]))
+        _, _, indices = router_of(block)(hidden.reshape(-1, hidden.shape[-1]))
     return {
         "output": output.detach().numpy(),
         "input_grad": hidden.grad.numpy(),

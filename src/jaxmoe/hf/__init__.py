@@ -9,12 +9,11 @@ Supported families, refused ones and why: ``docs/hf.md``. Not imported by ``jaxm
 ``safetensors`` stays optional.
 """
 
-from jaxmoe.hf.families import FAMILIES, NOT_SUPPORTED, is_moe_layer, moe_config
+from jaxmoe.hf.families import FAMILIES, is_moe_layer, moe_config
 from jaxmoe.hf.layer import load_moe_layer, moe_layer_state_dict
 
 __all__ = [
     "FAMILIES",
-    "NOT_SUPPORTED",
     "is_moe_layer",
     "load_moe_layer",
     "moe_config",

@@ -57,10 +57,14 @@ class CheckpointFiles:
             )
         return self._handles[name]
 
-    def file_of(self, key: str) -> str:
+    def has(self, key: str) -> bool:
+        """Whether the checkpoint lists ``key`` (its index, or its one file's header)."""
         if self.weight_map is None:
             self.weight_map = dict.fromkeys(self._open(SINGLE).keys(), SINGLE)
-        if key not in self.weight_map:
+        return key in self.weight_map
+
+    def file_of(self, key: str) -> str:
+        if not self.has(key):
             where = INDEX if os.path.isfile(os.path.join(self.path, INDEX)) else SINGLE
             raise ValueError(
                 f"jaxmoe.hf: the checkpoint {self.path!r} has no tensor {key!r} (not in {where}). "

@@ -4,7 +4,6 @@ decoder layers are MoE, and the checkpoint key of every tensor of the block.
 Each family is one :class:`Family` entry in ``FAMILIES`` (keyed by ``config.json``'s
 ``model_type``): a function that turns the config into ``MoEConfig`` fields (refusing what jaxmoe
 cannot express exactly), a function that says whether layer ``i`` is MoE, and the key names.
-Families that need layer options jaxmoe does not have yet are in ``NOT_SUPPORTED`` with the reason.
 
 Routing of each supported family, as transformers computes it (all in float32):
 
@@ -18,6 +17,13 @@ Routing of each supported family, as transformers computes it (all in float32):
   experts (width ``moe_intermediate_size * n_shared_experts``). jaxmoe: ``score="sigmoid"``,
   ``use_expert_bias``, ``num_groups``/``group_top_k`` (its group score sums the top
   ``top_k // group_top_k``, so the family's top-2 needs ``top_k == 2 * topk_group``).
+* Qwen2-MoE: Qwen3-MoE's routing, plus one shared expert (width
+  ``shared_expert_intermediate_size``) whose output is scaled per token by
+  ``sigmoid(x @ shared_expert_gate)``. jaxmoe: ``shared_expert_gate``.
+* gpt-oss: ``logits = x @ W + b``; ``experts = top_k(logits)``; ``weights = softmax`` over the
+  K chosen logits. Its experts carry biases and compute the clamped SwiGLU
+  ``(clip(up, -limit, limit) + 1) * g * sigmoid(alpha * g)``, ``g = min(gate, limit)``. jaxmoe:
+  ``pre_softmax=False``, ``router_bias``, ``expert_ffn_bias``, ``activation="swiglu_clamped"``.
 * DeepSeek-V2 (``topk_method="greedy"``): ``p = softmax(logits)``; ``experts = top_k(p)``;
   ``weights = p[experts] * routed_scaling_factor``, never normalised; plus the shared experts.
   Its ``group_limited_greedy`` scores a group by its single best expert (not the top-2 sum) and is
@@ -32,7 +38,8 @@ import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from jaxmoe.config import MoEConfig
+from jaxmoe.config import SWIGLU_ALPHA, SWIGLU_LIMIT, MoEConfig
+from jaxmoe.hf.fused import gpt_oss_experts
 
 # Every routed-expert and shared-expert weight of the families below is an ``nn.Linear`` weight,
 # stored ``[out, in]``; jaxmoe keeps ``[in, out]`` (``x @ w``).
@@ -52,8 +59,13 @@ class Family:
       block: the block's key prefix, with ``{layer}``.
       expert_names: jaxmoe expert weight name -> the checkpoint's projection name.
       router: the router weight's key under ``block`` (``[E, H]``).
+      router_bias: the router bias's key under ``block`` (``[E]``), or None.
       expert_bias: the selection bias's key under ``block`` (``[E]``), or None.
       shared: the shared experts' module under ``block``, or None.
+      shared_gate: the shared expert's output gate's key under ``block`` (``[1, H]``), or None.
+      fused_experts: the experts are gpt-oss's stacked tensors (:mod:`jaxmoe.hf.fused`), not
+        one tensor per expert (``expert_names`` is then unused).
+      quantizations: the ``quantization_config.quant_method`` values the family loads.
     """
 
     name: str
@@ -62,27 +74,45 @@ class Family:
     block: str = "model.layers.{layer}.mlp"
     expert_names: Mapping[str, str] = dataclasses.field(default_factory=lambda: _GATE_UP_DOWN)
     router: str = "gate.weight"
+    router_bias: str | None = None
     expert_bias: str | None = None
     shared: str | None = None
+    shared_gate: str | None = None
+    fused_experts: bool = False
+    quantizations: tuple[str, ...] = ()
 
-    def keys(self, cfg: MoEConfig, layer: int) -> dict:
+    def prefix(self, layer: int) -> str:
+        return self.block.format(layer=layer)
+
+    def mxfp4_key(self, layer: int) -> str | None:
+        """A key present only when the layer's experts are stored in MXFP4 (None: never)."""
+        return f"{self.prefix(layer)}.experts.gate_up_proj_blocks" if self.fused_experts else None
+
+    def keys(self, cfg: MoEConfig, layer: int, mxfp4: bool = False) -> dict:
         """The checkpoint key of every jaxmoe parameter, in the tree of ``param_shapes(cfg)``:
-        ``experts`` leaves are lists of ``E`` keys (one tensor per expert)."""
-        prefix = self.block.format(layer=layer)
+        ``experts`` leaves are lists of ``E`` keys (one tensor per expert), or
+        :class:`jaxmoe.hf.fused.FusedExpertTensor` for stacked experts (``mxfp4``: their
+        weights stored in MXFP4)."""
+        prefix = self.prefix(layer)
         names = {k: v for k, v in self.expert_names.items() if k != "w_gate" or cfg.gated}
-        keys = {
-            "router": {"kernel": f"{prefix}.{self.router}"},
-            "experts": {
+        if self.fused_experts:
+            experts = gpt_oss_experts(prefix, mxfp4)
+        else:
+            experts = {
                 param: [f"{prefix}.experts.{e}.{name}.weight" for e in range(cfg.num_experts)]
                 for param, name in names.items()
-            },
-        }
+            }
+        keys = {"router": {"kernel": f"{prefix}.{self.router}"}, "experts": experts}
+        if cfg.router_bias:
+            keys["router"]["bias"] = f"{prefix}.{self.router_bias}"
         if cfg.use_expert_bias:
             keys["expert_bias"] = f"{prefix}.{self.expert_bias}"
         if cfg.num_shared_experts:
             keys["shared"] = {
                 param: f"{prefix}.{self.shared}.{name}.weight" for param, name in names.items()
             }
+            if cfg.shared_expert_gate:
+                keys["shared"]["output_gate"] = f"{prefix}.{self.shared_gate}"
         return keys
 
 
@@ -162,6 +192,49 @@ def _olmoe(hf: Mapping) -> dict:
     return _softmax_top_k(
         hf, "OLMoE", _NUM_EXPERTS, "intermediate_size", hf.get("norm_topk_prob", False)
     )
+
+
+def _qwen2_moe(hf: Mapping) -> dict:
+    family = "Qwen2-MoE"
+    shared = _field(hf, family, "shared_expert_intermediate_size")
+    if not isinstance(shared, int) or shared <= 0:
+        _refuse(
+            family,
+            "shared_expert_intermediate_size",
+            shared,
+            "the family always has its gated shared expert; jaxmoe's shared expert needs a "
+            "width >= 1",
+        )
+    fields = _softmax_top_k(
+        hf, family, _NUM_EXPERTS, "moe_intermediate_size", hf.get("norm_topk_prob", False)
+    )
+    return {
+        **fields,
+        "num_shared_experts": 1,
+        "shared_ffn_size": shared,
+        "shared_expert_gate": True,
+    }
+
+
+def _gpt_oss(hf: Mapping) -> dict:
+    """gpt-oss's block (module docstring). Its ``hidden_act`` is not read: transformers' gpt-oss
+    experts always compute the clamped SwiGLU. Its sliding-window attention is not the MoE
+    block's concern."""
+    family = "gpt-oss"
+    return {
+        "num_experts": _field(hf, family, "num_local_experts", "num_experts"),
+        "top_k": _field(hf, family, "num_experts_per_tok", "experts_per_token"),
+        "hidden_size": _field(hf, family, "hidden_size"),
+        "ffn_size": _field(hf, family, "intermediate_size"),
+        "activation": "swiglu_clamped",
+        "swiglu_alpha": float(hf.get("swiglu_alpha", SWIGLU_ALPHA)),
+        "swiglu_limit": float(hf.get("swiglu_limit", SWIGLU_LIMIT)),
+        "score": "softmax",
+        "pre_softmax": False,
+        "normalize_weights": False,
+        "router_bias": True,
+        "expert_ffn_bias": True,
+    }
 
 
 def _shared_experts(hf: Mapping, family: str) -> dict:
@@ -262,7 +335,7 @@ def _every_layer(hf: Mapping, layer: int) -> bool:
     return True
 
 
-def _qwen3_moe_layer(hf: Mapping, layer: int) -> bool:
+def _qwen_moe_layer(hf: Mapping, layer: int) -> bool:
     step = hf.get("decoder_sparse_step", 1)
     return (
         layer not in (hf.get("mlp_only_layers") or [])
@@ -283,7 +356,14 @@ FAMILIES: dict[str, Family] = {
         block="model.layers.{layer}.block_sparse_moe",
         expert_names=_MIXTRAL_NAMES,
     ),
-    "qwen3_moe": Family("Qwen3-MoE", _qwen3_moe, _qwen3_moe_layer),
+    "qwen3_moe": Family("Qwen3-MoE", _qwen3_moe, _qwen_moe_layer),
+    "qwen2_moe": Family(
+        "Qwen2-MoE",
+        _qwen2_moe,
+        _qwen_moe_layer,
+        shared="shared_expert",
+        shared_gate="shared_expert_gate.weight",
+    ),
     "olmoe": Family("OLMoE", _olmoe, _every_layer),
     "deepseek_v3": Family(
         "DeepSeek-V3",
@@ -300,17 +380,14 @@ FAMILIES: dict[str, Family] = {
         shared="shared_experts",
     ),
     "deepseek_v2": Family("DeepSeek-V2", _deepseek_v2, _after_first_dense, shared="shared_experts"),
-}
-
-NOT_SUPPORTED: dict[str, str] = {
-    "qwen2_moe": (
-        "Qwen2-MoE's shared expert is scaled by a sigmoid gate (shared_expert_gate), a layer "
-        "option jaxmoe does not have yet"
-    ),
-    "gpt_oss": (
-        "gpt-oss needs a router bias, expert biases, its clamped SwiGLU (alpha, limit, +1 on the "
-        "linear half), interleaved gate/up columns and MXFP4 expert weights: layer options "
-        "jaxmoe does not have yet"
+    "gpt_oss": Family(
+        "gpt-oss",
+        _gpt_oss,
+        _every_layer,
+        router="router.weight",
+        router_bias="router.bias",
+        fused_experts=True,
+        quantizations=("mxfp4",),
     ),
 }
 
@@ -337,19 +414,31 @@ def read_hf_config(hf_config) -> dict:
 
 
 def family_of(hf: Mapping) -> Family:
-    """The :class:`Family` of a config dict; ValueError for an unknown or refused family."""
+    """The :class:`Family` of a config dict; ValueError for an unknown family."""
     model_type = hf.get("model_type")
-    if model_type in NOT_SUPPORTED:
-        raise ValueError(
-            f"jaxmoe.hf: model_type {model_type!r} is not supported yet: "
-            f"{NOT_SUPPORTED[model_type]}."
-        )
     if model_type not in FAMILIES:
         raise ValueError(
             f"jaxmoe.hf: config.json's model_type must be one of {sorted(FAMILIES)}; got "
             f"{model_type!r}. Other families are not supported (see docs/hf.md)."
         )
     return FAMILIES[model_type]
+
+
+def _check_quantization(hf: Mapping, family: Family) -> None:
+    """A quantized checkpoint loads only in a format jaxmoe dequantizes exactly (gpt-oss's
+    MXFP4); reading another's stored integers or FP8 codes without its scales would be wrong."""
+    quantization = hf.get("quantization_config")
+    if quantization is None:
+        return
+    method = quantization.get("quant_method") if isinstance(quantization, Mapping) else None
+    if method not in family.quantizations:
+        _refuse(
+            family.name,
+            "quantization_config.quant_method",
+            method,
+            f"jaxmoe dequantizes only {list(family.quantizations) or 'nothing'} for this family; "
+            "load an unquantized (bf16 / float32) checkpoint of the model instead",
+        )
 
 
 def moe_config(hf_config, **overrides) -> MoEConfig:
@@ -370,6 +459,7 @@ def moe_config(hf_config, **overrides) -> MoEConfig:
     """
     hf = read_hf_config(hf_config)
     family = family_of(hf)
+    _check_quantization(hf, family)
     fields = family.config_fields(hf)
     clash = sorted(set(fields) & set(overrides))
     if clash:
@@ -387,8 +477,9 @@ def num_layers(hf: Mapping) -> int:
 def is_moe_layer(hf_config, layer: int) -> bool:
     """Whether decoder layer ``layer`` of the checkpoint has an MoE block (else a dense MLP).
 
-    DeepSeek-V2/V3 and GLM-4.5-MoE: dense before ``first_k_dense_replace``; Qwen3-MoE: dense in
-    ``mlp_only_layers`` and where ``(layer + 1) % decoder_sparse_step != 0``; the others: all MoE.
+    DeepSeek-V2/V3 and GLM-4.5-MoE: dense before ``first_k_dense_replace``; Qwen2-MoE and
+    Qwen3-MoE: dense in ``mlp_only_layers`` and where ``(layer + 1) % decoder_sparse_step != 0``;
+    the others: all MoE.
 
     Raises:
       ValueError: ``layer`` is not in ``[0, num_hidden_layers)``, or the family is unsupported.
@@ -404,4 +495,4 @@ def is_moe_layer(hf_config, layer: int) -> bool:
     return family.is_moe_layer(hf, layer)
 
 
-__all__ = ["FAMILIES", "NOT_SUPPORTED", "Family", "is_moe_layer", "moe_config", "read_hf_config"]
+__all__ = ["FAMILIES", "Family", "is_moe_layer", "moe_config", "read_hf_config"]

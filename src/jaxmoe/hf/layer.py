@@ -11,7 +11,11 @@ routed experts stacked on a leading ``E``::
     bias    gate.e_score_correction_bias [E]          -> params["expert_bias"]        [E]
     shared  shared_experts.*_proj.weight              -> params["shared"][...]  [H, Fs] / [Fs, H]
 
-(Mixtral names its projections ``w1`` / ``w3`` / ``w2`` under ``block_sparse_moe``.)
+(Mixtral names its projections ``w1`` / ``w3`` / ``w2`` under ``block_sparse_moe``.) Qwen2-MoE's
+shared expert is ``shared_expert.*`` with its gate ``shared_expert_gate.weight`` ``[1, H]`` ->
+``params["shared"]["output_gate"]`` ``[H, 1]``. gpt-oss stacks its experts (with their biases)
+in ``[E, in, out]`` tensors, gate and up interleaved, possibly MXFP4 (:mod:`jaxmoe.hf.fused`);
+its router is ``router.weight`` / ``router.bias`` -> ``params["router"]["kernel"]`` / ``["bias"]``.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from jaxmoe.config import MoEConfig
 from jaxmoe.hf.checkpoint import CheckpointFiles
 from jaxmoe.hf.families import Family, family_of, is_moe_layer, moe_config, read_hf_config
+from jaxmoe.hf.fused import FusedExpertTensor
 from jaxmoe.parallel.sharding import check_mesh, param_partition_specs
 from jaxmoe.params import check_params, param_shapes
 
@@ -67,15 +72,26 @@ def _stored_shape(shape: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(reversed(shape))
 
 
+def _stored_keys(leaf) -> list[str]:
+    """The checkpoint keys of one leaf of ``Family.keys``."""
+    if isinstance(leaf, FusedExpertTensor):
+        return leaf.stored_keys()
+    return leaf if isinstance(leaf, list) else [leaf]
+
+
+def _expected_shapes(leaf, shape: tuple[int, ...]) -> dict[str, tuple[int, ...]]:
+    """Each stored key of ``leaf`` -> the shape config.json implies for it."""
+    if isinstance(leaf, FusedExpertTensor):
+        return leaf.expected_shapes(shape)
+    if isinstance(leaf, list):  # one tensor per expert
+        return dict.fromkeys(leaf, _stored_shape(shape[1:]))
+    return {leaf: _stored_shape(shape)}
+
+
 def _check_shapes(files: CheckpointFiles, keys: dict, shapes: dict, family: Family) -> None:
     """Raises ValueError naming the first tensor whose header shape disagrees with config.json."""
     for path, key in _leaves(keys):
-        shape = _get(shapes, path)
-        if path[0] == "experts":  # one tensor per expert
-            stored_keys, expected = key, _stored_shape(shape[1:])
-        else:
-            stored_keys, expected = [key], _stored_shape(shape)
-        for stored_key in stored_keys:
+        for stored_key, expected in _expected_shapes(key, _get(shapes, path)).items():
             found = files.shape(stored_key)
             if found != expected:
                 raise ValueError(
@@ -92,6 +108,17 @@ def _read_expert_block(files, keys: list[str], index: tuple[slice, ...], dtype) 
     stored_index = (index[2], index[1])  # stored [out, in]
     block = [files.read(keys[e], stored_index).T for e in experts]
     return np.stack(block).astype(dtype, copy=False)
+
+
+def _experts_dtype(files: CheckpointFiles, keys: dict) -> np.dtype:
+    """The routed experts' stored dtype; MXFP4 experts take the router's (the dtype the rest
+    of such a checkpoint is in: MXFP4 values are exact in it)."""
+    leaf = keys["experts"]["w_up"]
+    if isinstance(leaf, FusedExpertTensor):
+        key = keys["router"]["kernel"] if leaf.mxfp4 else leaf.key
+    else:
+        key = leaf[0]
+    return np.dtype(files.dtype(key))
 
 
 def _pick_ep_axis(mesh, ep_axis: str | None) -> str:
@@ -119,7 +146,12 @@ def load_moe_layer(
     expert parallelism (``E`` over ``ep_axis``, :func:`jaxmoe.parallel.param_partition_specs`):
     each device's shard is read straight from the memory-mapped files, its own experts only
     (``jax.make_array_from_callback``), so the whole layer never sits in one host's memory. The
-    router, selection bias and shared experts are replicated.
+    experts' biases (gpt-oss) shard with their experts; the router (its bias too), selection
+    bias and shared experts are replicated.
+
+    gpt-oss experts stored in MXFP4 (``*_blocks`` / ``*_scales``, as on the Hub) are read
+    dequantized (exactly: every MXFP4 value is a float32 and a bfloat16), each device
+    dequantizing only its own experts' blocks.
 
     Args:
       path: a checkpoint directory: ``config.json`` and ``model.safetensors`` or sharded files
@@ -127,8 +159,8 @@ def load_moe_layer(
       layer: the decoder layer's index.
       mesh: a ``jax.sharding.Mesh``, or None for arrays on the default device.
       dtype: the params' dtype and the config's ``dtype`` / ``param_dtype``; None keeps each
-        tensor's stored dtype (the config takes the experts'). The selection bias stays float32:
-        it decides routing.
+        tensor's stored dtype (the config takes the experts'; MXFP4 experts take the router's).
+        The selection bias stays float32: it decides routing.
       ep_axis: the mesh axis of the experts (the returned config's ``ep_axis``); may be left out
         for a one-axis mesh. Ignored without ``mesh``.
       **overrides: other ``MoEConfig`` fields that are not the model's (see :func:`moe_config`).
@@ -145,14 +177,13 @@ def load_moe_layer(
     family = _moe_family(hf, layer, "load_moe_layer")
     files = CheckpointFiles(path)
     model_cfg = moe_config(hf)  # the checks of the family's options, before any file is read
-    keys = family.keys(model_cfg, layer)
-    files.check_files(
-        k for _, leaf in _leaves(keys) for k in (leaf if isinstance(leaf, list) else [leaf])
-    )
+    mxfp4_key = family.mxfp4_key(layer)
+    keys = family.keys(model_cfg, layer, mxfp4=mxfp4_key is not None and files.has(mxfp4_key))
+    files.check_files(k for _, leaf in _leaves(keys) for k in _stored_keys(leaf))
     shapes = param_shapes(model_cfg)
     _check_shapes(files, keys, shapes, family)
 
-    stored = np.dtype(files.dtype(keys["experts"]["w_up"][0]))
+    stored = _experts_dtype(files, keys)
     param_dtype = stored if dtype is None else jnp.dtype(dtype)
     fields = {"dtype": param_dtype, "param_dtype": param_dtype, **overrides}
     if mesh is not None:
@@ -167,10 +198,11 @@ def load_moe_layer(
     for leaf_path, key in _leaves(keys):
         shape = _get(shapes, leaf_path)
         if leaf_path[0] == "experts":
-            leaf_dtype = param_dtype
 
-            def read(index, key=key, leaf_dtype=leaf_dtype):
-                return _read_expert_block(files, key, index, leaf_dtype)
+            def read(index, key=key, shape=shape):
+                if isinstance(key, FusedExpertTensor):
+                    return key.read(files, index, shape, param_dtype)
+                return _read_expert_block(files, key, index, param_dtype)
 
             if mesh is None:
                 value = jnp.asarray(read(tuple(slice(None) for _ in shape)))
@@ -204,9 +236,12 @@ def moe_layer_state_dict(cfg: MoEConfig, params: dict, hf_config, layer: int) ->
     """The MoE block of ``layer`` in the checkpoint's own key names and layouts.
 
     The inverse of :func:`load_moe_layer`: every tensor of the block (routed experts one tensor
-    per expert, ``[out, in]``), as host NumPy arrays in the params' dtypes (gathered from a mesh
-    if sharded). Write them over the same keys of the checkpoint's safetensors files and
-    transformers loads it with no missing or unexpected keys.
+    per expert, ``[out, in]``; gpt-oss's stacked and interleaved tensors), as host NumPy arrays
+    in the params' dtypes (gathered from a mesh if sharded). Write them over the same keys of
+    the checkpoint's safetensors files and transformers loads it with no missing or unexpected
+    keys. gpt-oss experts are always written dense, never MXFP4: for a checkpoint whose experts
+    were MXFP4, drop the layer's ``*_blocks`` / ``*_scales`` tensors (and, once every layer is
+    dense, ``quantization_config``).
 
     Args:
       cfg: the layer's config (as :func:`load_moe_layer` returned it; its model fields must be
@@ -225,7 +260,9 @@ def moe_layer_state_dict(cfg: MoEConfig, params: dict, hf_config, layer: int) ->
     tensors: dict[str, np.ndarray] = {}
     for leaf_path, key in _leaves(family.keys(cfg, layer)):
         host = np.asarray(jax.device_get(_get(params, leaf_path)))
-        if leaf_path[0] == "experts":
+        if isinstance(key, FusedExpertTensor):
+            key.write(host, tensors)
+        elif leaf_path[0] == "experts":
             for e, expert_key in enumerate(key):
                 tensors[expert_key] = np.ascontiguousarray(host[e].T)
         else:
