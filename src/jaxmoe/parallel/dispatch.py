@@ -388,9 +388,9 @@ def ep_apply_experts(
         (deduplicated: one row per (token, destination rank) pair, see
         :mod:`jaxmoe.parallel.token_dispatch`; dropless only: needs ``capacity`` and
         ``receive_factor`` None) or ``"auto"`` (:func:`jaxmoe.parallel.layout.auto_dispatch`:
-        ``"tokens"`` where dropless and a pair averages >= 1.5 copies). Where a pair can only
-        be one copy (``ep == 1``, or ``min(K, E_l) == 1``) ``"tokens"`` runs the copies path,
-        which sends the same rows.
+        ``"tokens"`` where dropless and its modelled bytes, wire plus local work, are fewer).
+        Where a pair can only be one copy (``ep == 1``, or ``min(K, E_l) == 1``) ``"tokens"``
+        runs the copies path, which sends the same rows.
       drop_policy, sequence_length: with a capacity, as for :func:`ep_dispatch` (``"probs"``
         ranks by ``routing_weights``).
       fp8_dispatch: ``None``, or an FP8 recipe: the dispatch's rows cross the wire in FP8 with
@@ -425,7 +425,20 @@ def ep_apply_experts(
     chunk_tokens = num_tokens // num_chunks
     if dispatch == "auto":
         dropless = capacity is None and receive_factor is None
-        dispatch = layout.auto_dispatch(top_k, num_experts, ep, dropless)
+        wire_row = None
+        if fp8_dispatch is not None:
+            wire_row = fp8_wire.row_bytes(x.shape[1], resolve_recipe(fp8_dispatch, "ep_dispatch"))
+        dispatch = layout.auto_dispatch(
+            top_k,
+            num_experts,
+            ep,
+            dropless,
+            num_tokens=chunk_tokens,
+            hidden_size=x.shape[1],
+            itemsize=jnp.dtype(x.dtype).itemsize,
+            fast_slot_factor=fast_slot_factor,
+            row_bytes=wire_row,
+        )
     # With one rank, or one local expert per token and rank (K_l = 1), a pair is a copy: the
     # copies path sends the same rows without the ids and weights beside them.
     if dispatch == "tokens" and (ep == 1 or min(top_k, num_experts // ep) == 1):
