@@ -25,6 +25,7 @@ CONTEXT = {
     "shared_expert_gate": {"num_shared_experts": 1},
     "swiglu_alpha": {"activation": "swiglu_clamped"},
     "swiglu_limit": {"activation": "swiglu_clamped"},
+    "ep_fp8_dispatch": {"fp8_recipe": "rowwise", "ep_axis": "ep"},
 }
 
 # field -> (kind, lowest valid value, lowest excluded?, None allowed?)
@@ -66,6 +67,7 @@ FLAGS = (
     "shared_expert_gate",
     "router_bias",
     "expert_ffn_bias",
+    "ep_fp8_dispatch",
 )
 PROPERTY = settings(max_examples=40, deadline=None)
 

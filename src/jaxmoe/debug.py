@@ -45,9 +45,10 @@ def poison_rows(rows: jax.Array, live_rows) -> jax.Array:
     """Rows at or past ``live_rows`` become NaN when poisoning is on; unchanged otherwise.
 
     ``rows`` is ``[..., R, H]`` and ``live_rows`` broadcasts against its leading dims: a scalar
-    for one buffer ``[R, H]``, ``[ep]`` for the slots ``[ep, P, H]`` of an exchange.
+    for one buffer ``[R, H]``, ``[ep]`` for the slots ``[ep, P, H]`` of an exchange. Integer
+    rows (e.g. FP8 rows packed as bytes) hold no NaN and stay unchanged: poison their scales.
     """
-    if not poison_enabled():
+    if not poison_enabled() or not jnp.issubdtype(rows.dtype, jnp.inexact):
         return rows
     live_rows = jnp.asarray(live_rows)
     positions = jnp.arange(rows.shape[-2]).reshape((1,) * live_rows.ndim + (-1,))

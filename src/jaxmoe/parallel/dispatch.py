@@ -64,10 +64,11 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from jaxmoe import debug, permutation
+from jaxmoe import compat, debug, permutation
 from jaxmoe.capacity import check_drop_policy
+from jaxmoe.ops.fp8 import Fp8Recipe, resolve_recipe
 from jaxmoe.option_names import EP_DISPATCHES, check_registry
-from jaxmoe.parallel import layout, token_dispatch
+from jaxmoe.parallel import fp8_wire, layout, token_dispatch
 from jaxmoe.parallel.exchange import Exchange, exchange_rows, resolve_exchange
 from jaxmoe.parallel.exchange.all_to_all_chunked import (
     ChunkedAllToAllExchange,
@@ -137,6 +138,7 @@ def ep_dispatch(
     drop_policy: str = "position",
     sequence_length: int | None = None,
     routing_weights: jax.Array | None = None,
+    fp8_recipe: str | Fp8Recipe | None = None,
 ) -> tuple[jax.Array, jax.Array, EPHandle]:
     r"""Sends each token copy to the rank owning its expert; returns my experts' rows.
 
@@ -172,10 +174,19 @@ def ep_dispatch(
         (:func:`jaxmoe.capacity.claim_ranks`): ``"position"`` (default) with
         ``sequence_length`` S (``None``: the group's tokens are one sequence, so token order),
         or ``"probs"`` (the largest of ``routing_weights [T, K]`` first).
+      fp8_recipe: ``None``, or an FP8 recipe (a name or an :class:`~jaxmoe.ops.fp8.Fp8Recipe`):
+        the rows cross the wire as FP8 with their float32 scales, each token quantized once
+        with the recipe's activation blocks before the exchange
+        (:mod:`jaxmoe.parallel.fp8_wire`).
 
     Returns:
       ``(buffer [R, H], group_sizes [E_l] int32, handle)``: ``buffer`` is ready for
       ``grouped_matmul(buffer, w_local, group_sizes)``; pass ``handle`` to :func:`ep_combine`.
+      With ``fp8_recipe``, ``(buffer, group_sizes, handle, buffer_fp8)``: ``buffer_fp8 = (q
+      [R, H], scale)`` is ``quantize(buffer_before_the_wire, recipe.lhs_blocks)`` bit for bit
+      (pass it as ``fp8_grouped_matmul(..., lhs_fp8=buffer_fp8)``); ``buffer`` is its
+      dequantized rows in ``x``'s dtype, whose gradient flows back to ``x`` through the reverse
+      exchange in ``x``'s dtype.
 
     Example::
 
@@ -235,14 +246,17 @@ def ep_dispatch(
     send_plan = layout.send_plan(
         flat_experts, counts, kept_mine, offset_mine, skip_mine, rows, top_k, keep
     )
-    send = permutation.dispatch(x, send_plan).reshape(ep, rows, x.shape[1])
-    recv = exchange_rows(impl, send, send_sizes, recv_sizes, axis_name)
-    recv = debug.poison_rows(recv, recv_sizes)
     receive_index, receive_inverse, group_sizes = layout.receive_plan(
         kept_here, offset_here, rows, alignment, block_rows
     )
-    buffer = permutation.permute_rows(recv.reshape(ep * rows, -1), receive_index, receive_inverse)
-    buffer = debug.poison_rows(buffer, jnp.sum(group_sizes))
+
+    def move(rows_to_send):  # my rows [T, W] -> my experts' rows [R, W]
+        send = permutation.dispatch(rows_to_send, send_plan).reshape(ep, rows, -1)
+        recv = exchange_rows(impl, send, send_sizes, recv_sizes, axis_name)
+        recv = debug.poison_rows(recv, recv_sizes)
+        return permutation.permute_rows(recv.reshape(ep * rows, -1), receive_index, receive_inverse)
+
+    live_rows = jnp.sum(group_sizes)
     handle = EPHandle(
         send_plan=send_plan,
         receive_index=receive_index,
@@ -255,7 +269,22 @@ def ep_dispatch(
         axis_name=axis_name,
         slot_rows=rows,
     )
-    return buffer, group_sizes, handle
+    if fp8_recipe is None:
+        return debug.poison_rows(move(x), live_rows), group_sizes, handle
+    recipe = resolve_recipe(fp8_recipe, "ep_dispatch")
+    buffer_fp8 = fp8_wire.unpack_rows(
+        move(fp8_wire.pack_rows(x, recipe)), x.shape[1], recipe, live_rows
+    )
+    received = debug.poison_rows(fp8_wire.dequantized(*buffer_fp8, recipe, x.dtype), live_rows)
+    buffer = fp8_wire.with_gradient_of(x, received, _dispatch_transpose, handle)
+    return buffer, group_sizes, handle, buffer_fp8
+
+
+def _dispatch_transpose(grad_buffer, handle):
+    """The VJP of :func:`ep_dispatch`'s rows in ``x``: the combine's path with unit weights
+    (float32 sums of each token's copies, as the dispatch's own VJP adds them)."""
+    unit = compat.zeros_like_typed(handle.send_plan.assignment_row).astype(jnp.float32) + 1
+    return ep_combine(grad_buffer, unit, handle)
 
 
 def ep_combine(
@@ -319,6 +348,7 @@ def ep_apply_experts(
     dispatch: str = "copies",
     drop_policy: str = "position",
     sequence_length: int | None = None,
+    fp8_dispatch: str | Fp8Recipe | None = None,
 ) -> EPExpertsResult:
     r""":func:`ep_dispatch`, ``expert_fn``, :func:`ep_combine`: dropless at the cost of balance.
 
@@ -358,11 +388,18 @@ def ep_apply_experts(
         (deduplicated: one row per (token, destination rank) pair, see
         :mod:`jaxmoe.parallel.token_dispatch`; dropless only: needs ``capacity`` and
         ``receive_factor`` None) or ``"auto"`` (:func:`jaxmoe.parallel.layout.auto_dispatch`:
-        ``"tokens"`` where dropless and a pair averages >= 1.5 copies). Where a pair can only
-        be one copy (``ep == 1``, or ``min(K, E_l) == 1``) ``"tokens"`` runs the copies path,
-        which sends the same rows.
+        ``"tokens"`` where dropless and its modelled bytes, wire plus local work, are fewer).
+        Where a pair can only be one copy (``ep == 1``, or ``min(K, E_l) == 1``) ``"tokens"``
+        runs the copies path, which sends the same rows.
       drop_policy, sequence_length: with a capacity, as for :func:`ep_dispatch` (``"probs"``
         ranks by ``routing_weights``).
+      fp8_dispatch: ``None``, or an FP8 recipe: the dispatch's rows cross the wire in FP8 with
+        their scales, quantized once before the exchange (either ``dispatch``;
+        :mod:`jaxmoe.parallel.fp8_wire`), and ``expert_fn`` is called as ``expert_fn(buffer,
+        group_sizes, expert_params, buffer_fp8)`` with ``buffer_fp8 = (q, scale)`` the rows'
+        FP8 operand (``fp8_grouped_matmul(buffer, ..., lhs_fp8=buffer_fp8)``) and ``buffer``
+        their dequantized values, which carry the gradient back in ``x``'s dtype. The combine
+        stays in the expert outputs' dtype.
       Others: as for :func:`ep_dispatch`.
 
     Returns:
@@ -388,7 +425,20 @@ def ep_apply_experts(
     chunk_tokens = num_tokens // num_chunks
     if dispatch == "auto":
         dropless = capacity is None and receive_factor is None
-        dispatch = layout.auto_dispatch(top_k, num_experts, ep, dropless)
+        wire_row = None
+        if fp8_dispatch is not None:
+            wire_row = fp8_wire.row_bytes(x.shape[1], resolve_recipe(fp8_dispatch, "ep_dispatch"))
+        dispatch = layout.auto_dispatch(
+            top_k,
+            num_experts,
+            ep,
+            dropless,
+            num_tokens=chunk_tokens,
+            hidden_size=x.shape[1],
+            itemsize=jnp.dtype(x.dtype).itemsize,
+            fast_slot_factor=fast_slot_factor,
+            row_bytes=wire_row,
+        )
     # With one rank, or one local expert per token and rank (K_l = 1), a pair is a copy: the
     # copies path sends the same rows without the ids and weights beside them.
     if dispatch == "tokens" and (ep == 1 or min(top_k, num_experts // ep) == 1):
@@ -409,6 +459,7 @@ def ep_apply_experts(
                 fast_slot_factor=fast_slot_factor,
                 alignment=alignment,
                 num_chunks=num_chunks,
+                fp8_recipe=fp8_dispatch,
             ),
             dropped_per_token=jnp.zeros((num_tokens,), jnp.int32),
         )
@@ -424,7 +475,7 @@ def ep_apply_experts(
 
     def window_path(window, x, weights, params, experts, counts):
         with jax.named_scope("ep_dispatch"):
-            buffer, group_sizes, handle = ep_dispatch(
+            buffer, group_sizes, handle, *buffer_fp8 = ep_dispatch(
                 x,
                 experts,
                 num_experts=num_experts,
@@ -438,9 +489,10 @@ def ep_apply_experts(
                 drop_policy=drop_policy,
                 sequence_length=sequence_length,
                 routing_weights=weights,
+                fp8_recipe=fp8_dispatch,
             )
         with jax.named_scope("experts"):
-            expert_out = expert_fn(buffer, group_sizes, params)
+            expert_out = expert_fn(buffer, group_sizes, params, *buffer_fp8)
         with jax.named_scope("ep_combine"):
             return ep_combine(expert_out, weights, handle), handle
 

@@ -64,12 +64,6 @@ def expected_pair_fraction(top_k: int, num_experts: int, num_local_experts: int)
     return 1.0 - miss
 
 
-# ``ep_dispatch="auto"`` takes the token dispatch where a (token, rank) pair carries at least
-# this many copies on average: the gain, roughly linear in the share of rows saved, crosses zero
-# near 1.5 (measured: docs/kernels.md, 'Expert parallelism: exchange and dispatch defaults').
-AUTO_DEDUP_MIN_COPIES_PER_PAIR = 1.5
-
-
 def copies_per_pair(top_k: int, num_experts: int, ep: int) -> float:
     """Expected (token, expert) copies per (token, destination rank) pair under uniform routing:
     ``K / (ep * (1 - C(E - E_l, K) / C(E, K)))`` (1 where a pair can only be one copy)."""
@@ -79,11 +73,116 @@ def copies_per_pair(top_k: int, num_experts: int, ep: int) -> float:
     return top_k / (ep * expected_pair_fraction(top_k, num_experts, num_local))
 
 
-def auto_dispatch(top_k: int, num_experts: int, ep: int, dropless: bool) -> str:
-    """What ``ep_dispatch="auto"`` runs: ``"tokens"`` where the layer is dropless and a pair
-    averages at least :data:`AUTO_DEDUP_MIN_COPIES_PER_PAIR` copies, else ``"copies"``."""
-    many = copies_per_pair(top_k, num_experts, ep) >= AUTO_DEDUP_MIN_COPIES_PER_PAIR
-    return "tokens" if dropless and many else "copies"
+# The token dispatch's local work beyond the copies path's (the pair bookkeeping, the expand,
+# the pair sums and their float32 round trip), in rows of ``H`` in the layer's dtype per token:
+# fitted to the two 2-GPU measurements (docs/expert-parallelism.md, "How "auto" chooses").
+TOKEN_DISPATCH_LOCAL_ROWS = 5.4
+# Metadata bytes per pair of the token dispatch: K_l float32 weights and K_l ids (as float32).
+_PAIR_META_BYTES = 8
+
+
+def exchange_bytes(
+    dispatch: str,
+    num_tokens: int,
+    top_k: int,
+    num_experts: int,
+    ep: int,
+    *,
+    row_bytes: int,
+    return_row_bytes: int | None = None,
+    fast_slot_factor: float | None = 1.125,
+) -> int:
+    """Bytes one rank puts on the wire in the forward's exchanges of a dropless window 0: the
+    operands of the dispatch's and the combine's collectives (each a whole ``[ep, slot, W]``
+    send buffer, own slot included, as the HLO counts them; the ``[ep, E]`` count all-gather
+    outside them is left out).
+
+    ``"copies"``: ``ep * P * (row + return_row)``, ``P`` the fast slot (:func:`fast_slot_rows`;
+    ``T*K`` without one). ``"tokens"``: ``ep * P_pairs * (row + 8 K_l + return_row) + 4 ep``
+    (:func:`pair_slot_rows`; the pairs' ids and weights, and the all-gather of the send sizes);
+    where a pair can only be one copy (``ep == 1`` or ``K_l == 1``) it runs the copies path.
+    ``row_bytes``: one dispatched row (``H`` times the itemsize; FP8 rows with their scales:
+    :func:`jaxmoe.parallel.fp8_wire.row_bytes`); ``return_row_bytes``: one combined row
+    (default ``row_bytes``).
+    """
+    return_row_bytes = row_bytes if return_row_bytes is None else return_row_bytes
+    num_local = num_experts // ep
+    local_slots = min(top_k, num_local)
+    if dispatch == "tokens" and ep > 1 and local_slots > 1:
+        pairs = pair_slot_rows(num_tokens, top_k, num_experts, ep, fast_slot_factor)
+        per_pair = row_bytes + _PAIR_META_BYTES * local_slots + return_row_bytes
+        return ep * pairs * per_pair + 4 * ep
+    rows = fast_slot_rows(num_tokens, top_k, ep, num_local, fast_slot_factor)
+    rows = num_tokens * top_k if rows is None else rows
+    return ep * rows * (row_bytes + return_row_bytes)
+
+
+def dispatch_cost(
+    dispatch: str,
+    num_tokens: int,
+    top_k: int,
+    num_experts: int,
+    ep: int,
+    *,
+    hidden_size: int,
+    itemsize: int,
+    fast_slot_factor: float | None = 1.125,
+    row_bytes: int | None = None,
+) -> float:
+    """The modelled cost of one dispatch in bytes: :func:`exchange_bytes` plus, for the token
+    dispatch (where it runs as such), its extra local work, :data:`TOKEN_DISPATCH_LOCAL_ROWS`
+    rows of ``hidden_size * itemsize`` bytes per token. ``row_bytes``: a dispatched row
+    (default ``hidden_size * itemsize``; FP8 rows are smaller); the combine's rows are
+    ``hidden_size * itemsize``."""
+    dense_row = hidden_size * itemsize
+    cost = exchange_bytes(
+        dispatch,
+        num_tokens,
+        top_k,
+        num_experts,
+        ep,
+        row_bytes=dense_row if row_bytes is None else row_bytes,
+        return_row_bytes=dense_row,
+        fast_slot_factor=fast_slot_factor,
+    )
+    if dispatch == "tokens" and ep > 1 and min(top_k, num_experts // ep) > 1:
+        cost += TOKEN_DISPATCH_LOCAL_ROWS * num_tokens * dense_row
+    return cost
+
+
+def auto_dispatch(
+    top_k: int,
+    num_experts: int,
+    ep: int,
+    dropless: bool,
+    *,
+    num_tokens: int = 4096,
+    hidden_size: int = 4096,
+    itemsize: int = 2,
+    fast_slot_factor: float | None = 1.125,
+    row_bytes: int | None = None,
+) -> str:
+    """What ``ep_dispatch="auto"`` runs: ``"tokens"`` where the layer is dropless and the
+    token dispatch's :func:`dispatch_cost` is below the copies path's, else ``"copies"``.
+    The defaults (4096 tokens of H = 4096 in bf16) stand for a layer whose slot rounding and
+    pair metadata are negligible: the choice then depends on K, E and ep only."""
+    if not dropless:
+        return "copies"
+    costs = {
+        dispatch: dispatch_cost(
+            dispatch,
+            num_tokens,
+            top_k,
+            num_experts,
+            ep,
+            hidden_size=hidden_size,
+            itemsize=itemsize,
+            fast_slot_factor=fast_slot_factor,
+            row_bytes=row_bytes,
+        )
+        for dispatch in ("copies", "tokens")
+    }
+    return "tokens" if costs["tokens"] < costs["copies"] else "copies"
 
 
 def pair_slot_rows(

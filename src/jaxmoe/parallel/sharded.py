@@ -60,7 +60,8 @@ def sharded_experts_step(
     them from the overflow loop's custom VJP)."""
     axes = sharding.batch_axes(cfg)
 
-    def experts_fn(buffer, group_sizes, weights_and_fp8):
+    def experts_fn(buffer, group_sizes, weights_and_fp8, buffer_fp8=None):
+        # buffer_fp8: the received rows' FP8 operand, with cfg.ep_fp8_dispatch (fp8_wire).
         weights, fp8 = weights_and_fp8
         return routed_experts(
             buffer,
@@ -70,6 +71,7 @@ def sharded_experts_step(
             cfg.grouped_matmul_backend,
             fp8_recipe=cfg.fp8_recipe,
             fp8_weights=fp8,
+            buffer_fp8=buffer_fp8,
             swiglu_alpha=cfg.swiglu_alpha,
             swiglu_limit=cfg.swiglu_limit,
         )
@@ -96,6 +98,7 @@ def sharded_experts_step(
                 dispatch=cfg.ep_dispatch,
                 drop_policy=cfg.capacity_drop_policy,
                 sequence_length=sequence_length,
+                fp8_dispatch=cfg.fp8_recipe if cfg.ep_fp8_dispatch else None,
             )
         )
 

@@ -63,7 +63,8 @@ import jax.numpy as jnp
 
 from jaxmoe import compat, debug, permutation
 from jaxmoe.argument_checks import round_up
-from jaxmoe.parallel import layout
+from jaxmoe.ops.fp8 import Fp8Recipe, resolve_recipe
+from jaxmoe.parallel import fp8_wire, layout
 from jaxmoe.parallel.exchange import Exchange, exchange_rows, resolve_exchange
 from jaxmoe.parallel.exchange.all_to_all_chunked import (
     ChunkedAllToAllExchange,
@@ -295,8 +296,10 @@ def window_path(
     axis_name,
     exchange: Exchange,
     alignment: int,
+    fp8_recipe: Fp8Recipe | None = None,
 ):
-    """``(y [T, H'] float32, copies sent)`` of one window: pairs out, experts, pair sums back."""
+    """``(y [T, H'] float32, copies sent)`` of one window: pairs out, experts, pair sums back
+    (with ``fp8_recipe``, the pairs' rows in FP8: :mod:`jaxmoe.parallel.fp8_wire`)."""
     num_tokens, top_k = routing_experts.shape
     ep = prefix.shape[-1]
     rows, local_slots = slots.pair_rows, slots.local_slots
@@ -304,7 +307,9 @@ def window_path(
         exchange = ChunkedAllToAllExchange(default_chunk_rows(ep * rows, ep, rows))
     with jax.named_scope("ep_dispatch"):
         pairs = pair_send(routing_experts, prefix, window, slots)
-        send = permutation.dispatch(x, pairs.plan).reshape(ep, rows, x.shape[1])
+        # The rows on the wire: x's, or its FP8 rows and scales packed as bytes (fp8_wire).
+        wire_rows = x if fp8_recipe is None else fp8_wire.pack_rows(x, fp8_recipe)
+        send = permutation.dispatch(wire_rows, pairs.plan).reshape(ep, rows, -1)
         pair_weights = permutation.permute_rows(
             weights.reshape(-1, 1).astype(jnp.float32),
             pairs.copy_assignment,
@@ -333,8 +338,20 @@ def window_path(
         )
         plan = expand_plan(recv_ids, slots.num_local_experts, num_rows, alignment)
         buffer = permutation.dispatch(recv.reshape(ep * rows, -1), plan)
+        buffer_fp8 = ()
+        if fp8_recipe is not None:
+            live_rows = jnp.sum(plan.group_sizes)
+            buffer_fp8 = (fp8_wire.unpack_rows(buffer, x.shape[1], fp8_recipe, live_rows),)
+            received = debug.poison_rows(
+                fp8_wire.dequantized(*buffer_fp8[0], fp8_recipe, x.dtype), live_rows
+            )
+            transpose = functools.partial(
+                _pair_rows_transpose, exchange=exchange, axis_name=axis_name
+            )
+            layout_operands = (plan, pairs.plan, pairs.send_sizes, recv_sizes)
+            buffer = fp8_wire.with_gradient_of(x, received, transpose, layout_operands)
     with jax.named_scope("experts"):
-        expert_out = expert_fn(buffer, plan.group_sizes, params)
+        expert_out = expert_fn(buffer, plan.group_sizes, params, *buffer_fp8)
     with jax.named_scope("ep_combine"):
         pair_out = permutation.combine(expert_out, recv_weights, plan)  # float32 sums
         pair_out = pair_out.astype(expert_out.dtype).reshape(ep, rows, -1)
@@ -345,6 +362,24 @@ def window_path(
         unit = (compat.zeros_like_typed(prefix[0, 1:]) + 1).astype(jnp.float32)
         y = permutation.combine(back.reshape(ep * rows, -1), unit, pairs.plan)
     return y, pairs.copies_sent
+
+
+def _pair_rows_transpose(grad_buffer, layout_operands, *, exchange, axis_name):
+    """The VJP of a window's rows in ``x`` (pairs out, then the expand): the expand's and the
+    pairs' transposes, each a float32 sum of copies with unit weights, as the dispatches' own
+    VJPs add them, and the reverse exchange in between."""
+    plan, pair_plan, send_sizes, recv_sizes = layout_operands
+
+    def unit(assignment_row):
+        return compat.zeros_like_typed(assignment_row).astype(jnp.float32) + 1
+
+    ep, rows = send_sizes.shape[0], pair_plan.row_assignment.shape[0] // send_sizes.shape[0]
+    grad_recv = permutation.combine(grad_buffer, unit(plan.assignment_row), plan)
+    grad_recv = grad_recv.astype(grad_buffer.dtype).reshape(ep, rows, -1)
+    grad_send = exchange_rows(exchange, grad_recv, recv_sizes, send_sizes, axis_name)
+    return permutation.combine(
+        grad_send.reshape(ep * rows, -1), unit(pair_plan.assignment_row), pair_plan
+    )
 
 
 # ----------------------------------------------------------------------------- the layer's step
@@ -365,6 +400,7 @@ def apply_experts(
     fast_slot_factor,
     alignment,
     num_chunks,
+    fp8_recipe=None,
 ):
     """:func:`~jaxmoe.parallel.ep_apply_experts` with ``dispatch="tokens"``: returns
     ``(out, tokens_per_expert, dropped, overflow)`` as its ``EPExpertsResult``. Window 0 of
@@ -391,6 +427,7 @@ def apply_experts(
         axis_name=axis_name,
         exchange=resolve_exchange(exchange),
         alignment=alignment,
+        fp8_recipe=None if fp8_recipe is None else resolve_recipe(fp8_recipe, "ep_apply_experts"),
     )
 
     # Every chunk's window 0 first, then one overflow loop over all chunks
