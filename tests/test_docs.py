@@ -186,20 +186,9 @@ def broken_links(path: pathlib.Path) -> list[str]:
     return broken
 
 
-# docs/kernels.md is being rewritten on another branch, which removes its reference to the
-# deleted `benchmarks/results/grouped_matmul-h100-sweep` table; once merged, drop this mark
-# (strict: the check then passes and the mark fails the test).
-KERNELS_DOC_PENDING = pytest.mark.xfail(
-    strict=True, reason="docs/kernels.md still names a deleted results table"
-)
-
-
 @pytest.mark.parametrize(
     "path",
-    [
-        pytest.param(p, marks=KERNELS_DOC_PENDING) if p.name == "kernels.md" else p
-        for p in LINKED_DOCS
-    ],
+    LINKED_DOCS,
     ids=[_shown(p) for p in LINKED_DOCS],
 )
 def test_every_link_and_repository_path_exists(path):

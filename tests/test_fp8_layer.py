@@ -182,7 +182,8 @@ def test_tokens_quantized_before_the_permutation_are_the_buffer_quantized(recipe
     cfg = jaxmoe.MoEConfig(**BASE, fp8_recipe=recipe)
     rng = np.random.default_rng(1)
     tokens = jnp.asarray(rng.standard_normal((40, 64)) * rng.uniform(0.1, 10, (40, 1)), jnp.float32)
-    experts = jnp.asarray(rng.integers(0, 3, (40, 2)), jnp.int32)  # expert 3 gets no token
+    # Two distinct experts of 0..2 per token, as a top-k gives; expert 3 gets no token.
+    experts = jnp.asarray(np.argsort(rng.random((40, 3)), axis=-1)[:, :2], jnp.int32)
     plan = permutation.plan_dispatch(experts, 4, alignment=8)
     buffer = permutation.dispatch(tokens, plan)
     q, scale = _dispatch_quantized(tokens, plan, cfg)

@@ -85,10 +85,15 @@ def _reference(cfg, params, x, cotangent):
     tokens = np.asarray(x, np.float64).reshape(-1, HIDDEN)
     params64 = ref.to_f64(params)
     spec = ref.RoutingSpec.of(cfg)
-    routed, margin = ref.select_experts(ref.router_logits(params64, tokens), spec)
+    logits = ref.router_logits(params64, tokens)
+    routed, margin = ref.select_experts(logits, spec)
     assert margin > NEAR_TIE, "test data too close to a routing tie; pick another seed"
     cap = ref.capacity(cfg.capacity_factor, tokens.shape[0], cfg.top_k, cfg.num_experts)
-    kept = ref.kept_mask(routed, cfg.num_experts, cap).astype(np.float64)
+    weights = ref.routing_weights(np, logits, routed, spec)
+    # Drops in the configured order over the [BATCH, SEQ] tokens (MoEConfig.capacity_drop_policy).
+    kept = ref.kept_mask(
+        routed, cfg.num_experts, cap, cfg.capacity_drop_policy, SEQ, weights
+    ).astype(np.float64)
     loss_weights = (cfg.aux_loss_coef, cfg.seq_aux_loss_coef, cfg.z_loss_coef, BATCH)
     cot = np.asarray(cotangent, np.float64).reshape(tokens.shape)
     with jax.enable_x64(True):

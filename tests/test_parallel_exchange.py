@@ -285,6 +285,9 @@ def test_hlo_fsdp_gathers_only_expert_weights():
 
 def test_hlo_without_fast_path_has_one_exchange_pair():
     mesh, cfg, params, x = _fsdp_ep_setup()
+    # The copies dispatch (without a fast path "auto" prefers the token dispatch's smaller
+    # worst case: docs/expert-parallelism.md, 'How "auto" chooses').
+    cfg = dataclasses.replace(cfg, ep_dispatch="copies")
     for no_fast in (
         dataclasses.replace(cfg, ep_fast_slot_factor=None),
         dataclasses.replace(cfg, ep_receive_factor=1.5),  # a bound: drops, no worst case

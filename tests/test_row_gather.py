@@ -170,7 +170,9 @@ def test_dispatch_gathers_through_the_op(monkeypatch):
     """The permutation's dispatch (forward) takes its rows from ``row_gather.gather_rows``,
     here the kernel in the interpreter: the same buffer and input gradient as XLA's gather."""
     num_tokens, top_k, num_experts, hidden = 32, 2, 4, 512
-    experts = jax.random.randint(jax.random.key(0), (num_tokens, top_k), 0, num_experts)
+    # Distinct experts per token, as a top-k gives (plan_dispatch refuses repeats).
+    scores = jax.random.uniform(jax.random.key(0), (num_tokens, num_experts))
+    experts = jnp.argsort(scores, axis=-1)[:, :top_k].astype(jnp.int32)
     x = jax.random.normal(jax.random.key(1), (num_tokens, hidden), jnp.float32)
     plan = jaxmoe.plan_dispatch(experts, num_experts, alignment=16)
     cotangent = jax.random.normal(jax.random.key(2), (plan.num_rows, hidden))
@@ -230,7 +232,9 @@ def test_combine_backward_spreads_through_the_op(monkeypatch, spread_backend):
     gather op, on ``permutation.WEIGHTED_SPREAD_BACKEND`` (None: its default, which takes the
     kernel on a GPU, faked here, in the interpreter): the same gradients either way."""
     num_tokens, top_k, num_experts, hidden = 32, 2, 4, 512
-    experts = jax.random.randint(jax.random.key(0), (num_tokens, top_k), 0, num_experts)
+    # Distinct experts per token, as a top-k gives (plan_dispatch refuses repeats).
+    scores = jax.random.uniform(jax.random.key(0), (num_tokens, num_experts))
+    experts = jnp.argsort(scores, axis=-1)[:, :top_k].astype(jnp.int32)
     weights = jax.random.uniform(jax.random.key(1), (num_tokens, top_k), jnp.float32)
     plan = jaxmoe.plan_dispatch(experts, num_experts, alignment=16)
     buffer = jax.random.normal(jax.random.key(2), (plan.num_rows, hidden)).astype(jnp.bfloat16)

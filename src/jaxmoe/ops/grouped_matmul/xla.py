@@ -7,10 +7,12 @@ groups (see the benchmarks), which is why the Pallas backend exists.
 every group: ``lhs`` is broadcast to ``[G, M, K]``, each row zeroed (a select) outside its own
 group, and contracted with all of ``rhs``. A NaN or inf in ``rhs[g]`` then meets the zeros of
 every other group's rows (``0 * inf = NaN``) and spreads to every row. :func:`ragged_dot_confined`
-keeps that product for finite weights (its results unchanged, bit for bit) and, only when some
-``rhs[g]`` column holds a non-finite value, takes that group's rows of that column from a
-per-group product instead, so row ``m`` depends on ``lhs[m]`` and ``rhs[group(m)]`` only. The
-weight gradient (``tgmm``) needs no such care: XLA selects both of its operands per group.
+runs that product on the weights with their non-finite entries zeroed (for finite weights the
+same values, so the same bits) and sets NaN where a row's own group has a non-finite weight in
+the column: row ``m`` then depends on ``lhs[m]`` and ``rhs[group(m)]`` only (such an entry is NaN
+even where the exact product would be an infinity). It is branch-free, so the layer's program
+holds no conditional. The weight gradient (``tgmm``) needs no such care: XLA selects both of its
+operands per group.
 """
 
 from __future__ import annotations
@@ -20,7 +22,6 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from jaxmoe import compat
 from jaxmoe.ops.grouped_matmul.base import GroupedMatmulBackend, group_ids
 
 
@@ -32,26 +33,10 @@ def _dims(lhs_contract, rhs_contract, *, lhs_ragged, rhs_group):
     )
 
 
-def _per_group_product(lhs, rhs, group_sizes, *, transpose_rhs):
-    """``[M, N]`` float32: each row times its own group's matrix, one dense product per group
-    (a loop, so that only ``[M, N]`` is live), rows past the groups zero."""
-    ids = group_ids(group_sizes, lhs.shape[0])
-    contract = 2 if transpose_rhs else 1
-
-    def one_group(group, out):
-        dims = (((1,), (contract - 1,)), ((), ()))
-        product = jax.lax.dot_general(lhs, rhs[group], dims, preferred_element_type=jnp.float32)
-        return jnp.where((ids == group)[:, None], product, out)
-
-    # The loop's carry has one type: inside shard_map, varying over the operands' axes.
-    axes = frozenset().union(*(compat.varying_axes(a) or () for a in (lhs, rhs, group_sizes)))
-    out = compat.vary(jnp.zeros((lhs.shape[0], rhs.shape[3 - contract]), jnp.float32), tuple(axes))
-    return jax.lax.fori_loop(0, rhs.shape[0], one_group, out)
-
-
 def ragged_dot_confined(lhs, rhs, group_sizes, *, transpose_rhs: bool = False):
     """``lax.ragged_dot`` in float32 whose rows of group ``g`` depend on ``lhs_g`` and ``rhs[g]``
-    only, non-finite values included (see the module docstring).
+    only, non-finite values included: NaN where ``rhs[g]``'s column holds one (see the module
+    docstring).
 
     ``lhs [M, K]``, ``rhs [G, K, N]`` (``[G, N, K]`` with ``transpose_rhs``), ``group_sizes
     [G]`` summing to at most ``M``; returns ``[M, N]`` float32 with zero rows past the groups.
@@ -64,27 +49,14 @@ def ragged_dot_confined(lhs, rhs, group_sizes, *, transpose_rhs: bool = False):
             lhs, weights, group_sizes, dims, preferred_element_type=jnp.float32
         )
 
-    finite = jnp.isfinite(rhs)
-    column_finite = jnp.all(finite, axis=contract)  # [G, N]
-
-    def confined():
-        # Finite columns from the same product on weights whose non-finite entries are zeroed
-        # (each row's own group is unchanged there, so these are the finite run's bits; for float8
-        # as far as XLA's float8 dot accumulates as its float32 one, as on CPU); the
-        # rest from the per-group product. Float8 operands are multiplied in float32 here
-        # (their products are exact there), so the float8 product stays the fast path's one dot.
-        wide_lhs, wide_rhs = (
-            a.astype(jnp.float32) if a.dtype.itemsize == 1 else a for a in (lhs, rhs)
-        )
-        out = ragged(wide_lhs, jnp.where(finite, wide_rhs, jnp.zeros((), wide_rhs.dtype)))
-        exact = _per_group_product(wide_lhs, wide_rhs, group_sizes, transpose_rhs=transpose_rhs)
-        ids = group_ids(group_sizes, lhs.shape[0])
-        row_finite = jnp.take(column_finite, ids, axis=0, mode="fill", fill_value=True)
-        return jnp.where(row_finite, out, exact)
-
     if rhs.shape[0] == 0 or rhs.size == 0:
         return ragged(lhs, rhs)
-    return jax.lax.cond(jnp.all(column_finite), lambda: ragged(lhs, rhs), confined)
+    finite = jnp.isfinite(rhs)
+    out = ragged(lhs, jnp.where(finite, rhs, jnp.zeros((), rhs.dtype)))
+    column_finite = jnp.all(finite, axis=contract)  # [G, N]
+    ids = group_ids(group_sizes, lhs.shape[0])
+    row_finite = jnp.take(column_finite, ids, axis=0, mode="fill", fill_value=True)  # [M, N]
+    return jnp.where(row_finite, out, jnp.asarray(jnp.nan, out.dtype))
 
 
 @dataclasses.dataclass(frozen=True)
