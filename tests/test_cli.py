@@ -14,6 +14,7 @@ import sys
 import jax
 import jax.numpy as jnp
 import pytest
+from cli_run import exit_code, one_error_line
 from flax import nnx
 from jax.sharding import PartitionSpec
 
@@ -187,25 +188,8 @@ def test_bench_rejects_unknown_preset():
 
 
 # --------------------------------------------------------------------------------------------------
-# The command-line rules (issue 18): a bad flag is one line and exit status 2, before any work.
+# The command-line rules: a bad flag is one line and exit status 2, before any work.
 # --------------------------------------------------------------------------------------------------
-
-
-def _exit_code(argv) -> int:
-    """``main(argv)``'s exit status, whether returned or raised (argparse raises SystemExit)."""
-    try:
-        return main(argv)
-    except SystemExit as exit_:
-        return exit_.code
-
-
-def _one_error_line(capsys) -> str:
-    captured = capsys.readouterr()
-    lines = captured.err.strip().splitlines()
-    assert len(lines) == 1, captured.err
-    assert lines[0].startswith("jaxmoe: error: "), lines[0]
-    assert captured.out == ""
-    return lines[0]
 
 
 @pytest.mark.parametrize(
@@ -243,14 +227,14 @@ def _one_error_line(capsys) -> str:
 )
 def test_bad_flag_is_one_line_and_status_2(argv, says, capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # the demo's default --out folder lands here
-    assert _exit_code(argv) == 2
-    assert says in _one_error_line(capsys)
+    assert exit_code(argv) == 2
+    assert says in one_error_line(capsys)
 
 
 def test_demo_cross_flag_error_is_one_line(tmp_path, capsys):
     argv = ["demo", "--expert-bias-rate", "0.01", "--out", str(tmp_path)]
-    assert _exit_code(argv) == 2
-    assert "--score sigmoid" in _one_error_line(capsys)
+    assert exit_code(argv) == 2
+    assert "--score sigmoid" in one_error_line(capsys)
 
 
 @pytest.mark.parametrize("kind", ["gemm", "layer", "ep"])
@@ -263,14 +247,14 @@ def test_unwritable_out_fails_before_the_benchmark(kind, monkeypatch, capsys):
     monkeypatch.setattr(gemm, "run_gemm_benchmark", must_not_run)
     monkeypatch.setattr(layer, "run_layer_benchmark", must_not_run)
     monkeypatch.setattr(expert_parallel, "run_ep_benchmark", must_not_run)
-    assert _exit_code(["bench", kind, "--out", "/proc/jaxmoe/x.json"]) == 2
-    line = _one_error_line(capsys)
+    assert exit_code(["bench", kind, "--out", "/proc/jaxmoe/x.json"]) == 2
+    line = one_error_line(capsys)
     assert "--out" in line and "/proc/jaxmoe/x.json" in line
 
 
 def test_out_that_is_a_folder_is_refused(tmp_path, capsys):
-    assert _exit_code(["bench", "layer", "--out", str(tmp_path)]) == 2
-    assert "folder" in _one_error_line(capsys)
+    assert exit_code(["bench", "layer", "--out", str(tmp_path)]) == 2
+    assert "folder" in one_error_line(capsys)
 
 
 def _all_parsers(parser):
@@ -371,22 +355,22 @@ def test_layer_bench_reports_every_row_as_it_goes():
 @pytest.mark.parametrize("flag", ["--out", "--checkpoint-dir"])
 def test_demo_refuses_an_empty_folder_name(flag, capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    assert _exit_code(["demo", flag, ""]) == 2
-    assert f"argument {flag}: must name a folder" in _one_error_line(capsys)
+    assert exit_code(["demo", flag, ""]) == 2
+    assert f"argument {flag}: must name a folder" in one_error_line(capsys)
     assert list(tmp_path.iterdir()) == []  # nothing written into the current directory
 
 
 def test_demo_folder_under_a_file_is_refused(capsys, tmp_path):
     (tmp_path / "file").write_text("")
-    assert _exit_code(["demo", "--out", str(tmp_path / "file" / "run")]) == 2
-    assert "is not a folder" in _one_error_line(capsys)
+    assert exit_code(["demo", "--out", str(tmp_path / "file" / "run")]) == 2
+    assert "is not a folder" in one_error_line(capsys)
 
 
 def test_a_rejected_demo_creates_no_folder(capsys, tmp_path):
     out, checkpoints = tmp_path / "out", tmp_path / "checkpoints"
     argv = ["demo", "--expert-bias-rate", "0.01", "--out", str(out)]
-    assert _exit_code([*argv, "--checkpoint-dir", str(checkpoints)]) == 2
-    assert "--score sigmoid" in _one_error_line(capsys)
+    assert exit_code([*argv, "--checkpoint-dir", str(checkpoints)]) == 2
+    assert "--score sigmoid" in one_error_line(capsys)
     assert not out.exists() and not checkpoints.exists()
 
 
@@ -398,8 +382,8 @@ def test_bench_ep_fast_slot_factor_below_one(value, capsys, monkeypatch):
         raise AssertionError("the benchmark ran with a fast slot factor below 1")
 
     monkeypatch.setattr(expert_parallel, "run_ep_benchmark", must_not_run)
-    assert _exit_code(["bench", "ep", "--fast-slot-factor", value]) == 2
-    assert "argument --fast-slot-factor: must be a finite number >= 1" in _one_error_line(capsys)
+    assert exit_code(["bench", "ep", "--fast-slot-factor", value]) == 2
+    assert "argument --fast-slot-factor: must be a finite number >= 1" in one_error_line(capsys)
 
 
 def test_demo_help_states_each_fp8_default_once():
