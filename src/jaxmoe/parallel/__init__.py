@@ -13,7 +13,8 @@
 * :mod:`jaxmoe.parallel.sharding`: mesh checks, partition specs, logical axis rules.
 """
 
-from jaxmoe.parallel.dispatch import EPHandle, ep_apply_experts, ep_combine, ep_dispatch
+from jaxmoe.parallel.apply_experts import ep_apply_experts
+from jaxmoe.parallel.dispatch import EPHandle, ep_combine, ep_dispatch
 from jaxmoe.parallel.exchange import (
     EXCHANGE_NAMES,
     Exchange,

@@ -26,7 +26,7 @@ from jaxmoe.layer_body import (
 )
 from jaxmoe.ops.grouped_matmul import resolve_backend
 from jaxmoe.parallel import sharding
-from jaxmoe.parallel.dispatch import ep_apply_experts
+from jaxmoe.parallel.apply_experts import ep_apply_experts
 from jaxmoe.parallel.exchange import resolve_exchange
 from jaxmoe.router import Routing
 
