@@ -53,7 +53,11 @@ def test_dropless_ep_memory_is_close_to_fast_slots_alone():
     worst-case slots (``ep * T*K`` rows per rank), forward and training."""
     mesh = jax.sharding.Mesh(np.array(jax.devices()), ("ep",))
     tokens_per_rank, hidden, ffn, num_experts, top_k = 64, 64, 64, 32, 8
-    cfg = jaxmoe.MoEConfig(num_experts, top_k, hidden, ffn, ep_axis="ep", alignment=1)
+    # The copies dispatch throughout (without a fast path "auto" takes the token dispatch, whose
+    # worst case is smaller: docs/expert-parallelism.md, 'How "auto" chooses').
+    cfg = jaxmoe.MoEConfig(
+        num_experts, top_k, hidden, ffn, ep_axis="ep", alignment=1, ep_dispatch="copies"
+    )
     params = jaxmoe.init_params(jax.random.key(0), cfg)
     x = jnp.ones((mesh.size * tokens_per_rank, hidden), jnp.float32)
 
