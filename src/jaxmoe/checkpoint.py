@@ -378,10 +378,17 @@ def _stored_items(directory, step: int) -> tuple[str, ...]:
 
 
 def _all_steps(directory: str) -> list[int]:
+    """The saved steps: orbax's finished step folders, named by the step (unfinished ones carry
+    a temporary suffix). Read from the file system, not through a ``CheckpointManager``, whose
+    construction synchronises the processes: under ``jax.distributed`` a process that finds no
+    folder yet would skip a barrier the others enter."""
     if not os.path.isdir(directory):
         return []
-    with ocp.CheckpointManager(os.path.abspath(directory)) as manager:
-        return list(manager.all_steps())
+    return sorted(
+        int(name)
+        for name in os.listdir(directory)
+        if name.isdigit() and os.path.isdir(os.path.join(directory, name))
+    )
 
 
 def _resolve_step(directory: str, step: int | None, where: str) -> int:
