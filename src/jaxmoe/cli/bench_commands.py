@@ -63,6 +63,16 @@ def _parser(kinds, name: str, text: str):
     return kinds.add_parser(name, help=text, description=text, formatter_class=Formatter)
 
 
+def _add_preset(sub) -> None:
+    """``--preset``: a comma list of the layer presets, or ``all`` for the big three."""
+    sub.add_argument(
+        "--preset",
+        type=flags.preset_names(tuple(LAYER_PRESETS), BIG_PRESETS),
+        default="all",
+        help=f"comma list of {', '.join(LAYER_PRESETS)}, or 'all' for {','.join(BIG_PRESETS)}",
+    )
+
+
 def _add_out(sub) -> None:
     sub.add_argument(
         "--out",
@@ -200,12 +210,7 @@ def add_layer_profile(kinds) -> None:
         "where the MoE layer's time goes: GPU kernel time per XLA op (jaxmoe) or per CUDA "
         "kernel (torch), per preset and pass (needs a GPU)",
     )
-    sub.add_argument(
-        "--preset",
-        type=flags.preset_names(tuple(LAYER_PRESETS), BIG_PRESETS),
-        default="all",
-        help=f"comma list of {', '.join(LAYER_PRESETS)}, or 'all' for {','.join(BIG_PRESETS)}",
-    )
+    _add_preset(sub)
     sub.add_argument(
         "--pass",
         "--passes",
@@ -273,12 +278,7 @@ def add_layer_api(kinds) -> None:
         "the layer through the public API (jit(moe), jit(grad)), timed back to back, one call "
         "at a time, and by host launch: why a user's timing can differ from 'bench layer'",
     )
-    sub.add_argument(
-        "--preset",
-        type=flags.preset_names(tuple(LAYER_PRESETS), BIG_PRESETS),
-        default="all",
-        help=f"comma list of {', '.join(LAYER_PRESETS)}, or 'all' for {','.join(BIG_PRESETS)}",
-    )
+    _add_preset(sub)
     sub.add_argument(
         "--cases",
         type=flags.names(layer_api.CASES),
