@@ -164,7 +164,9 @@ class DecoderLayer(nnx.Module):
             self.mlp = DenseMLP(cfg, rngs=rngs)
 
     def __call__(self, x, cos, sin) -> tuple[jax.Array, jaxmoe.MoEStats | None]:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin)
+        # The scopes name the step profile's shares (examples.qwen3_moe.profile_step).
+        with jax.named_scope("attention"):
+            x = x + self.self_attn(self.input_layernorm(x), cos, sin)
         hidden = self.post_attention_layernorm(x)
         if self.is_moe:
             y, stats = self.mlp(hidden)
@@ -212,11 +214,12 @@ class Qwen3MoE(nnx.Module):
             x, stats = run(layer, x, cos, sin)
             if stats is not None:
                 moe_stats.append(stats)
-        x = self.norm(x)
-        if cfg.tie_word_embeddings:
-            head = self.embed_tokens[...].astype(cfg.dtype)
-            logits = jnp.einsum("bsh,vh->bsv", x, head, preferred_element_type=jnp.float32)
-        else:
-            head = self.lm_head.kernel[...].astype(cfg.dtype)
-            logits = jnp.einsum("bsh,hv->bsv", x, head, preferred_element_type=jnp.float32)
+        with jax.named_scope("lm_head"):
+            x = self.norm(x)
+            if cfg.tie_word_embeddings:
+                head = self.embed_tokens[...].astype(cfg.dtype)
+                logits = jnp.einsum("bsh,vh->bsv", x, head, preferred_element_type=jnp.float32)
+            else:
+                head = self.lm_head.kernel[...].astype(cfg.dtype)
+                logits = jnp.einsum("bsh,hv->bsv", x, head, preferred_element_type=jnp.float32)
         return logits, jax.tree.map(lambda *leaves: jnp.stack(leaves), *moe_stats)

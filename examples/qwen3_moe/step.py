@@ -55,7 +55,10 @@ def next_token_loss(model: Qwen3MoE, tokens: jax.Array):
     """Mean next-token cross-entropy of ``tokens`` ``[B, S + 1]`` plus the MoE layers'
     ``aux_loss``: ``(total, (cross_entropy, aux_loss, stats))``."""
     logits, stats = model(tokens[:, :-1])
-    cross_entropy = optax.softmax_cross_entropy_with_integer_labels(logits, tokens[:, 1:]).mean()
+    with jax.named_scope("lm_head"):
+        cross_entropy = optax.softmax_cross_entropy_with_integer_labels(
+            logits, tokens[:, 1:]
+        ).mean()
     aux = jnp.sum(stats.aux_loss)
     return cross_entropy + aux, (cross_entropy, aux, stats)
 
@@ -69,7 +72,8 @@ def make_train_step(graphdef, shardings=None):
     def train_step(state, tokens):
         model, optimizer = nnx.merge(graphdef, state)
         grads, (ce, aux, stats) = nnx.grad(next_token_loss, has_aux=True)(model, tokens)
-        optimizer.update(model, grads)
+        with jax.named_scope("optimizer"):
+            optimizer.update(model, grads)
         new_state = nnx.state((model, optimizer))
         if shardings is not None:
             new_state = jax.lax.with_sharding_constraint(new_state, shardings)

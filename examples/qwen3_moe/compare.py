@@ -1,0 +1,109 @@
+"""The model-level comparison on one GPU: jaxmoe's ``h200`` preset beside torchtitan's same model.
+
+Runs each phase as its own process, one after the other, on synthetic tokens (each model holds
+about 80% of an H200, so two cannot be resident at once and phases alternate by process rather
+than within one): ``examples.qwen3_moe.train --preset h200`` in bf16, then
+``examples.qwen3_moe.torchtitan_peer``, then each ``--fp8`` recipe; ``--rounds 2`` runs that
+sequence twice. Each phase writes its ``metrics.json`` under ``--out``; the rows (tokens/s, MFU,
+peak memory, first-step seconds, first and last loss, and each jaxmoe row's tokens/s over the
+torchtitan row of its round) go to ``--out/rows.json`` for ``python -m jaxmoe.bench.tables``.
+
+    python -m examples.qwen3_moe.compare --steps 50 --out model-h200
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+
+def phases(args: argparse.Namespace) -> list[tuple[str, list[str]]]:
+    """``(impl, command)`` of one round."""
+    common = ["--steps", str(args.steps), "--data", "synthetic"]
+    jaxmoe = [sys.executable, "-m", "examples.qwen3_moe.train", "--preset", args.preset, *common]
+    result = [("jaxmoe-bf16", jaxmoe)]
+    if not args.skip_torchtitan:
+        peer = [sys.executable, "-m", "examples.qwen3_moe.torchtitan_peer"]
+        result.append(("torchtitan", [*peer, "--steps", str(args.steps)]))
+        if args.torchtitan_compile:
+            result.append(("torchtitan-compile", [*peer, "--steps", str(args.steps), "--compile"]))
+    for recipe in args.fp8:
+        result.append((f"jaxmoe-fp8-{recipe}", [*jaxmoe, "--fp8", recipe]))
+    return result
+
+
+def row(impl: str, round_: int, metrics: dict) -> dict:
+    loss = metrics.get("loss") or [None]
+    return {
+        "impl": impl,
+        "round": round_,
+        "tokens_per_second": metrics["tokens_per_second"],
+        "mfu": metrics["mfu"],
+        "peak_memory_gib": (metrics.get("peak_memory_bytes") or 0) / 2**30,
+        "first_step_s": metrics["compile_seconds"],
+        "timed_steps": metrics["timed_steps"],
+        "loss_first": loss[0],
+        "loss_last": loss[-1],
+        "flops_per_token": metrics["flops_per_token"],
+    }
+
+
+def main(argv=None) -> list[dict]:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--preset", default="h200")
+    parser.add_argument("--steps", type=int, default=50)
+    parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--fp8", nargs="*", default=["rowwise"], help="FP8 recipes to add")
+    parser.add_argument("--skip-torchtitan", action="store_true")
+    parser.add_argument("--torchtitan-compile", action="store_true")
+    parser.add_argument("--timeout", type=float, default=900, help="seconds per phase")
+    parser.add_argument("--out", default="model-compare")
+    args = parser.parse_args(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ, XLA_PYTHON_CLIENT_MEM_FRACTION="0.95")
+    rows, failures = [], []
+    for round_ in range(args.rounds):
+        for impl, command in phases(args):
+            folder = out / f"{impl}-{round_}"
+            print(f"compare: {impl} (round {round_}): {' '.join(command[1:])}", flush=True)
+            with open(out / f"{impl}-{round_}.log", "w") as log:
+                try:
+                    done = subprocess.run(
+                        [*command, "--out", str(folder)],
+                        env=env,
+                        stdout=log,
+                        stderr=subprocess.STDOUT,
+                        timeout=args.timeout,
+                        check=False,
+                    )
+                    status = done.returncode
+                except subprocess.TimeoutExpired:
+                    status = "timeout"
+            metrics_file = folder / "metrics.json"
+            if status != 0 or not metrics_file.exists():
+                failures.append({"impl": impl, "round": round_, "status": status})
+                print(f"compare: {impl} failed ({status}); see {log.name}", flush=True)
+                continue
+            rows.append(row(impl, round_, json.loads(metrics_file.read_text())))
+            print(
+                f"compare: {impl}: {rows[-1]['tokens_per_second']:,.0f} tokens/s, "
+                f"MFU {100 * rows[-1]['mfu']:.1f}%",
+                flush=True,
+            )
+    for entry in rows:
+        peer = next(
+            (r for r in rows if r["impl"] == "torchtitan" and r["round"] == entry["round"]), None
+        )
+        if peer:
+            entry["vs_torchtitan"] = entry["tokens_per_second"] / peer["tokens_per_second"]
+    (out / "rows.json").write_text(json.dumps({"rows": rows, "failures": failures}, indent=1))
+    return rows
+
+
+if __name__ == "__main__":
+    main()
