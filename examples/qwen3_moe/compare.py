@@ -52,6 +52,14 @@ def row(impl: str, round_: int, metrics: dict) -> dict:
     }
 
 
+def add_ratios(rows: list[dict]) -> None:
+    """Sets each row's ``vs_torchtitan``: its tokens/s over the torchtitan row of its round."""
+    peers = {r["round"]: r["tokens_per_second"] for r in rows if r["impl"] == "torchtitan"}
+    for entry in rows:
+        if entry["round"] in peers:
+            entry["vs_torchtitan"] = entry["tokens_per_second"] / peers[entry["round"]]
+
+
 def main(argv=None) -> list[dict]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--preset", default="h200")
@@ -95,12 +103,7 @@ def main(argv=None) -> list[dict]:
                 f"MFU {100 * rows[-1]['mfu']:.1f}%",
                 flush=True,
             )
-    for entry in rows:
-        peer = next(
-            (r for r in rows if r["impl"] == "torchtitan" and r["round"] == entry["round"]), None
-        )
-        if peer:
-            entry["vs_torchtitan"] = entry["tokens_per_second"] / peer["tokens_per_second"]
+    add_ratios(rows)
     (out / "rows.json").write_text(json.dumps({"rows": rows, "failures": failures}, indent=1))
     return rows
 
