@@ -51,8 +51,13 @@ def op_scopes(hlo_text: str) -> dict[str, str]:
 def step_breakdown(events, scopes: dict[str, str], steps: int) -> dict:
     """Per-step milliseconds of device time by scope, the idle time and the traced span."""
     busy = dict.fromkeys((*SCOPES, "other", "unattributed"), 0.0)
-    for _, op, _, duration_ns in events:
-        busy[scopes.get(op, "unattributed")] += duration_ns / 1e6 / steps
+    unnamed: dict[str, float] = {}
+    for kernel, op, _, duration_ns in events:
+        scope = scopes.get(op, "unattributed")
+        busy[scope] += duration_ns / 1e6 / steps
+        if scope == "unattributed":
+            key = f"{op or '-'} / {kernel[:40]}"
+            unnamed[key] = unnamed.get(key, 0.0) + duration_ns / 1e6 / steps
     span_ms = 0.0
     if events:
         start = min(event[2] for event in events)
@@ -68,6 +73,7 @@ def step_breakdown(events, scopes: dict[str, str], steps: int) -> dict:
         "ms": busy,
         "share": {scope: ms / kernel_ms for scope, ms in busy.items()} if kernel_ms else {},
         "largest_gaps": idle["largest"],
+        "unattributed_top": sorted(unnamed.items(), key=lambda item: -item[1])[:10],
     }
 
 
@@ -85,7 +91,10 @@ def main(argv=None) -> dict:
         run.data, run.cfg.vocab_size, run.batch_size, run.seq_len, np.random.default_rng(0)
     )
     batch = place_batch(batches.next(), run.cfg, mesh)
+    t0 = time.perf_counter()
     compiled = make_train_step(graphdef, shardings).lower(state, batch).compile()
+    compile_s = time.perf_counter() - t0
+    print(f"profile_step: compiled in {compile_s:.1f} s", flush=True)
     scopes = op_scopes(compiled.as_text())
     for _ in range(args.warmup):
         state, loss, *_ = compiled(state, batch)
@@ -100,7 +109,12 @@ def main(argv=None) -> dict:
         paths = glob.glob(os.path.join(log_dir, "**", "*.xplane.pb"), recursive=True)
         events = device_events(max(paths, key=os.path.getmtime)) if paths else []
     result = step_breakdown(events, scopes, args.profile_steps)
-    result.update(wall_ms_traced=wall_ms, preset=run.preset, fp8=run.cfg.moe.fp8_recipe)
+    result.update(
+        compile_seconds=compile_s,
+        wall_ms_traced=wall_ms,
+        preset=run.preset,
+        fp8=run.cfg.moe.fp8_recipe,
+    )
     out = Path(run.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "profile.json").write_text(json.dumps(result, indent=1))

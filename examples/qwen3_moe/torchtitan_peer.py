@@ -29,9 +29,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib
 import json
 import math
 import os
+import re
+import sys
 import time
 from pathlib import Path
 
@@ -47,10 +50,38 @@ def h200_config(num_layers: int):
     return build_config(dataclasses.replace(H200, model=model))
 
 
+def import_model_registry() -> tuple[object, list[str]]:
+    """``(torchtitan.models.qwen3.model_registry, placeholders)``, on an older torch too.
+
+    torchtitan 0.3.0's modules import, at module level, a few names of a newer torch's
+    distributed API (``torch.distributed.fsdp.DataParallelMeshDims`` on torch 2.11) for the
+    multi-GPU wrappers, which a one-GPU model never calls. Where the installed torch lacks one,
+    the name gets a placeholder class and the import is retried; ``placeholders`` lists them
+    (recorded in the metrics). Any other import error is raised.
+    """
+    placeholders: list[str] = []
+    for _ in range(16):
+        try:
+            from torchtitan.models.qwen3 import model_registry
+
+            return model_registry, placeholders
+        except ImportError as error:
+            missing = re.match(r"cannot import name '(\w+)' from '(torch[\w.]*)'", str(error))
+            if not missing:
+                raise
+            name, module = missing.groups()
+            setattr(importlib.import_module(module), name, type(name, (), {}))
+            placeholders.append(f"{module}.{name}")
+            for loaded in [key for key in sys.modules if key.startswith("torchtitan")]:
+                del sys.modules[loaded]
+    raise ImportError(f"torchtitan still fails to import after placeholders {placeholders}")
+
+
 def build_model(num_layers: int, device: str):
     """torchtitan's Qwen3 30B-A3B flavour with its first ``num_layers`` layers, on ``device``."""
     import torch
-    from torchtitan.models.qwen3 import model_registry
+
+    model_registry, placeholders = import_model_registry()
 
     config = model_registry("30B-A3B").model
     config.layers = list(config.layers)[:num_layers]
@@ -59,7 +90,7 @@ def build_model(num_layers: int, device: str):
     model.to_empty(device=device)
     with torch.no_grad():
         model.init_states(buffer_device=torch.device(device))
-    return config, model
+    return config, model, placeholders
 
 
 def lr_lambda(warmup_steps: int, total_steps: int):
@@ -82,7 +113,7 @@ def train(args: argparse.Namespace) -> dict:
     torch.manual_seed(args.seed)
     device = "cuda"
     cfg = h200_config(args.layers)
-    config, model = build_model(args.layers, device)
+    config, model, placeholders = build_model(args.layers, device)
     if args.compile:
         torch._dynamo.config.capture_scalar_outputs = True
         for block in model.layers.values():
@@ -146,6 +177,8 @@ def train(args: argparse.Namespace) -> dict:
         "peak_tflops": args.peak_tflops,
         "peak_memory_bytes": torch.cuda.max_memory_allocated(),
         "peak_reserved_bytes": torch.cuda.max_memory_reserved(),
+        "torch_placeholders": placeholders,
+        "torch": torch.__version__,
         "run": vars(args),
     }
     out = Path(args.out)
