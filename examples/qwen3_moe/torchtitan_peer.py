@@ -10,7 +10,7 @@ what torchtitan's trainer does on one GPU for this model:
 - AdamW, ``fused`` (torchtitan's default implementation), lr 3e-4, betas (0.9, 0.95), weight decay
   0.1, eps 1e-8; the JAX side's schedule (a linear warmup, then a cosine decay to a tenth);
   gradients clipped to a global norm of 1.0;
-- its default attention backend (``flex``: compiled FlexAttention with a causal block mask);
+- its default attention backend (``flex``: compiled FlexAttention, :func:`causal_block_mask`);
 - its MoE as the flavour configures it: softmax top-8 renormalised, ``torch._grouped_mm``
   experts, ``load_balance_coeff=1e-3`` (an expert bias that torchtitan's optimizer hook updates
   between steps; this loop runs no hook, so the bias stays zero and routing is by the scores);
@@ -93,6 +93,18 @@ def build_model(num_layers: int, device: str):
     return config, model, placeholders
 
 
+def causal_block_mask(batch_size: int, seq_len: int, device: str):
+    """FlexAttention's causal ``BlockMask``: what torchtitan's document mask is for sequences of
+    one document each, built with torch's ``create_block_mask`` directly (torchtitan 0.3.0's
+    builder passes ``separate_full_blocks``, which torch 2.11 does not take)."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    def causal(batch, head, query, key):
+        return query >= key
+
+    return create_block_mask(causal, batch_size, None, seq_len, seq_len, device=device)
+
+
 def lr_lambda(warmup_steps: int, total_steps: int):
     """The learning-rate multiplier of ``step``: a linear warmup, then a cosine decay to a tenth
     at ``total_steps`` (``examples.qwen3_moe.step.adamw``'s schedule)."""
@@ -130,8 +142,7 @@ def train(args: argparse.Namespace) -> dict:
         optimizer, lr_lambda(args.warmup_steps, args.steps)
     )
     generator = torch.Generator(device="cpu").manual_seed(args.seed)
-    positions = torch.arange(args.seq_len, device=device).expand(args.batch_size, -1)
-    masks = model.get_attention_masks(positions)
+    masks = causal_block_mask(args.batch_size, args.seq_len, device)
 
     def step() -> torch.Tensor:
         tokens = torch.randint(
