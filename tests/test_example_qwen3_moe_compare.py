@@ -69,8 +69,10 @@ def test_profile_breakdown_shares_and_idle():
 
 
 def test_compare_rows_and_ratios(tmp_path, monkeypatch):
-    def fake_run(command, env, stdout, stderr, timeout, check):
-        assert env["XLA_PYTHON_CLIENT_MEM_FRACTION"] == "0.95"
+    def fake_run(command, **kwargs):
+        if command[0] == "nvidia-smi":
+            raise FileNotFoundError(command[0])
+        assert kwargs["env"]["XLA_PYTHON_CLIENT_MEM_FRACTION"] == "0.95"
         folder = command[command.index("--out") + 1]
         os.makedirs(folder)
         rate = 2000.0 if "torchtitan_peer" in " ".join(command) else 3000.0
@@ -78,6 +80,7 @@ def test_compare_rows_and_ratios(tmp_path, monkeypatch):
             return subprocess.CompletedProcess(command, 1)  # a failed phase is reported
         metrics = dict(
             tokens_per_second=rate,
+            tokens_per_step=600,
             mfu=0.3,
             peak_memory_bytes=2**30,
             compile_seconds=5.0,
@@ -99,7 +102,10 @@ def test_compare_rows_and_ratios(tmp_path, monkeypatch):
     ]
     assert rows[0]["vs_torchtitan"] == pytest.approx(1.5)
     assert rows[0]["peak_memory_gib"] == pytest.approx(1.0)
+    assert rows[1]["ms"] == pytest.approx(300.0)  # 600 tokens at 2000 tokens/s
     saved = json.loads((tmp_path / "rows.json").read_text())
+    assert saved["header"]["device"] == "cpu"
+    assert saved["header"]["command"].endswith("--rounds 2 --out " + str(tmp_path))
     assert saved["failures"] == [
         {"impl": "jaxmoe-fp8-rowwise", "round": 0, "status": 1},
         {"impl": "jaxmoe-fp8-rowwise", "round": 1, "status": 1},

@@ -14,10 +14,12 @@ torchtitan row of its round) go to ``--out/rows.json`` for ``python -m jaxmoe.be
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 
@@ -36,11 +38,13 @@ def phases(args: argparse.Namespace) -> list[tuple[str, list[str]]]:
     return result
 
 
-def row(impl: str, round_: int, metrics: dict) -> dict:
+def row(impl: str, round_: int, metrics: dict, model: str) -> dict:
     loss = metrics.get("loss") or [None]
     return {
+        "model": model,
         "impl": impl,
         "round": round_,
+        "ms": 1e3 * metrics["tokens_per_step"] / metrics["tokens_per_second"],
         "tokens_per_second": metrics["tokens_per_second"],
         "mfu": metrics["mfu"],
         "peak_memory_gib": (metrics.get("peak_memory_bytes") or 0) / 2**30,
@@ -49,6 +53,35 @@ def row(impl: str, round_: int, metrics: dict) -> dict:
         "loss_first": loss[0],
         "loss_last": loss[-1],
         "flops_per_token": metrics["flops_per_token"],
+    }
+
+
+def model_name(preset: str, steps: int) -> str:
+    return f"qwen3_moe {preset}, {steps} steps, synthetic tokens"
+
+
+def run_header(argv: list[str]) -> dict:
+    """Device, versions, date and command, as ``python -m jaxmoe.bench.tables`` reads them.
+
+    The device's name comes from ``nvidia-smi``: this driver process must not start JAX or
+    torch on the GPU, whose memory the phases need."""
+    try:
+        smi = ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"]
+        names = subprocess.run(smi, capture_output=True, text=True, check=True).stdout.split("\n")
+        device = names[0].strip() or "cpu"
+    except (OSError, subprocess.CalledProcessError):
+        device = "cpu"
+    versions = {}
+    for package in ("jax", "torch", "torchtitan"):
+        try:
+            versions[package] = importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            versions[package] = None
+    return {
+        "device": device,
+        **versions,
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "command": "python -m examples.qwen3_moe.compare " + " ".join(argv),
     }
 
 
@@ -97,14 +130,17 @@ def main(argv=None) -> list[dict]:
                 failures.append({"impl": impl, "round": round_, "status": status})
                 print(f"compare: {impl} failed ({status}); see {log.name}", flush=True)
                 continue
-            rows.append(row(impl, round_, json.loads(metrics_file.read_text())))
+            metrics = json.loads(metrics_file.read_text())
+            rows.append(row(impl, round_, metrics, model_name(args.preset, args.steps)))
             print(
                 f"compare: {impl}: {rows[-1]['tokens_per_second']:,.0f} tokens/s, "
                 f"MFU {100 * rows[-1]['mfu']:.1f}%",
                 flush=True,
             )
     add_ratios(rows)
-    (out / "rows.json").write_text(json.dumps({"rows": rows, "failures": failures}, indent=1))
+    header = run_header(argv if argv is not None else sys.argv[1:])
+    results = {"header": header, "rows": rows, "failures": failures}
+    (out / "rows.json").write_text(json.dumps(results, indent=1))
     return rows
 
 
