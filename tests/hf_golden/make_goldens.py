@@ -25,6 +25,7 @@ import tempfile
 import numpy as np
 import torch
 import transformers
+from packaging.version import Version
 from safetensors.numpy import load_file, save_file
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -201,6 +202,46 @@ CASES = {
         "model.layers.0.mlp.",
     ),
 }
+
+
+def _swiglu_from_config(model) -> None:
+    """Gives every gpt-oss experts module its config's ``swiglu_alpha`` and ``swiglu_limit``, as
+    transformers 5.19 and later do (earlier ones fix them at 1.702 and 7.0)."""
+    for layer in model.model.layers:
+        layer.mlp.experts.alpha = model.config.swiglu_alpha
+        layer.mlp.experts.limit = model.config.swiglu_limit
+
+
+# case -> (the first transformers version whose block computes the case's goldens, why earlier
+# versions compute another function, what turns an earlier version's block into the later one's).
+# A case's block must compute one function in every version from its first one up to the
+# goldens' own: tests/test_hf_transformers.py checks that where it can.
+FIRST_MATCHING_VERSION = {
+    "gpt_oss": (
+        "5.19.0",
+        "transformers before 5.19 fixes gpt-oss's SwiGLU at alpha 1.702 and limit 7.0, ignoring "
+        "the config's swiglu_alpha and swiglu_limit (1.25 and 0.15 in this case; every gpt-oss "
+        "Hub checkpoint has 1.702 and 7.0, where the versions agree)",
+        _swiglu_from_config,
+    ),
+}
+
+
+def computes_another_function(case: str) -> str | None:
+    """Why the installed transformers' block of ``case`` computes another function than its
+    goldens, or None where it computes theirs."""
+    first, reason, _ = FIRST_MATCHING_VERSION.get(case, ("0", "", None))
+    if Version(transformers.__version__) >= Version(first):
+        return None
+    return f"transformers {transformers.__version__} is installed; {reason}"
+
+
+def as_in_goldens(case: str, model):
+    """``model`` computing the goldens' function: an earlier transformers' block aligned with the
+    later one (:data:`FIRST_MATCHING_VERSION`), or ``model`` untouched where it already does."""
+    if computes_another_function(case) is not None:
+        FIRST_MATCHING_VERSION[case][2](model)
+    return model
 
 
 def build_model(case: str):
