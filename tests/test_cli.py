@@ -8,7 +8,7 @@ import argparse
 import importlib.util
 import json
 import math
-import subprocess
+import runpy
 import sys
 
 import jax
@@ -22,12 +22,14 @@ from jaxmoe.cli.demo import DemoConfig, build, make_mesh, make_train_step, state
 from jaxmoe.cli.main import main
 
 
-def test_module_entry_point_prints_help():
-    result = subprocess.run(
-        [sys.executable, "-m", "jaxmoe", "--help"], capture_output=True, text=True, timeout=120
-    )
-    assert result.returncode == 0, result.stderr
-    assert "demo" in result.stdout and "bench" in result.stdout
+def test_module_entry_point_prints_help(monkeypatch, capsys):
+    """``python -m jaxmoe --help``, run in-process as ``-m`` runs it (runpy, sys.argv)."""
+    monkeypatch.setattr(sys, "argv", ["python -m jaxmoe", "--help"])
+    with pytest.raises(SystemExit) as exit_:
+        runpy.run_module("jaxmoe", run_name="__main__", alter_sys=True)
+    assert exit_.value.code == 0
+    out = capsys.readouterr().out
+    assert "demo" in out and "bench" in out
 
 
 def test_demo_expert_parallel_with_expert_bias_writes_metrics_and_plot(tmp_path, capsys):

@@ -58,11 +58,14 @@ def jaxmoe_outputs(cfg, params, inputs):
         y, _ = jaxmoe.moe(params, x, cfg)
         return jnp.sum(y * inputs["loss_weights"]), y
 
-    (_, y), grad = jax.value_and_grad(loss, has_aux=True)(x)
-    logits = router_logits(
-        x.reshape(-1, cfg.hidden_size), params["router"]["kernel"], params["router"].get("bias")
-    )
-    experts = route(logits, cfg, params.get("expert_bias")).experts
+    def routed(x):
+        kernel, bias = params["router"]["kernel"], params["router"].get("bias")
+        logits = router_logits(x.reshape(-1, cfg.hidden_size), kernel, bias)
+        return route(logits, cfg, params.get("expert_bias")).experts
+
+    # Compiled, not op by op: eager dispatch compiles each of the layer's ops on its own.
+    (_, y), grad = jax.jit(jax.value_and_grad(loss, has_aux=True))(x)
+    experts = jax.jit(routed)(x)
     return {
         "output": np.asarray(y),
         "input_grad": np.asarray(grad),
@@ -205,7 +208,9 @@ def test_mesh_load_equals_unsharded_and_reads_own_experts(case, tmp_path, monkey
     # Every expert tensor is read exactly once, by the callback of the device that holds it.
     assert sorted(expert_reads) == sorted(set(expert_reads)) and len(expert_reads) == 8 * 3
     tiled = np.tile(want["hidden"], (4, 1, 1))  # a batch of 8: one sequence per device
-    y, _ = jaxmoe.moe(sharded, jnp.asarray(tiled), sharded_cfg, mesh=mesh)
+    y, _ = jax.jit(lambda params, x: jaxmoe.moe(params, x, sharded_cfg, mesh=mesh))(
+        sharded, jnp.asarray(tiled)
+    )
     assert rel(y, np.tile(want["output"], (4, 1, 1))) <= 1e-5
 
 
@@ -249,7 +254,9 @@ def test_gpt_oss_mesh_load_shards_expert_biases_and_reads_own_experts(tmp_path, 
     ]
     assert sorted(expert_reads, key=str) == sorted(want_reads, key=str)
     tiled = np.tile(want["hidden"], (4, 1, 1))
-    y, _ = jaxmoe.moe(sharded, jnp.asarray(tiled), sharded_cfg, mesh=mesh)
+    y, _ = jax.jit(lambda params, x: jaxmoe.moe(params, x, sharded_cfg, mesh=mesh))(
+        sharded, jnp.asarray(tiled)
+    )
     assert rel(y, np.tile(want["output"], (4, 1, 1))) <= 1e-5
 
 

@@ -206,7 +206,8 @@ def test_biased_or_clamped_experts_never_take_the_fused_gated_op(monkeypatch):
     for options in ({"expert_ffn_bias": True}, {"activation": "swiglu_clamped"}, {}):
         cfg = _config(**options, grouped_matmul_backend="xla")
         params, x, _ = _inputs(cfg)
-        jaxmoe.moe(params, x, cfg)
+        # Tracing picks the op: no need to compile or run the layer.
+        jax.eval_shape(lambda params, x, cfg=cfg: jaxmoe.moe(params, x, cfg), params, x)
     assert calls == ["swiglu"]
 
 
@@ -262,13 +263,20 @@ def test_fp8_runs_the_biases_and_clamp_around_its_matmuls():
     cfg = _config(**GPT_OSS, hidden_size=64, ffn_size=96, fp8_recipe="rowwise")
     params, _, _ = _inputs(cfg)
     x = jax.random.normal(jax.random.key(5), (4, 8, 64), jnp.float32)
-    y = jaxmoe.moe(params, x, cfg)[0]
-    unquantized = jaxmoe.moe(params, x, dataclasses.replace(cfg, fp8_recipe=None))[0]
+    # Compiled, not op by op: eager dispatch compiles each of the layer's ops on its own.
+    layer = jax.jit(
+        lambda params, cfg, fp8_weights=None: jaxmoe.moe(params, x, cfg, fp8_weights=fp8_weights)[
+            0
+        ],
+        static_argnums=1,
+    )
+    y = layer(params, cfg)
+    unquantized = layer(params, dataclasses.replace(cfg, fp8_recipe=None))
     assert 5e-3 < relative_error(y, unquantized) < 0.1
-    cache = jaxmoe.quantize_expert_weights(params, cfg)
+    cache = jax.jit(jaxmoe.quantize_expert_weights, static_argnums=1)(params, cfg)
     assert sorted(cache) == ["w_down", "w_gate", "w_up"]
-    np.testing.assert_array_equal(jaxmoe.moe(params, x, cfg, fp8_weights=cache)[0], y)
-    grads = jax.grad(lambda p: jnp.sum(jaxmoe.moe(p, x, cfg)[0]))(params)
+    np.testing.assert_array_equal(layer(params, cfg, cache), y)
+    grads = jax.jit(jax.grad(lambda p: jnp.sum(jaxmoe.moe(p, x, cfg)[0])))(params)
     assert float(jnp.abs(grads["experts"]["b_down"]).sum()) > 0
 
 
@@ -278,19 +286,21 @@ def test_fp8_runs_the_biases_and_clamp_around_its_matmuls():
 def test_nnx_and_linen_hold_the_new_parameters():
     cfg = _config(**GPT_OSS, **QWEN2)
     x = jax.random.normal(jax.random.key(1), (2, 6, HIDDEN), jnp.float32)
+    # Each call compiled (nnx.jit, jax.jit), not op by op: eager dispatch compiles each op alone.
+    moe = jax.jit(lambda params: jaxmoe.moe(params, x, cfg)[0])
     layer = jaxmoe.nn.MoE(cfg, rngs=nnx.Rngs(0))
     tree = layer.params_tree()
     assert jax.tree.map(jnp.shape, tree) == jaxmoe.params.param_shapes(cfg)
-    np.testing.assert_array_equal(layer(x)[0], jaxmoe.moe(tree, x, cfg)[0])
-    grads = nnx.grad(lambda m: jnp.sum(m(x)[0]))(layer)
+    np.testing.assert_array_equal(nnx.jit(lambda m: m(x)[0])(layer), moe(tree))
+    grads = nnx.jit(nnx.grad(lambda m: jnp.sum(m(x)[0])))(layer)
     assert float(jnp.abs(grads.router["bias"][...]).sum()) > 0
     assert float(jnp.abs(grads.shared["output_gate"][...]).sum()) > 0
 
     linen = jaxmoe.nn.MoELinen(cfg)
-    variables = linen.init(jax.random.key(0), x)
+    variables = jax.jit(linen.init)(jax.random.key(0), x)
     params = nn.unbox(variables["params"])
     assert jax.tree.map(jnp.shape, params) == jaxmoe.params.param_shapes(cfg)
-    np.testing.assert_array_equal(linen.apply(variables, x)[0], jaxmoe.moe(params, x, cfg)[0])
+    np.testing.assert_array_equal(jax.jit(linen.apply)(variables, x)[0], moe(params))
     axes = nn.get_partition_spec(variables)["params"]
     assert axes["experts"]["b_down"] == jax.sharding.PartitionSpec("expert", "embed")
     assert axes["shared"]["output_gate"] == jax.sharding.PartitionSpec("embed", None)
