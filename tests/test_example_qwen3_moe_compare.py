@@ -49,6 +49,27 @@ def test_profile_scopes_cover_the_tiny_step():
     assert set(scopes.values()) >= {"jaxmoe", "attention", "lm_head", "optimizer"}
 
 
+def _float32_head_dots(float32_logits: bool) -> int:
+    """The lowered bf16 tiny step's dot_generals with float32 operands of the vocabulary's width."""
+    flags = ["--preset", "tiny", "--dtype", "bfloat16"]
+    flags += [] if float32_logits else ["--logits-dtype", "compute"]
+    run = run_from_flags(build_parser().parse_args(flags))
+    graphdef, state, shardings = init_state(run.cfg, adamw(1e-3, 1, 10), 0)
+    batches = Batches(run.data, run.cfg.vocab_size, 2, 16, np.random.default_rng(0))
+    batch = place_batch(batches.next(), run.cfg, None)
+    text = make_train_step(graphdef, shardings).lower(state, batch).as_text()
+    vocab = f"x{run.cfg.vocab_size}xf32>"
+    return sum(
+        1 for line in text.splitlines() if "dot_general" in line and vocab in line.split("->")[0]
+    )
+
+
+def test_compute_dtype_logits_take_the_head_backward_out_of_float32():
+    # float32 logits: the cotangent reaching the head is float32, and so are its backward dots.
+    assert _float32_head_dots(True) >= 2
+    assert _float32_head_dots(False) == 0
+
+
 def test_profile_breakdown_shares_and_idle():
     scopes = {"a.1": "jaxmoe", "b.2": "attention", "c.3": "optimizer"}
     # Two steps: kernels of 3 + 1 + 1 ms with a 1 ms gap each step, and one unnamed kernel.
@@ -94,6 +115,11 @@ def test_compare_rows_and_ratios(tmp_path, monkeypatch):
 
     monkeypatch.setattr(compare.subprocess, "run", fake_run)
     rows = compare.main(["--steps", "4", "--rounds", "2", "--out", str(tmp_path)])
+    variant = compare.build_parser().parse_args(["--jaxmoe-variant", "b16=--logits-dtype compute"])
+    assert compare.phases(variant)[-1] == (
+        "jaxmoe-b16",
+        [*compare.phases(variant)[0][1], "--logits-dtype", "compute"],
+    )
     assert [(r["impl"], r["round"]) for r in rows] == [
         ("jaxmoe-bf16", 0),
         ("torchtitan", 0),

@@ -17,6 +17,7 @@ import argparse
 import importlib.metadata
 import json
 import os
+import shlex
 import subprocess
 import sys
 import time
@@ -35,6 +36,9 @@ def phases(args: argparse.Namespace) -> list[tuple[str, list[str]]]:
             result.append(("torchtitan-compile", [*peer, "--steps", str(args.steps), "--compile"]))
     for recipe in args.fp8:
         result.append((f"jaxmoe-fp8-{recipe}", [*jaxmoe, "--fp8", recipe]))
+    for variant in args.jaxmoe_variant:
+        name, _, flags = variant.partition("=")
+        result.append((f"jaxmoe-{name}", [*jaxmoe, *shlex.split(flags)]))
     return result
 
 
@@ -93,17 +97,29 @@ def add_ratios(rows: list[dict]) -> None:
             entry["vs_torchtitan"] = entry["tokens_per_second"] / peers[entry["round"]]
 
 
-def main(argv=None) -> list[dict]:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--preset", default="h200")
     parser.add_argument("--steps", type=int, default=50)
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--fp8", nargs="*", default=["rowwise"], help="FP8 recipes to add")
+    parser.add_argument(
+        "--jaxmoe-variant",
+        action="append",
+        default=[],
+        metavar="NAME=FLAGS",
+        help="one more jaxmoe phase: the train command with FLAGS, its row named jaxmoe-NAME "
+        "(e.g. 'bf16-logits=--logits-dtype compute'); repeatable",
+    )
     parser.add_argument("--skip-torchtitan", action="store_true")
     parser.add_argument("--torchtitan-compile", action="store_true")
     parser.add_argument("--timeout", type=float, default=900, help="seconds per phase")
     parser.add_argument("--out", default="model-compare")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv=None) -> list[dict]:
+    args = build_parser().parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, XLA_PYTHON_CLIENT_MEM_FRACTION="0.95")

@@ -35,6 +35,11 @@ class DecoderConfig:
         the attention / dense MLP / head kernels (transformers' rule; the MoE blocks use
         :func:`jaxmoe.init_params`).
       dtype: compute dtype (activations, matmul inputs); the loss's logits are float32.
+      float32_logits: the head's matmul writes float32 logits (its ``preferred_element_type``;
+        the default). False: it writes them in ``dtype`` and the loss takes them to float32,
+        as torchtitan's autocast does; the cotangent reaching the head is then in ``dtype`` and
+        the backward's two head matmuls run in it rather than in float32 (the head is the
+        largest part of the ``h200`` step: docs/performance.md, 'A whole model').
       param_dtype: dtype of every parameter.
       attention: ``"auto"`` (cuDNN flash attention on a GPU where the dtype and head_dim allow,
         else XLA), ``"xla"`` or ``"cudnn"`` (``jax.nn.dot_product_attention``'s
@@ -59,6 +64,7 @@ class DecoderConfig:
     param_dtype: Any = jnp.float32
     attention: str = "auto"
     remat: bool = False
+    float32_logits: bool = True
 
     def __post_init__(self):
         for name in ("vocab_size", "num_layers", "num_heads", "num_kv_heads", "head_dim"):

@@ -216,10 +216,12 @@ class Qwen3MoE(nnx.Module):
                 moe_stats.append(stats)
         with jax.named_scope("lm_head"):
             x = self.norm(x)
+            written = jnp.float32 if cfg.float32_logits else cfg.dtype
             if cfg.tie_word_embeddings:
                 head = self.embed_tokens[...].astype(cfg.dtype)
-                logits = jnp.einsum("bsh,vh->bsv", x, head, preferred_element_type=jnp.float32)
+                logits = jnp.einsum("bsh,vh->bsv", x, head, preferred_element_type=written)
             else:
                 head = self.lm_head.kernel[...].astype(cfg.dtype)
-                logits = jnp.einsum("bsh,hv->bsv", x, head, preferred_element_type=jnp.float32)
+                logits = jnp.einsum("bsh,hv->bsv", x, head, preferred_element_type=written)
+            logits = logits.astype(jnp.float32)
         return logits, jax.tree.map(lambda *leaves: jnp.stack(leaves), *moe_stats)

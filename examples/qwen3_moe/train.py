@@ -86,6 +86,13 @@ def build_parser() -> Parser:
     add("--remat", action="store_true", help="recompute each layer in the backward pass")
     add("--attention", choices=("auto", "xla", "cudnn"), default="auto", help="attention kernel")
     add(
+        "--logits-dtype",
+        choices=("float32", "compute"),
+        default="float32",
+        help="what the head's matmul writes: float32 logits, or logits in the compute dtype "
+        "taken to float32 for the loss (DecoderConfig.float32_logits)",
+    )
+    add(
         "--peak-tflops",
         type=number(0, above=True),
         default=H100_BF16_DENSE_TFLOPS,
@@ -132,7 +139,9 @@ def run_from_flags(args: argparse.Namespace) -> Run:
         cfg = build_config(
             preset, dtype=args.dtype, param_dtype=args.param_dtype, remat=args.remat, **moe_fields
         )
-        cfg = dataclasses.replace(cfg, attention=args.attention)
+        cfg = dataclasses.replace(
+            cfg, attention=args.attention, float32_logits=args.logits_dtype == "float32"
+        )
     except ValueError as error:
         raise usage_error(str(error)) from None
     batch = args.batch_size or preset.batch_size
