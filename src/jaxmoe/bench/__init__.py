@@ -14,4 +14,7 @@
   gradient), ``fp8_quantize`` (the quantizers against XLA's).
 - the layer's time: ``layer_profile`` (kernel time per XLA op), ``layer_api`` (the public API
   timed as users write it), ``kernel_profile`` (reading a profiler trace).
+- before and after a change: ``ab`` (two source trees, bitwise compared then timed in
+  interleaved rounds), ``ab_worker`` (the script each tree's process runs), ``ab_pipe`` (the
+  parent's end of its pipe), ``ab_trees`` (the trees: a folder or an exported commit).
 """

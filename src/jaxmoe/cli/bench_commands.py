@@ -8,7 +8,9 @@
   ``--tiny`` anywhere);
 - ``layer-profile``: the layer's kernel time per XLA op (GPU);
 - ``layer-api``: the layer through the public API, timed as users write it (any platform);
-- ``ep-memory``: the temporaries XLA plans for the dropless EP layer (simulated CPU devices).
+- ``ep-memory``: the temporaries XLA plans for the dropless EP layer (simulated CPU devices);
+- ``ab``: two source trees, before and after a change: bits compared, then timed in interleaved
+  rounds (:mod:`jaxmoe.cli.ab_command`; its workers hold the device, the parent none).
 
 Each prints one JSON line per row as it is made, then a table (:func:`jaxmoe.bench.harness.
 format_table`), and writes ``{"header", "rows"}`` JSON to ``--out`` after every row, with a
@@ -26,6 +28,7 @@ import json
 import jax
 
 from jaxmoe.bench import (
+    ab,
     ep_memory,
     fp8_gemm,
     fp8_quantize,
@@ -38,7 +41,7 @@ from jaxmoe.bench.layer import PASSES
 from jaxmoe.bench.presets import GEMM_SHAPES, LAYER_PRESETS
 from jaxmoe.bench.tile_variants import SITE_NAMES, check_variant_fields, tile_sites
 from jaxmoe.bench.timing import SETTLE_MS
-from jaxmoe.cli import ep_flags, flags
+from jaxmoe.cli import ab_command, ep_flags, flags
 from jaxmoe.option_names import FP8_RECIPES
 
 BENCH_MODULES = {
@@ -48,6 +51,7 @@ BENCH_MODULES = {
     "layer-profile": layer_profile,
     "layer-api": layer_api,
     "ep-memory": ep_memory,
+    "ab": ab,
 }
 KINDS = tuple(BENCH_MODULES)
 BIG_PRESETS = ("mixtral", "dsv3", "qwen3")
@@ -315,6 +319,10 @@ def add_ep_memory(kinds) -> None:
     _add_out(sub)
 
 
+def add_ab(kinds) -> None:
+    ab_command.add_flags(_parser(kinds, "ab", ab_command.DESCRIPTION))
+
+
 def _check_flags(args) -> None:
     """``ValueError`` naming the flag for a rule between flags that the bench would otherwise
     break only after its earlier work (no device needed)."""
@@ -396,6 +404,8 @@ def _produce(args, on_row):
 
 def run(args, command: str) -> int:
     """Runs the bench subcommand ``args.kind`` (one of :data:`KINDS`); returns the exit status."""
+    if args.kind == "ab":  # before anything here starts JAX: the workers hold the device
+        return ab_command.run(args, command)
     try:
         _check_flags(args)
     except ValueError as error:

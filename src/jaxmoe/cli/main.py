@@ -60,6 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench_commands.add_layer_profile(kinds)
     bench_commands.add_layer_api(kinds)
     bench_commands.add_ep_memory(kinds)
+    bench_commands.add_ab(kinds)
     return parser
 
 
