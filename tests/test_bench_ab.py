@@ -150,12 +150,19 @@ def test_tiny_mosaic_kernel_runs_interpreted(tmp_path):
     assert row.get("before_ms") is None and row["ms"] is None and "skipped" not in row
 
 
-def test_a_tree_that_does_not_import_is_one_error_line(tmp_path, capsys):
+@pytest.mark.parametrize(
+    "init, says",
+    [
+        ("import os\nos._exit(3)\n", "before worker exited (status 3)"),
+        ('raise ImportError("broken tree")\n', "could not import jaxmoe: ImportError: broken"),
+    ],
+)
+def test_a_tree_that_does_not_import_is_one_error_line(tmp_path, capsys, init, says):
     broken = copy_tree(tmp_path / "broken")
-    (broken / "src" / "jaxmoe" / "__init__.py").write_text("import os\nos._exit(3)\n")
+    (broken / "src" / "jaxmoe" / "__init__.py").write_text(init)
     argv = ["bench", "ab", "--before", str(broken), "--after", str(ROOT), "--tiny"]
     assert exit_code([*argv, "--backends", "xla"]) == 2
-    assert "before worker exited (status 3)" in one_error_line(capsys)
+    assert says in one_error_line(capsys)
 
 
 def test_case_list_reuses_the_bench_shapes():

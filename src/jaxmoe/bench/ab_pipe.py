@@ -87,8 +87,14 @@ class WorkerProcess:
         self.send({"op": "hello"})
 
     def finish_start(self) -> dict[str, Any]:
-        """``hello``'s reply; WorkerDied unless jaxmoe came from the tree's ``src``."""
-        self.info = self.receive()
+        """``hello``'s reply; WorkerDied unless jaxmoe imported, from the tree's ``src``."""
+        try:
+            self.info = self.receive()
+        except CaseFailed as error:
+            self.close()
+            label = self.tree.label
+            raise WorkerDied(f"the {label} worker could not import jaxmoe: {error}") from None
+
         imported = Path(self.info["jaxmoe_file"]).resolve()
         if not imported.is_relative_to(self.tree.src.resolve()):
             self.close()
