@@ -138,10 +138,12 @@ def _transpose(cotangent, *arrays, apply, transposes, group_sizes, out_shape, ou
     owners = {
         g for g, group in enumerate(slices) for i in undefined if group.start <= i < group.stop
     }
-    if len(owners) != 1 or undefined[-1] >= slices[-1].stop:
+    if len(owners) != 1 or max(undefined) >= slices[-1].stop:
+        # Linearizing yields one group's tangent at a time, the operands known: anything else
+        # is not a linear use of this map.
         raise NotImplementedError(
-            f"{apply.__name__ if hasattr(apply, '__name__') else apply}: transposed in "
-            "arrays other than one linear group's"
+            f"jaxmoe.multilinear ({getattr(apply, '__name__', apply)}): transposed with respect "
+            f"to arrays {undefined}, not the arrays of one linear group {slices}"
         )
     (g,) = owners
     group = slices[g]

@@ -18,8 +18,10 @@ buffer of R rows::
   dropped (counted, contribute zero).
 
 :func:`dispatch` (gather tokens into the buffer) and :func:`combine` (gather the buffer back
-and sum the K copies with their weights) have custom VJPs that are each other's transposes.
-Both directions are gathers (no scatter-add), so gradients are deterministic.
+and sum the K copies with their weights) are each other's transposes, given as such
+(:func:`jaxmoe.multilinear.multilinear`; the combine is bilinear in the buffer and the weights).
+Both directions are gathers (no scatter-add), so gradients are deterministic; forward mode
+applies the same gathers to the tangents.
 """
 
 from __future__ import annotations
@@ -328,7 +330,7 @@ def dispatch(x: jax.Array, plan: DispatchPlan) -> jax.Array:
 
 
 # The combine is bilinear in (buffer, weights): a multilinear map with one transpose per factor,
-# each its custom VJP's half, so forward mode is the same sum on the tangents.
+# each one half of the combine's backward, so forward mode is the same sum on the tangents.
 
 
 def _combine_rows(buffer, weights, row_assignment, assignment_row, live_rows, **dtypes):
