@@ -234,10 +234,21 @@ def _sub_jaxprs(eqn):
                 yield item
 
 
+def _is_exchange(eqn) -> bool:
+    """An all-to-all, or an exchange bound as a multilinear map (jaxmoe.multilinear: its
+    collective appears when lowered; an exchange is the map whose static arguments name an
+    Exchange)."""
+    if eqn.primitive.name == "all_to_all":
+        return True
+    static = (
+        dict(eqn.params.get("static", ())) if eqn.primitive.name == "jaxmoe_multilinear" else {}
+    )
+    return isinstance(static.get("impl"), jaxmoe.parallel.exchange.Exchange)
+
+
 def _holds_all_to_all(jaxpr) -> bool:
     return any(
-        eqn.primitive.name == "all_to_all" or any(map(_holds_all_to_all, _sub_jaxprs(eqn)))
-        for eqn in jaxpr.eqns
+        _is_exchange(eqn) or any(map(_holds_all_to_all, _sub_jaxprs(eqn))) for eqn in jaxpr.eqns
     )
 
 
@@ -246,7 +257,7 @@ def exchange_order(jaxpr, found=None) -> str:
     (``W``, not looked into), through every nested jaxpr."""
     found = [] if found is None else found
     for eqn in jaxpr.eqns:
-        if eqn.primitive.name == "all_to_all":
+        if _is_exchange(eqn):
             found.append("a")
         elif eqn.primitive.name == "while":
             if _holds_all_to_all(eqn.params["body_jaxpr"].jaxpr):

@@ -270,15 +270,17 @@ def _tiny_layer_loss():
 
 
 @pytest.mark.parametrize("transform", ["jvp", "jacfwd"])
-def test_forward_mode_through_the_layer_is_refused_with_the_reason(transform):
+def test_forward_mode_through_the_layer_matches_reverse_mode(transform):
+    # (tests/test_forward_mode.py covers every routing option, the mesh and finite differences.)
     layer, x, _ = _tiny_layer_loss()
-    run = {
-        "jvp": lambda: jax.jvp(layer, (x,), (jnp.ones_like(x),)),
-        "jacfwd": lambda: jax.jacfwd(layer)(x),
-    }[transform]
-    with pytest.raises(TypeError, match=r"jaxmoe\.permutation\.dispatch: forward-mode") as info:
-        run()
-    assert "jax.jacrev" in str(info.value) and "custom_vjp" in str(info.value)
+    reverse = jax.jacrev(layer)(x)
+    if transform == "jvp":
+        direction = jnp.arange(x.size, dtype=x.dtype).reshape(x.shape) / x.size
+        got = jax.jvp(layer, (x,), (direction,))[1]
+        want = jnp.einsum("thsi,si->th", reverse, direction)
+    else:
+        got, want = jax.jacfwd(layer)(x), reverse
+    _close(got, want)
 
 
 def test_layer_jacrev_matches_central_differences():

@@ -18,13 +18,14 @@ buffer of R rows::
   dropped (counted, contribute zero).
 
 :func:`dispatch` (gather tokens into the buffer) and :func:`combine` (gather the buffer back
-and sum the K copies with their weights) have custom VJPs that are each other's transposes.
-Both directions are gathers (no scatter-add), so gradients are deterministic.
+and sum the K copies with their weights) are each other's transposes, given as such
+(:func:`jaxmoe.multilinear.multilinear`; the combine is bilinear in the buffer and the weights).
+Both directions are gathers (no scatter-add), so gradients are deterministic; forward mode
+applies the same gathers to the tangents.
 """
 
 from __future__ import annotations
 
-import functools
 from typing import NamedTuple
 
 import jax
@@ -34,6 +35,7 @@ import numpy as np
 from jaxmoe import debug
 from jaxmoe.argument_checks import as_array, concrete_value, describe, round_up
 from jaxmoe.capacity import claim_ranks
+from jaxmoe.multilinear import multilinear
 from jaxmoe.ops import row_gather
 from jaxmoe.ops.row_gather import xla as row_gather_xla
 from jaxmoe.ranks import scatter_inverse, stable_ranks
@@ -222,57 +224,31 @@ def plan_dispatch(
     )
 
 
-FORWARD_MODE_REASON = (
-    "forward-mode autodiff (jax.jvp, jax.jacfwd) cannot run through the token permutation: "
-    "its dispatch and combine are jax.custom_vjp functions (so that their gradients are gathers "
-    "by the inverse map, deterministic, rather than JAX's scatter-add), and JAX has no forward "
-    "mode for a custom VJP. Use reverse mode (jax.grad, jax.vjp, jax.jacrev), jax.linearize, "
-    "or forward-over-reverse (jax.hessian, jax.jvp of jax.grad), which all work."
-)
-
-
-def _refusing_forward_mode(name: str, function):
-    """``function``, with JAX's bare error for forward mode through a custom VJP replaced by
-    one that says why and what works."""
-
-    @functools.wraps(function)
-    def wrapped(*args, **kwargs):
-        try:
-            return function(*args, **kwargs)
-        except TypeError as error:
-            if "forward-mode autodiff" not in str(error) or "custom_vjp" not in str(error):
-                raise
-            raise TypeError(f"jaxmoe.permutation.{name}: {FORWARD_MODE_REASON}") from error
-
-    return wrapped
-
-
 # ``values[index]`` along axis 0, zeros for out-of-range (sentinel) indices, as XLA's gather:
 # where elementwise work around it (a weight, a cast, a sum over copies) fuses into it.
 _gather_rows = row_gather_xla.gather_rows
 
 
-@jax.custom_vjp
+def _gather_by_index(values, index, inverse):
+    return _gather_rows(values, index)
+
+
+def _gather_by_inverse(grad_out, index, inverse):
+    return _gather_rows(grad_out, inverse)
+
+
 def permute_rows(values: jax.Array, index: jax.Array, inverse: jax.Array) -> jax.Array:
     """``out[i] = values[index[i]]`` (zeros for out-of-range ``index``), ``index`` injective.
 
     ``inverse`` is the inverse map (``inverse[index[i]] = i``, out of range where no ``i``
-    maps there), so the VJP is a gather too: ``grad_values = grad_out[inverse]``. No
-    scatter-add in either direction, so gradients are deterministic.
+    maps there), so the transpose is a gather too: ``grad_values = grad_out[inverse]``. No
+    scatter-add in either direction, so gradients are deterministic; forward mode gathers the
+    tangent by ``index``.
     """
-    return _gather_rows(values, index)
-
-
-def _permute_rows_fwd(values, index, inverse):
-    return _gather_rows(values, index), (index, inverse)
-
-
-def _permute_rows_bwd(residuals, grad_out):
-    index, inverse = residuals
-    return _gather_rows(grad_out, inverse), None, None
-
-
-permute_rows.defvjp(_permute_rows_fwd, _permute_rows_bwd)
+    out = jax.ShapeDtypeStruct((index.shape[0], *values.shape[1:]), values.dtype)
+    return multilinear(
+        _gather_by_index, (_gather_by_inverse,), ((values,),), (index, inverse), out=out
+    )
 
 
 def _sum_copies(values: jax.Array, assignment_row: jax.Array, weights=None) -> jax.Array:
@@ -318,26 +294,15 @@ def _spread(tokens, row_assignment, live_rows, top_k, weights=None):
     return debug.poison_rows(rows, live_rows)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
-def _dispatch(x, row_assignment, assignment_row, live_rows, top_k):
+def _dispatch_rows(x, row_assignment, assignment_row, live_rows, *, top_k):
     return _spread(x, row_assignment, live_rows, top_k)
 
 
-def _dispatch_fwd(x, row_assignment, assignment_row, live_rows, top_k):
-    return _spread(x, row_assignment, live_rows, top_k), (assignment_row,)
-
-
-def _dispatch_bwd(top_k, residuals, grad_buffer):
-    (assignment_row,) = residuals
+def _dispatch_transpose(grad_buffer, row_assignment, assignment_row, live_rows, *, top_k):
     # Transpose of a copy-out: each token gathers back the gradient of its K copies.
-    grad_x = _sum_copies(grad_buffer, assignment_row)
-    return grad_x, None, None, None
+    return _sum_copies(grad_buffer, assignment_row)
 
 
-_dispatch.defvjp(_dispatch_fwd, _dispatch_bwd)
-
-
-@functools.partial(_refusing_forward_mode, "dispatch")
 def dispatch(x: jax.Array, plan: DispatchPlan) -> jax.Array:
     """Copies each token to its experts' rows: ``buffer[r] = x[row_assignment[r] // K]``.
 
@@ -353,44 +318,52 @@ def dispatch(x: jax.Array, plan: DispatchPlan) -> jax.Array:
     num_tokens, top_k = plan.assignment_row.shape
     x = _check_rows(x, "x", num_tokens, "the plan's tokens T", "dispatch")
     live_rows = jnp.sum(plan.group_sizes)
-    return _dispatch(x, plan.row_assignment, plan.assignment_row, live_rows, top_k)
+    out = jax.ShapeDtypeStruct((plan.num_rows, x.shape[1]), x.dtype)
+    return multilinear(
+        _dispatch_rows,
+        (_dispatch_transpose,),
+        ((x,),),
+        (plan.row_assignment, plan.assignment_row, live_rows),
+        out=out,
+        top_k=top_k,
+    )
 
 
-@jax.custom_vjp
-def _combine(buffer, weights, row_assignment, assignment_row, live_rows):
+# The combine is bilinear in (buffer, weights): a multilinear map with one transpose per factor,
+# each one half of the combine's backward, so forward mode is the same sum on the tangents.
+
+
+def _combine_rows(buffer, weights, row_assignment, assignment_row, live_rows, **dtypes):
     return _sum_copies(buffer, assignment_row, weights)
 
 
-def _combine_fwd(buffer, weights, row_assignment, assignment_row, live_rows):
-    out = _sum_copies(buffer, assignment_row, weights)
-    return out, (buffer, weights, row_assignment, assignment_row, live_rows)
-
-
-def _combine_bwd(residuals, grad_out):
-    buffer, weights, row_assignment, assignment_row, live_rows = residuals
-    top_k = weights.shape[1]
+def _combine_buffer_transpose(
+    grad_out, weights, row_assignment, assignment_row, live_rows, *, buffer_dtype, weights_dtype
+):
     # d buffer[r] = w[a] * d out[a // K]: a dispatch of the output gradient, weighted.
-    grad_buffer = _spread(grad_out.astype(buffer.dtype), row_assignment, live_rows, top_k, weights)
+    top_k = weights.shape[1]
+    return _spread(grad_out.astype(buffer_dtype), row_assignment, live_rows, top_k, weights)
+
+
+def _combine_weights_transpose(
+    grad_out, buffer, row_assignment, assignment_row, live_rows, *, buffer_dtype, weights_dtype
+):
+    del row_assignment, live_rows, buffer_dtype
     # d w[t, j] = <d out[t], buffer[assignment_row[t, j]]> (zero for dropped copies); one
     # fused gather-and-reduce per choice, like the forward.
     grad_out = grad_out.astype(jnp.float32)
-    grad_weights = jnp.stack(
+    return jnp.stack(
         [
             jnp.sum(
                 grad_out * _gather_rows(buffer, assignment_row[:, choice]).astype(jnp.float32),
                 axis=-1,
             )
-            for choice in range(top_k)
+            for choice in range(assignment_row.shape[1])
         ],
         axis=1,
-    ).astype(weights.dtype)
-    return grad_buffer, grad_weights, None, None, None
+    ).astype(weights_dtype)
 
 
-_combine.defvjp(_combine_fwd, _combine_bwd)
-
-
-@functools.partial(_refusing_forward_mode, "combine")
 def combine(buffer: jax.Array, weights: jax.Array, plan: DispatchPlan) -> jax.Array:
     """Sums each token's K expert outputs: ``y[t] = sum_j weights[t, j] * buffer[row(t, j)]``.
 
@@ -416,4 +389,13 @@ def combine(buffer: jax.Array, weights: jax.Array, plan: DispatchPlan) -> jax.Ar
             f"(one per token copy of the plan); got {weights.dtype} of shape {weights.shape}."
         )
     live_rows = jnp.sum(plan.group_sizes)
-    return _combine(buffer, weights, plan.row_assignment, plan.assignment_row, live_rows)
+    out = jax.ShapeDtypeStruct((weights.shape[0], buffer.shape[1]), jnp.float32)
+    return multilinear(
+        _combine_rows,
+        (_combine_buffer_transpose, _combine_weights_transpose),
+        ((buffer,), (weights,)),
+        (plan.row_assignment, plan.assignment_row, live_rows),
+        out=out,
+        buffer_dtype=jnp.dtype(buffer.dtype),
+        weights_dtype=jnp.dtype(weights.dtype),
+    )

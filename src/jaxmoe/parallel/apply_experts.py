@@ -65,8 +65,8 @@ def ep_apply_experts(
     (the overflow) run in a ``lax.while_loop`` whose trip count ``W - 1`` every rank computes
     from the same all-gathered counts, so all ranks enter the same collectives. The common
     step has no conditional on its data path, and the overflow loop holds one window's
-    buffers at a time. Its VJP is a second loop that recomputes each window's path and pulls
-    the cotangent back through it (a custom VJP: nothing of the overflow is kept for backward).
+    buffers at a time. Its transpose is a second loop that recomputes each window's path and pulls
+    the cotangent back through it (nothing of the overflow is kept for backward).
     Both are exact and drop nothing; each copy travels in exactly one window, so the result
     equals one device up to the float32 order of adding a token's windows.
 

@@ -39,6 +39,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxmoe import debug
+from jaxmoe.forward_mode import FP8_FORWARD_MODE_REASON, refuse_forward_mode
 from jaxmoe.ops.fp8 import Fp8Recipe, dequantize, quantize
 from jaxmoe.ops.fp8.quantize import scale_shape
 
@@ -110,5 +111,7 @@ def with_gradient_of(x: jax.Array, value: jax.Array, transpose, operands) -> jax
     ``transpose`` must be the transpose of the linear map ``x -> received rows`` (the
     dispatch's gathers and exchange), built from the reverse path's forward functions, so that
     the gradient is the one differentiating the unquantized dispatch gives, bit for bit.
-    ``operands``: the integer layout arrays it reads (a pytree)."""
+    ``operands``: the integer layout arrays it reads (a pytree). Forward mode through it is
+    refused (:data:`jaxmoe.forward_mode.FP8_FORWARD_MODE_REASON`)."""
+    x = refuse_forward_mode(x, FP8_FORWARD_MODE_REASON)
     return _carry(transpose, x, value.astype(x.dtype), operands)

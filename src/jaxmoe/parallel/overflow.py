@@ -1,5 +1,5 @@
 r"""The window schedule shared by both expert-parallel dispatches: every chunk's fast window,
-then one ``lax.while_loop`` (with a custom VJP that loops again) for the windows past it.
+then one ``lax.while_loop`` (its transpose loops again) for the windows past it.
 
 ``path(window, x, weights, params, experts, layout) -> (y, aux)`` is one window's exchange,
 experts and combine for one chunk of a rank's tokens (:func:`jaxmoe.parallel.ep_apply_experts`:
@@ -31,6 +31,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxmoe import compat
+from jaxmoe.multilinear import multilinear
 
 
 def chunked(path, num_chunks: int):
@@ -60,11 +61,15 @@ def chunked(path, num_chunks: int):
 
 def overflow_windows(path, needed, like, x, weights, params, experts, layout_operand):
     """``sum_{w=1}^{needed-1} path(w, ...)[0]`` in a while loop (``needed``: int32, the same on
-    every rank of the ep group); its custom VJP loops again, recomputing each window (see
-    :func:`~jaxmoe.parallel.ep_apply_experts`). ``path`` returns ``(y, aux)`` (``aux`` is
-    dropped), e.g. a :func:`chunked` path. ``like`` is the fast window's output: the sum's
-    shape, dtype and mesh-variance type. ``layout_operand`` is the int32 array the windows are
-    cut from (for a :func:`chunked` path, the chunks' layouts stacked)."""
+    every rank of the ep group). ``path`` returns ``(y, aux)`` (``aux`` is dropped), e.g. a
+    :func:`chunked` path. ``like`` is the fast window's output: the sum's shape, dtype and
+    mesh-variance type. ``layout_operand`` is the int32 array the windows are cut from (for a
+    :func:`chunked` path, the chunks' layouts stacked).
+
+    Its tangent is a :func:`~jaxmoe.multilinear.multilinear` map of the inputs' tangents: forward
+    mode runs the loop's JVP (JAX's, through the windows' own rules); reverse mode transposes it
+    into a second loop that recomputes each window's pullback instead of keeping its buffers (a
+    while loop has no reverse mode of its own)."""
 
     def output(window, x, weights, params, experts, counts):
         return path(window, x, weights, params, experts, counts)[0]
@@ -76,20 +81,33 @@ def overflow_windows(path, needed, like, x, weights, params, experts, layout_ope
             (jnp.ones((), jnp.int32), init),
         )[1]
 
-    @jax.custom_vjp
-    def overflow(like, x, weights, params, experts, counts, needed):
+    def forward(zeros, x, weights, params, experts, counts, needed):
         return windows_loop(
             lambda window, y: y + output(window, x, weights, params, experts, counts),
-            compat.zeros_like_typed(like),
+            zeros,
             needed,
         )
 
-    def overflow_fwd(like, x, weights, params, experts, counts, needed):
-        out = overflow(like, x, weights, params, experts, counts, needed)
-        return out, (x, weights, params, experts, counts, needed)
+    # The tangent map's arrays: the tangents of (x, weights, params) (the linear group), then
+    # their primals, experts, counts, needed and the zeros (the operands).
+    differentiable_tree = jax.tree.structure((x, weights, params))
+    size = differentiable_tree.num_leaves
 
-    def overflow_bwd(residuals, grad_y):
-        x, weights, params, experts, counts, needed = residuals
+    def split(arrays):
+        primals = differentiable_tree.unflatten(arrays[:size])
+        return primals, arrays[size:]
+
+    def tangent_map(*arrays):
+        tangents = differentiable_tree.unflatten(arrays[:size])
+        primals, (experts, counts, needed, zeros) = split(arrays[size:])
+
+        def loop(x, weights, params):
+            return forward(zeros, x, weights, params, experts, counts, needed)
+
+        return jax.jvp(loop, primals, tangents)[1]
+
+    def tangent_transpose(grad_y, *arrays):
+        (x, weights, params), (experts, counts, needed, zeros) = split(arrays)
 
         def step(window, grads):
             _, pullback = jax.vjp(
@@ -98,7 +116,24 @@ def overflow_windows(path, needed, like, x, weights, params, experts, layout_ope
             return jax.tree.map(jnp.add, grads, pullback(grad_y))
 
         init = jax.tree.map(compat.zeros_like_typed, (x, weights, params))
-        return (None, *windows_loop(step, init, needed), None, None, None)
+        return tuple(jax.tree.leaves(windows_loop(step, init, needed)))
 
-    overflow.defvjp(overflow_fwd, overflow_bwd)
-    return overflow(like, x, weights, params, experts, layout_operand, needed)
+    @jax.custom_jvp
+    def overflow(zeros, x, weights, params, experts, counts, needed):
+        return forward(zeros, x, weights, params, experts, counts, needed)
+
+    @overflow.defjvp
+    def overflow_jvp(primals, tangents):
+        zeros, x, weights, params, experts, counts, needed = primals
+        out = overflow(*primals)
+        tangent = multilinear(
+            tangent_map,
+            (tangent_transpose,),
+            (tuple(jax.tree.leaves(tangents[1:4])),),
+            (*jax.tree.leaves((x, weights, params)), experts, counts, needed, zeros),
+            out=jax.ShapeDtypeStruct(zeros.shape, zeros.dtype),
+        )
+        return out, tangent
+
+    zeros = compat.zeros_like_typed(like)
+    return overflow(zeros, x, weights, params, experts, layout_operand, needed)

@@ -57,7 +57,7 @@ def sharded_experts_step(
 
     ``fp8_weights``: this rank's experts' FP8 weights (whole experts, never FSDP-sharded), or
     None. They travel beside the weights as ``expert_fn``'s parameters (a closure would hide
-    them from the overflow loop's custom VJP)."""
+    them from the overflow loop's transpose)."""
     axes = sharding.batch_axes(cfg)
 
     def experts_fn(buffer, group_sizes, weights_and_fp8, buffer_fp8=None):

@@ -29,7 +29,7 @@ pairs from where the previous one ended that keeps *both* prefix bounds -- two s
 calls on the per-destination prefix counts of pairs and copies, vectorised over destinations
 (:func:`window_end`). Window 0 is always sent (every chunk's, with ``ep_chunks > 1``, before
 any overflow); later windows run in the copies path's overflow loop
-(:mod:`jaxmoe.parallel.overflow`: the same schedule, ``while_loop`` and custom VJP, one loop for
+(:mod:`jaxmoe.parallel.overflow`: the same schedule, ``while_loop`` and transpose, one loop for
 all chunks), as many times as the chunk and rank of the ep group that need the most windows
 (a ``pmax`` of one int32). Once a destination's pairs are all covered its windows start and end
 at ``T``: a window past a chunk's last one sends nothing and adds zeros. Sizes

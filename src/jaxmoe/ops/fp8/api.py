@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxmoe.forward_mode import FP8_FORWARD_MODE_REASON, refuse_forward_mode
 from jaxmoe.ops.fp8 import columnwise_pallas
 from jaxmoe.ops.fp8.base import ScaledGroupedMatmulBackend, check_scaled_args
 from jaxmoe.ops.fp8.columnwise import quantize_columnwise
@@ -324,6 +325,8 @@ def fp8_grouped_matmul(
         check_fp8_activations(lhs_fp8, lhs.shape, recipe)
         lhs_fp8 = tuple(jax.lax.stop_gradient(jnp.asarray(a)) for a in lhs_fp8)
     group_sizes = clip_group_sizes(jnp.asarray(group_sizes), lhs.shape[0])
+    # Forward mode refused with the reason, eagerly and under jit (before JAX's own error).
+    lhs, rhs = (refuse_forward_mode(a, FP8_FORWARD_MODE_REASON) for a in (lhs, rhs))
     return _fp8_grouped_matmul(lhs, rhs, rhs_fp8, lhs_fp8, group_sizes, recipe, impl, out_dtype)
 
 

@@ -9,9 +9,10 @@ In block terms it transposes the ``[sender, receiver]`` matrix of slots::
     rank 0 sends [a0 | b0]        rank 0 receives [a0 | a1]
     rank 1 sends [a1 | b1]   ->   rank 1 receives [b0 | b1]
 
-That map is its own transpose, so the VJP of an exchange is the same exchange applied to the
+That map is its own transpose, so the transpose of an exchange is the same exchange applied to the
 cotangent with the sizes swapped (``send_sizes`` <-> ``recv_sizes``): :func:`exchange_rows`
-wraps every implementation in that custom VJP. No implementation adds values (no scatter-add),
+wraps every implementation in that transpose (a :func:`~jaxmoe.multilinear.multilinear` map:
+forward mode exchanges the tangent). No implementation adds values (no scatter-add),
 so forward and backward are deterministic.
 
 ``P`` (rows per slot) is a static bound chosen by :mod:`jaxmoe.parallel.layout`.
@@ -20,9 +21,10 @@ so forward and backward are deterministic.
 from __future__ import annotations
 
 import abc
-import functools
 
 import jax
+
+from jaxmoe.multilinear import multilinear
 
 
 class Exchange(abc.ABC):
@@ -48,21 +50,24 @@ class Exchange(abc.ABC):
         return type(self) is type(other)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 4))
-def exchange_rows(impl: Exchange, send, send_sizes, recv_sizes, axis_name):
-    """``impl.exchange`` with the reverse exchange as its VJP (see the module docstring)."""
+def _exchange(send, send_sizes, recv_sizes, *, impl, axis_name):
     return impl.exchange(send, send_sizes, recv_sizes, axis_name)
 
 
-def _exchange_fwd(impl, send, send_sizes, recv_sizes, axis_name):
-    return impl.exchange(send, send_sizes, recv_sizes, axis_name), (send_sizes, recv_sizes)
-
-
-def _exchange_bwd(impl, axis_name, residuals, grad_recv):
-    send_sizes, recv_sizes = residuals
+def _exchange_transpose(grad_recv, send_sizes, recv_sizes, *, impl, axis_name):
     # The block transpose is an involution: the cotangent of slot (s -> me) goes back (me -> s).
-    grad_send = impl.exchange(grad_recv, recv_sizes, send_sizes, axis_name)
-    return grad_send, None, None
+    return impl.exchange(grad_recv, recv_sizes, send_sizes, axis_name)
 
 
-exchange_rows.defvjp(_exchange_fwd, _exchange_bwd)
+def exchange_rows(impl: Exchange, send, send_sizes, recv_sizes, axis_name):
+    """``impl.exchange``, linear in ``send``, with the reverse exchange as its transpose and
+    forward mode exchanging the tangent (see the module docstring)."""
+    return multilinear(
+        _exchange,
+        (_exchange_transpose,),
+        ((send,),),
+        (send_sizes, recv_sizes),
+        out=jax.ShapeDtypeStruct(send.shape, send.dtype),
+        impl=impl,
+        axis_name=axis_name,
+    )
