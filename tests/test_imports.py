@@ -130,6 +130,8 @@ FOUNDATION = (
     "jaxmoe.field_rules",
     "jaxmoe.sorted_search",
     "jaxmoe.debug",
+    "jaxmoe.forward_mode",
+    "jaxmoe.multilinear",
 )
 # One file per backend of an op (``jaxmoe.ops.<op>.pallas_*``, ``jaxmoe.ops.<op>.xla``): only the
 # op itself and the benchmarks reach into them; everything else asks the op's API.
