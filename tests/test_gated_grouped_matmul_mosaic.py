@@ -23,8 +23,7 @@ from jaxmoe.ops.gated_grouped_matmul import gated_grouped_matmul
 from jaxmoe.ops.gated_grouped_matmul import pallas_mosaic as fused_mosaic
 from jaxmoe.ops.gated_grouped_matmul.pallas_mosaic import PallasMosaicGatedGroupedMatmul
 from jaxmoe.ops.grouped_matmul import ReferenceGroupedMatmul
-from jaxmoe.ops.grouped_matmul.pallas_mosaic import MosaicTileConfig
-from jaxmoe.ops.grouped_matmul.pallas_mosaic_tiles import check_tiles
+from jaxmoe.ops.mosaic.tiles import MosaicTileConfig, check_tiles
 
 M, K, F = 128, 128, 256
 SMALL = MosaicTileConfig(block_m=64, block_n=128, block_k=64, stages=2, group_swizzle=2)

@@ -69,11 +69,14 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from jaxmoe.ops.fp8.pallas_mosaic import rowwise_scale_epilogue
 from jaxmoe.ops.fp8.quantize import E4M3
-from jaxmoe.ops.grouped_matmul import pallas_mosaic_common as common
-from jaxmoe.ops.grouped_matmul import pallas_mosaic_wgrad
-from jaxmoe.ops.grouped_matmul.pallas_mosaic_tiles import tile_shape_reasons
+from jaxmoe.ops.mosaic import persistent_loop, tgmm_kernel
+from jaxmoe.ops.mosaic.persistent_loop import cta_tile_count, cta_tile_index, persistent_kernel
+from jaxmoe.ops.mosaic.ring import ring_barriers, ring_consume, ring_produce
+from jaxmoe.ops.mosaic.scale_epilogues import rowwise_scale_epilogue
+from jaxmoe.ops.mosaic.tiles import tile_shape_reasons
+from jaxmoe.ops.mosaic.warpgroups import NUM_COMPUTE_WARPGROUPS, split_warpgroups
+from jaxmoe.ops.pallas_common import swizzle
 
 Array = jax.Array
 
@@ -112,7 +115,7 @@ def default_fp8_tgmm_tiles(k: int, n: int) -> Fp8TgmmTileConfig:
 
 def check_fp8_tgmm_tiles(cfg: Fp8TgmmTileConfig) -> None:
     """Raises ``ValueError`` for block sizes the kernel cannot lower or fit in shared memory."""
-    pallas_mosaic_wgrad.check_tgmm_tiles(cfg, operand_bytes=1, block_ms=(ALIGN,))
+    tgmm_kernel.check_tgmm_tiles(cfg, operand_bytes=1, block_ms=(ALIGN,))
 
 
 def unsupported_reason(
@@ -150,11 +153,11 @@ def _jaxmoe_mosaic_fp8_tgmm(
     """The kernel (see the module docstring). ``rhs_gmem`` is ``rhs_t_q [N, Mp]`` on the GPU and
     ``[Mp, N]`` in the interpreter; ``lhs_scale_gmem`` is ``lhs_scale`` flattened, ``[G * K]``."""
     bm, bk, bn, stages = cfg.block_m, cfg.block_k, cfg.block_n, cfg.stages
-    wg_n = bn // common.NUM_COMPUTE_WARPGROUPS
+    wg_n = bn // NUM_COMPUTE_WARPGROUPS
     num_groups, k, n = out_gmem.shape
     num_k_tiles, num_n_tiles = k // bk, n // bn
     tiles_per_group = num_k_tiles * num_n_tiles
-    my_tiles = common.cta_tile_count(num_groups * tiles_per_group)
+    my_tiles = cta_tile_count(num_groups * tiles_per_group)
     out_dtype = out_gmem.dtype
 
     def swizzled(row_bytes: int, itemsize: int):
@@ -171,9 +174,9 @@ def _jaxmoe_mosaic_fp8_tgmm(
     out_transforms = swizzled(wg_n * out_itemsize, out_itemsize)
 
     def tile_info(local_tile):
-        index = common.cta_tile_index(local_tile)
+        index = cta_tile_index(local_tile)
         group = group_order_gmem[index // tiles_per_group]
-        k_tile, n_tile = common.swizzle(
+        k_tile, n_tile = swizzle(
             index % tiles_per_group, num_k_tiles, num_n_tiles, cfg.group_swizzle
         )
         # No step for an empty group: there is no block of its to load.
@@ -185,11 +188,11 @@ def _jaxmoe_mosaic_fp8_tgmm(
         lhs_ring=plgpu.SMEM((stages, bk, bm), lhs_gmem.dtype, transforms=transforms),
         rhs_ring=plgpu.SMEM((stages, *rhs_block), rhs_gmem.dtype, transforms=rhs_transforms),
         out_smem=plgpu.SMEM(
-            (common.NUM_COMPUTE_WARPGROUPS, pallas_mosaic_wgrad.epilogue_rows(cfg), wg_n),
+            (NUM_COMPUTE_WARPGROUPS, tgmm_kernel.epilogue_rows(cfg), wg_n),
             out_dtype,
             transforms=out_transforms,
         ),
-        **common.ring_barriers(stages, copies_per_step=2),
+        **ring_barriers(stages, copies_per_step=2),
         collective_axes="wg",
     )
     def _scope(lhs_ring, rhs_ring, out_smem, loaded, released):
@@ -206,7 +209,7 @@ def _jaxmoe_mosaic_fp8_tgmm(
                 rhs_src = rhs_gmem.at[tokens, cols] if interpreted else rhs_gmem.at[cols, tokens]
                 plgpu.copy_gmem_to_smem(rhs_src, rhs_ring.at[slot], barrier)
 
-            common.ring_produce(my_tiles, tile_info, load, stages=stages, released=released)
+            ring_produce(my_tiles, tile_info, load, stages=stages, released=released)
 
         def compute_warpgroup(wg):
             wg_cols = pl.ds(wg * wg_n, wg_n)
@@ -226,7 +229,7 @@ def _jaxmoe_mosaic_fp8_tgmm(
                         return carry
 
                     def store(acc):
-                        pallas_mosaic_wgrad.store_tile(
+                        tgmm_kernel.store_tile(
                             acc.astype(out_dtype),
                             out_smem.at[wg],
                             out_gmem.at[group, pl.ds(k0, bk), pl.ds(wg_col0, wg_n)],
@@ -234,7 +237,7 @@ def _jaxmoe_mosaic_fp8_tgmm(
 
                     @pl.when(count > 0)
                     def _contract_and_scale():
-                        common.ring_consume(
+                        ring_consume(
                             step, count, mma, None, stages=stages, loaded=loaded, released=released
                         )
                         store(
@@ -259,7 +262,7 @@ def _jaxmoe_mosaic_fp8_tgmm(
             lax.fori_loop(0, my_tiles, tile, jnp.int32(0))
             plgpu.wait_smem_to_gmem(0)
 
-        common.split_warpgroups(memory_warpgroup, compute_warpgroup)
+        split_warpgroups(memory_warpgroup, compute_warpgroup)
 
 
 def _check_shapes(lhs_t_q, lhs_scale, rhs_t_q, rhs_scale, group_starts, group_sizes) -> None:
@@ -315,7 +318,7 @@ def scaled_tgmm(
     out_dtype = jnp.dtype(out_dtype)
     cfg = tiles or default_fp8_tgmm_tiles(k, n)
     check_fp8_tgmm_tiles(cfg)
-    interpret_params = common.interpret_params(interpret)
+    interpret_params = persistent_loop.interpret_params(interpret)
     interpreted = interpret_params is not None
     reason = unsupported_reason(
         lhs_t_q.shape, rhs_t_q.shape, lhs_t_q.dtype, rhs_t_q.dtype, out_dtype, cfg, interpreted
@@ -328,10 +331,10 @@ def scaled_tgmm(
     if num_groups == 0:
         return jnp.zeros((0, k, n), out_dtype)
     sizes = group_sizes.astype(jnp.int32)
-    group_order = pallas_mosaic_wgrad.largest_first(sizes)
+    group_order = tgmm_kernel.largest_first(sizes)
     # The interpreter has no transposed wgmma operand: B goes in [Mp, N] there.
     rhs = rhs_t_q.T if interpreted else rhs_t_q
-    kernel = common.persistent_kernel(
+    kernel = persistent_kernel(
         functools.partial(_jaxmoe_mosaic_fp8_tgmm, cfg=cfg, interpreted=interpreted),
         jax.ShapeDtypeStruct((num_groups, k, n), out_dtype),
         interpret_params,

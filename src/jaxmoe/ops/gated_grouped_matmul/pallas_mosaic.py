@@ -40,10 +40,11 @@ import numpy as np
 from jax import lax
 
 from jaxmoe.ops.gated_grouped_matmul.base import GatedGroupedMatmulBackend
-from jaxmoe.ops.grouped_matmul import pallas_mosaic, pallas_mosaic_tiles, pallas_triton
-from jaxmoe.ops.grouped_matmul import pallas_mosaic_common as common
-from jaxmoe.ops.grouped_matmul.pallas_mosaic_ring_operands import ring_operands_unsupported_reason
-from jaxmoe.ops.grouped_matmul.pallas_mosaic_tiles import MosaicTileConfig, check_tiles
+from jaxmoe.ops.mosaic import launch, persistent_loop
+from jaxmoe.ops.mosaic import tiles as mosaic_tiles
+from jaxmoe.ops.mosaic.ring_operands import ring_operands_unsupported_reason
+from jaxmoe.ops.mosaic.tiles import MosaicTileConfig, check_tiles
+from jaxmoe.ops.pallas_common import check_gmm_operands, use_interpret
 
 Array = jax.Array
 
@@ -131,15 +132,13 @@ def default_down_dgrad_tiles(m: int, h: int, f: int) -> MosaicTileConfig:
     """Block sizes of :func:`fused_down_dgrad` (``[M, H] x [G, F, H]^T``): the Mosaic ``gmm``'s
     default, with the activation's derivative on approximate instructions (``approx_math``;
     measured: docs/kernels.md, 'Fused gated kernel')."""
-    return dataclasses.replace(
-        pallas_mosaic_tiles.default_mosaic_gmm_tiles(m, h, f), approx_math=True
-    )
+    return dataclasses.replace(mosaic_tiles.default_mosaic_gmm_tiles(m, h, f), approx_math=True)
 
 
 def unsupported_reason(lhs_shape, rhs_shape, dtype, cfg, interpret: bool) -> str | None:
     """Why the fused kernel cannot take these operands, or ``None`` if it can: the Mosaic
     ``gmm``'s rules for one ``[M, K] x [G, K, F]`` product (each weight is one)."""
-    return pallas_mosaic_tiles.unsupported_reason(
+    return mosaic_tiles.unsupported_reason(
         lhs_shape, rhs_shape, dtype, dtype, False, cfg, interpret
     )
 
@@ -170,12 +169,12 @@ def fused_gmm(
     Raises:
       NotImplementedError: operands the kernel cannot take (:func:`unsupported_reason`).
     """
-    pallas_triton._check(lhs, rhs_gate, group_sizes, False, "fused gated gmm")
-    pallas_triton._check(lhs, rhs_up, group_sizes, False, "fused gated gmm")
+    check_gmm_operands(lhs, rhs_gate, group_sizes, False, "fused gated gmm")
+    check_gmm_operands(lhs, rhs_up, group_sizes, False, "fused gated gmm")
     m, k = lhs.shape
     cfg = tiles or default_gated_tiles(m, k, rhs_gate.shape[2])
     check_tiles(cfg, num_rhs=2)
-    interpret_params = common.interpret_params(interpret)
+    interpret_params = persistent_loop.interpret_params(interpret)
     reason = unsupported_reason(
         lhs.shape, rhs_gate.shape, lhs.dtype, cfg, interpret_params is not None
     )
@@ -189,7 +188,7 @@ def fused_gmm(
         hidden = act(gate) * up
         return (hidden, gate, up) if residuals else (hidden,)
 
-    outs = pallas_mosaic.launch_gmm(
+    outs = launch.launch_gmm(
         lhs,
         rhs_gate,
         group_sizes,
@@ -225,7 +224,7 @@ def down_dgrad_unsupported_reason(
     num_groups, f, h = rhs_down_shape
     rhs_shape = (num_groups, h, f) if interpret else rhs_down_shape
     reasons = [
-        pallas_mosaic_tiles.unsupported_reason(
+        mosaic_tiles.unsupported_reason(
             out_bar_shape, rhs_shape, dtype, dtype, not interpret, cfg, interpret
         ),
         ring_operands_unsupported_reason(cfg, 2, jnp.dtype(dtype).itemsize),
@@ -268,12 +267,12 @@ def fused_down_dgrad(
     Raises:
       NotImplementedError: operands the kernel cannot take (:func:`down_dgrad_unsupported_reason`).
     """
-    pallas_triton._check(out_bar, rhs_down, group_sizes, True, "fused down dgrad")
+    check_gmm_operands(out_bar, rhs_down, group_sizes, True, "fused down dgrad")
     m, h = out_bar.shape
     f = rhs_down.shape[1]
     cfg = tiles or default_down_dgrad_tiles(m, h, f)
     check_tiles(cfg)
-    interpret_params = common.interpret_params(interpret)
+    interpret_params = persistent_loop.interpret_params(interpret)
     interpreted = interpret_params is not None
     reason = down_dgrad_unsupported_reason(
         out_bar.shape, rhs_down.shape, out_bar.dtype, cfg, interpreted
@@ -285,7 +284,7 @@ def fused_down_dgrad(
         )
     # The interpreter cannot read a transposed wgmma operand: it gets a transposed copy.
     rhs = jnp.swapaxes(rhs_down, 1, 2) if interpreted else rhs_down
-    outs = pallas_mosaic.launch_gmm(
+    outs = launch.launch_gmm(
         out_bar,
         rhs,
         group_sizes,
@@ -355,7 +354,7 @@ class PallasMosaicGatedGroupedMatmul(GatedGroupedMatmulBackend):
         if not self.fused_backward:
             return "fused_backward=False"
         cfg = self._down_dgrad_tiles(out_bar.shape, rhs_down.shape)
-        interpreted = pallas_triton._use_interpret(self.interpret)
+        interpreted = use_interpret(self.interpret)
         return down_dgrad_unsupported_reason(
             out_bar.shape, rhs_down.shape, out_bar.dtype, cfg, interpreted
         )
@@ -378,15 +377,15 @@ class PallasMosaicGatedGroupedMatmul(GatedGroupedMatmulBackend):
         copies."""
         m, f = gate_bar.shape
         num_groups, k, _ = rhs_gate.shape
-        cfg = pallas_mosaic_tiles.default_mosaic_gmm_tiles(m, f, k)
-        interpreted = pallas_triton._use_interpret(self.interpret)
+        cfg = mosaic_tiles.default_mosaic_gmm_tiles(m, f, k)
+        interpreted = use_interpret(self.interpret)
         return cfg, interpreted, ((num_groups, f, k) if interpreted else rhs_gate.shape)
 
     def input_dgrad_unsupported_reason(self, gate_bar, rhs_gate, group_sizes):
         if not self.fused_input_dgrad:
             return "fused_input_dgrad=False"
         cfg, interpreted, rhs_shape = self._input_dgrad_operands(gate_bar, rhs_gate)
-        return pallas_mosaic_tiles.unsupported_reason(
+        return mosaic_tiles.unsupported_reason(
             gate_bar.shape,
             rhs_shape,
             rhs_gate.dtype,
@@ -401,7 +400,7 @@ class PallasMosaicGatedGroupedMatmul(GatedGroupedMatmulBackend):
         if interpreted:
             rhs_gate, rhs_up = (jnp.swapaxes(rhs, 1, 2) for rhs in (rhs_gate, rhs_up))
         dtype = rhs_gate.dtype
-        return pallas_mosaic.gmm_pair(
+        return launch.gmm_pair(
             gate_bar.astype(dtype),
             rhs_gate,
             up_bar.astype(dtype),
@@ -417,7 +416,7 @@ class PallasMosaicGatedGroupedMatmul(GatedGroupedMatmulBackend):
 
     def unsupported_reason(self, lhs, rhs_gate, group_sizes):
         cfg = self._tiles(lhs.shape, rhs_gate.shape)
-        interpreted = pallas_triton._use_interpret(self.interpret)
+        interpreted = use_interpret(self.interpret)
         return unsupported_reason(lhs.shape, rhs_gate.shape, lhs.dtype, cfg, interpreted)
 
     def fused(self, lhs, rhs_gate, rhs_up, group_sizes, *, activation, residuals):

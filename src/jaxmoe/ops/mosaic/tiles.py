@@ -13,7 +13,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from jaxmoe.ops.grouped_matmul.pallas_mosaic_common import (
+from jaxmoe.ops.mosaic.warpgroups import (
     MULTICAST_CLUSTER_CTAS,
     NUM_COMPUTE_WARPGROUPS,
     STAGE_MAX_COLS,

@@ -30,8 +30,8 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from jaxmoe.ops.grouped_matmul import pallas_mosaic_common as common
-from jaxmoe.ops.grouped_matmul.pallas_mosaic_tiles import MosaicTileConfig, epilogue_layout
+from jaxmoe.ops.mosaic.tiles import MosaicTileConfig, epilogue_layout
+from jaxmoe.ops.mosaic.warpgroups import NUM_COMPUTE_WARPGROUPS
 
 
 def epilogue_allocation(cfg: MosaicTileConfig, out_dtype, interpreted: bool, slab_cols=None):
@@ -43,7 +43,7 @@ def epilogue_allocation(cfg: MosaicTileConfig, out_dtype, interpreted: bool, sla
     # warpgroup's slab is its first stage_rows rows of slab_rows (see epilogue_layout).
     layout = epilogue_layout(cfg, jnp.dtype(out_dtype).itemsize, slab_cols)
     runs_alloc = plgpu.SMEM(
-        (common.NUM_COMPUTE_WARPGROUPS, layout["slab_rows"], layout["slab_cols"]), out_dtype
+        (NUM_COMPUTE_WARPGROUPS, layout["slab_rows"], layout["slab_cols"]), out_dtype
     )
     buffers = [runs_alloc]
     if cfg.swizzled_epilogue:
@@ -51,7 +51,7 @@ def epilogue_allocation(cfg: MosaicTileConfig, out_dtype, interpreted: bool, sla
     if cfg.split_last_round:
         buffers.append(
             plgpu.SMEM(
-                (common.NUM_COMPUTE_WARPGROUPS, layout["rows"], layout["partial_cols"]),
+                (NUM_COMPUTE_WARPGROUPS, layout["rows"], layout["partial_cols"]),
                 jnp.float32,
             )
         )
@@ -69,7 +69,7 @@ def _swizzled_allocation(layout, out_dtype):
     chunk_cols = layout["chunk_cols"]
     out_swizzle = plgpu.find_swizzle(chunk_cols * jnp.dtype(out_dtype).itemsize * 8)
     return plgpu.SMEM(
-        (common.NUM_COMPUTE_WARPGROUPS, layout["slots"], layout["rows"], chunk_cols),
+        (NUM_COMPUTE_WARPGROUPS, layout["slots"], layout["rows"], chunk_cols),
         out_dtype,
         transforms=(
             plgpu.TilingTransform((8, out_swizzle // jnp.dtype(out_dtype).itemsize)),

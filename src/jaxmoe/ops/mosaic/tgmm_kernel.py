@@ -60,9 +60,19 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from jaxmoe.ops.grouped_matmul import pallas_mosaic_common as common
-from jaxmoe.ops.grouped_matmul.base import check_tgmm_operands
-from jaxmoe.ops.grouped_matmul.pallas_mosaic_tiles import tile_shape_reasons
+from jaxmoe.ops.mosaic import persistent_loop
+from jaxmoe.ops.mosaic.persistent_loop import cta_tile_count, cta_tile_index, persistent_kernel
+from jaxmoe.ops.mosaic.ring import ring_barriers, ring_consume, ring_produce
+from jaxmoe.ops.mosaic.tiles import tile_shape_reasons
+from jaxmoe.ops.mosaic.warpgroups import (
+    CLUSTER_AXIS,
+    MULTICAST_CLUSTER_CTAS,
+    NUM_COMPUTE_WARPGROUPS,
+    STAGE_MAX_COLS,
+    split_warpgroups,
+    warpgroup_share,
+)
+from jaxmoe.ops.pallas_common import check_tgmm_operands, swizzle
 
 Array = jax.Array
 
@@ -161,19 +171,19 @@ def epilogue_rows(cfg) -> int:
 def warpgroup_tile(cfg) -> tuple[int, int]:
     """The ``(rows, columns)`` of an output tile one compute warpgroup multiplies: half the rows
     with ``split_rows``, otherwise half the columns (the FP8 wgrad's configs: always)."""
-    return common.warpgroup_share(cfg.block_k, cfg.block_n, getattr(cfg, "split_rows", False))
+    return warpgroup_share(cfg.block_k, cfg.block_n, getattr(cfg, "split_rows", False))
 
 
 def epilogue_cols(cfg) -> int:
     """The columns of a warpgroup's epilogue slab: its tile's, at most
-    ``common.STAGE_MAX_COLS`` (a wider tile is staged in parts)."""
-    return min(warpgroup_tile(cfg)[1], common.STAGE_MAX_COLS)
+    ``STAGE_MAX_COLS`` (a wider tile is staged in parts)."""
+    return min(warpgroup_tile(cfg)[1], STAGE_MAX_COLS)
 
 
 def smem_bytes(cfg: MosaicTgmmTileConfig, operand_bytes: int = 2) -> int:
     """The ring (``operand_bytes`` per element) and both warpgroups' 2-byte epilogue slabs."""
     ring = cfg.stages * cfg.block_m * (cfg.block_k + cfg.block_n) * operand_bytes
-    return ring + common.NUM_COMPUTE_WARPGROUPS * epilogue_rows(cfg) * epilogue_cols(cfg) * 2
+    return ring + NUM_COMPUTE_WARPGROUPS * epilogue_rows(cfg) * epilogue_cols(cfg) * 2
 
 
 def unsupported_tgmm_reason(
@@ -198,7 +208,7 @@ def unsupported_tgmm_reason(
 
 def cluster_ctas(cfg: MosaicTgmmTileConfig) -> int:
     """CTAs per cluster: two with ``multicast_rhs``, else one."""
-    return common.MULTICAST_CLUSTER_CTAS if cfg.multicast_rhs else 1
+    return MULTICAST_CLUSTER_CTAS if cfg.multicast_rhs else 1
 
 
 def unit_tile(
@@ -211,7 +221,7 @@ def unit_tile(
     are swizzled as its tiles are without clusters (``ctas`` 1: the tile order itself)."""
     k_units = num_k_tiles // ctas
     units_per_group = k_units * num_n_tiles
-    k_unit, n_tile = common.swizzle(index % units_per_group, k_units, num_n_tiles, group_swizzle)
+    k_unit, n_tile = swizzle(index % units_per_group, k_units, num_n_tiles, group_swizzle)
     return index // units_per_group, k_unit * ctas + cluster_cta, n_tile
 
 
@@ -240,8 +250,8 @@ def _jaxmoe_mosaic_tgmm(
     num_k_tiles, num_n_tiles = k // bk, n // bn
     ctas = cluster_ctas(cfg)
     # The cluster's units of work (one tile each without clusters), round-robin over the grid.
-    my_tiles = common.cta_tile_count(num_groups * (num_k_tiles // ctas) * num_n_tiles)
-    cluster_cta = lax.axis_index(common.CLUSTER_AXIS) if ctas > 1 else 0
+    my_tiles = cta_tile_count(num_groups * (num_k_tiles // ctas) * num_n_tiles)
+    cluster_cta = lax.axis_index(CLUSTER_AXIS) if ctas > 1 else 0
     out_dtype = out_gmem.dtype
     dtype = lhs_gmem.dtype
     itemsize = jnp.dtype(dtype).itemsize
@@ -253,7 +263,7 @@ def _jaxmoe_mosaic_tgmm(
 
     def tile_info(local_tile):
         group_slot, k_tile, n_tile = unit_tile(
-            common.cta_tile_index(local_tile),
+            cta_tile_index(local_tile),
             cluster_cta,
             num_k_tiles,
             num_n_tiles,
@@ -273,11 +283,11 @@ def _jaxmoe_mosaic_tgmm(
         lhs_ring=plgpu.SMEM((stages, bm, bk), dtype, transforms=transforms),
         rhs_ring=plgpu.SMEM((stages, bm, bn), dtype, transforms=transforms),
         out_smem=plgpu.SMEM(
-            (common.NUM_COMPUTE_WARPGROUPS, epilogue_rows(cfg), epilogue_cols(cfg)),
+            (NUM_COMPUTE_WARPGROUPS, epilogue_rows(cfg), epilogue_cols(cfg)),
             out_dtype,
             transforms=transforms,
         ),
-        **common.ring_barriers(stages, copies_per_step=2, cluster_wide=ctas > 1),
+        **ring_barriers(stages, copies_per_step=2, cluster_wide=ctas > 1),
         collective_axes="wg",
     )
     def _scope(lhs_ring, rhs_ring, out_smem, loaded, released):
@@ -295,10 +305,10 @@ def _jaxmoe_mosaic_tgmm(
                     rhs_gmem.at[rows, pl.ds(col0, bn)],
                     rhs_ring.at[slot],
                     barrier,
-                    collective_axes=common.CLUSTER_AXIS if ctas > 1 else None,
+                    collective_axes=CLUSTER_AXIS if ctas > 1 else None,
                 )
 
-            common.ring_produce(my_tiles, tile_info, load, stages=stages, released=released)
+            ring_produce(my_tiles, tile_info, load, stages=stages, released=released)
 
         def compute_warpgroup(wg):
             # The warpgroup's first output row (a column of lhs) and column in a tile.
@@ -329,7 +339,7 @@ def _jaxmoe_mosaic_tgmm(
                         plgpu.wgmma(acc_ref, plgpu.transpose_ref(lhs_block, (1, 0)), rhs_block)
                         return carry
 
-                    common.ring_consume(
+                    ring_consume(
                         step, count, mma, None, stages=stages, loaded=loaded, released=released
                     )
                     values = acc_ref[...].astype(out_dtype)
@@ -349,7 +359,7 @@ def _jaxmoe_mosaic_tgmm(
             lax.fori_loop(0, my_tiles, tile, jnp.int32(0))
             plgpu.wait_smem_to_gmem(0)
 
-        common.split_warpgroups(memory_warpgroup, compute_warpgroup)
+        split_warpgroups(memory_warpgroup, compute_warpgroup)
 
 
 def _zero_rows_outside(refs_and_widths, lo, hi, block_m: int) -> None:
@@ -404,7 +414,7 @@ def tgmm(
     out_dtype = jnp.dtype(out_dtype or lhs.dtype)
     cfg = tiles or default_mosaic_tgmm_tiles(m, k, n)
     check_tgmm_tiles(cfg)
-    interpret_params = common.interpret_params(interpret)
+    interpret_params = persistent_loop.interpret_params(interpret)
     reason = unsupported_tgmm_reason(
         lhs.shape, rhs.shape, lhs.dtype, out_dtype, cfg, interpret_params is not None
     )
@@ -417,7 +427,7 @@ def tgmm(
         return jnp.zeros((0, k, n), out_dtype)
     offsets = _offsets(group_sizes, m)
     group_order = largest_first(offsets[1:] - offsets[:-1])
-    kernel = common.persistent_kernel(
+    kernel = persistent_kernel(
         functools.partial(_jaxmoe_mosaic_tgmm, cfg=cfg),
         jax.ShapeDtypeStruct((num_groups, k, n), out_dtype),
         interpret_params,

@@ -49,12 +49,18 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from jaxmoe.ops.grouped_matmul import pallas_mosaic_common as common
-from jaxmoe.ops.grouped_matmul import pallas_mosaic_ring_loop as ring_loop
-from jaxmoe.ops.grouped_matmul import pallas_mosaic_schedule as schedule
-from jaxmoe.ops.grouped_matmul.pallas_mosaic_epilogue import EpilogueStores, epilogue_allocation
-from jaxmoe.ops.grouped_matmul.pallas_mosaic_ring_operands import RingOperands
-from jaxmoe.ops.grouped_matmul.pallas_mosaic_tiles import MosaicTileConfig, warpgroup_tile
+from jaxmoe.ops.mosaic import gmm_ring_loop, schedule
+from jaxmoe.ops.mosaic.epilogue import EpilogueStores, epilogue_allocation
+from jaxmoe.ops.mosaic.persistent_loop import cta_tile_count, cta_tile_index
+from jaxmoe.ops.mosaic.ring import ring_barriers
+from jaxmoe.ops.mosaic.ring_operands import RingOperands
+from jaxmoe.ops.mosaic.tiles import MosaicTileConfig, warpgroup_tile
+from jaxmoe.ops.mosaic.warpgroups import (
+    CLUSTER_AXIS,
+    MEMORY_REGISTERS,
+    MULTICAST_CLUSTER_CTAS,
+    NUM_COMPUTE_WARPGROUPS,
+)
 
 
 def mosaic_gmm_body(
@@ -141,10 +147,10 @@ def mosaic_gmm_body(
         return plgpu.emit_pipeline_warp_specialized(
             body,
             grid=(k // bk,),
-            memory_registers=common.MEMORY_REGISTERS,
+            memory_registers=MEMORY_REGISTERS,
             in_specs=[lhs_spec] + [rhs_spec] * num_rhs,
             wg_axis="wg",
-            num_compute_wgs=common.NUM_COMPUTE_WARPGROUPS,
+            num_compute_wgs=NUM_COMPUTE_WARPGROUPS,
             max_concurrent_steps=cfg.stages,
             compute_context=context,
             pipeline_state=state,
@@ -173,7 +179,7 @@ def mosaic_gmm_body(
             "rhs": rhs_allocs,
             # The interpreter has no cluster barriers (and runs a multicast copy as a local
             # copy of the whole block, so a CTA's own releases suffice there).
-            **common.ring_barriers(
+            **ring_barriers(
                 cfg.stages,
                 copies_per_step=1 + num_rhs,
                 cluster_wide=cfg.multicast_weights and not interpreted,
@@ -207,7 +213,7 @@ def mosaic_gmm_body(
         num_compute_work = work_counts_gmem[0]
         # Read here, not in the loops: Mosaic GPU's interpreter (jax 0.10) resolves a cluster
         # axis index only outside them.
-        cluster_cta = lax.axis_index(common.CLUSTER_AXIS) if cfg.multicast_weights else 0
+        cluster_cta = lax.axis_index(CLUSTER_AXIS) if cfg.multicast_weights else 0
         num_tail_work = work_counts_gmem[1]
 
         work = schedule.WorkList(
@@ -219,14 +225,14 @@ def mosaic_gmm_body(
             num_rows=lhs_gmem.shape[0],
         )
 
-        @pl.when(wg < common.NUM_COMPUTE_WARPGROUPS)
+        @pl.when(wg < NUM_COMPUTE_WARPGROUPS)
         def _zero_tail():  # rows at or past sum(group_sizes): GPU memory is uninitialised.
             # Every CTA takes its own tail tiles, also the two of a cluster.
             per_cta = cfg.multicast_weights
 
-            @pl.loop(0, common.cta_tile_count(num_tail_work * num_n_tiles, per_cta=per_cta))
+            @pl.loop(0, cta_tile_count(num_tail_work * num_n_tiles, per_cta=per_cta))
             def _tail_loop(local_tile):
-                index = common.cta_tile_index(local_tile, per_cta=per_cta)
+                index = cta_tile_index(local_tile, per_cta=per_cta)
                 _, row0, lo, hi = schedule.item_rows(
                     work, num_compute_work + index // num_n_tiles, cfg
                 )
@@ -277,7 +283,7 @@ def mosaic_gmm_body(
                         if partial_slot is None:
                             store_result()
                             return
-                        ctas = common.MULTICAST_CLUSTER_CTAS if cfg.multicast_weights else 1
+                        ctas = MULTICAST_CLUSTER_CTAS if cfg.multicast_weights else 1
                         workspace_tile = workspace_gmem.at[partial_slot * ctas + cluster_cta]
                         stores.store_partial(acc, workspace_tile)
 
@@ -329,9 +335,9 @@ def mosaic_gmm_body(
             return schedule.unit_tile(work, unit, cluster_cta, num_n_tiles, cfg)
 
         if cfg.ring:
-            ring_loop.ring_tiles(
+            gmm_ring_loop.ring_tiles(
                 pipeline_allocs,
-                ring_loop.KernelScope(
+                gmm_ring_loop.KernelScope(
                     cfg=cfg,
                     k=k,
                     wg=wg,
@@ -379,7 +385,7 @@ def mosaic_gmm_body(
                 def _chain():
                     make_pipeline(mma, context, state)(*operands, allocations=pipeline_allocs)
 
-        @pl.when(wg < common.NUM_COMPUTE_WARPGROUPS)
+        @pl.when(wg < NUM_COMPUTE_WARPGROUPS)
         def _drain():
             plgpu.wait_smem_to_gmem(0)
 
