@@ -19,16 +19,15 @@ import jax
 
 from jaxmoe.ops.gated_grouped_matmul import api as gated_api
 from jaxmoe.ops.gated_grouped_matmul import pallas_mosaic as gated_mosaic
-from jaxmoe.ops.grouped_matmul import pallas_mosaic as gmm_backend
-from jaxmoe.ops.mosaic import launch, tgmm_kernel
+from jaxmoe.ops.mosaic import tgmm_kernel
 from jaxmoe.ops.mosaic import tiles as mosaic_tiles
 
 # Every place the layer's forward and input-gradient kernels read their default tiles from
-# (one tile config type, ``MosaicTileConfig``).
+# (one tile config type, ``MosaicTileConfig``): every plan of a plain gmm reads
+# ``mosaic_tiles.default_mosaic_gmm_tiles`` through the module, the fused gated kernel's plan
+# its own default.
 DEFAULT_TILE_SITES = (
     (mosaic_tiles, "default_mosaic_gmm_tiles"),
-    (launch, "default_mosaic_gmm_tiles"),
-    (gmm_backend, "default_mosaic_gmm_tiles"),
     (gated_mosaic, "default_gated_tiles"),
 )
 # The wgrad's (``MosaicTgmmTileConfig``: its own fields, so never patched with the others

@@ -67,14 +67,13 @@ import jax
 import jax.numpy as jnp
 
 from jaxmoe.ops.fp8.base import ScaledGroupedMatmulBackend
-from jaxmoe.ops.fp8.pallas_mosaic_wgrad import default_fp8_tgmm_tiles, scaled_tgmm
-from jaxmoe.ops.fp8.pallas_mosaic_wgrad import unsupported_reason as unsupported_tgmm_reason
+from jaxmoe.ops.fp8.pallas_mosaic_wgrad import launch_scaled_tgmm, plan_scaled_tgmm
 from jaxmoe.ops.fp8.quantize import E4M3
 from jaxmoe.ops.fp8.recipe import Fp8Recipe
 from jaxmoe.ops.grouped_matmul.pallas_mosaic import PallasMosaicGroupedMatmul
 from jaxmoe.ops.mosaic import persistent_loop
 from jaxmoe.ops.mosaic import tiles as mosaic_tiles
-from jaxmoe.ops.mosaic.launch import launch_gmm
+from jaxmoe.ops.mosaic.launch import GmmPlan, launch_gmm
 from jaxmoe.ops.mosaic.scale_epilogues import blockwise_k_step_scale, rowwise_scale_epilogue
 from jaxmoe.ops.mosaic.tiles import MosaicTileConfig, check_tiles
 from jaxmoe.ops.pallas_common import use_interpret
@@ -195,48 +194,69 @@ def scaled_gmm_kn(
     """
     if rhs_layout not in ("gkn", "gnk"):
         raise ValueError(f"scaled_gmm_kn: `rhs_layout` must be 'gkn' or 'gnk'; got {rhs_layout!r}")
-    if rhs_layout == "gnk":
-        num_groups, n, k = rhs_q.shape
-    else:
-        num_groups, k, n = rhs_q.shape
-    m = lhs_q.shape[0]
+    rhs_shape = _gkn_shape(rhs_q.shape, rhs_layout)
     recipe = recipe if isinstance(recipe, Fp8Recipe) else Fp8Recipe(recipe)
+    plan = plan_scaled_gmm(
+        lhs_q.shape,
+        rhs_shape,
+        lhs_q.dtype,
+        rhs_q.dtype,
+        out_dtype=out_dtype,
+        recipe=recipe,
+        tiles=tiles,
+        interpret=interpret,
+    )
+    if plan.unsupported is not None:
+        raise NotImplementedError(
+            f"FP8 mosaic gmm: lhs_q {lhs_q.shape} {lhs_q.dtype}, rhs_q {rhs_q.shape} "
+            f"{rhs_q.dtype}, out {plan.out_dtype}: {plan.unsupported}."
+        )
+    return launch_scaled_gmm(
+        lhs_q, lhs_scale, rhs_q, rhs_scale, group_sizes, plan, recipe=recipe, rhs_layout=rhs_layout
+    )
+
+
+def _gkn_shape(rhs_shape, rhs_layout: str) -> tuple[int, int, int]:
+    """``[G, K, N]`` of weights stored ``rhs_layout``."""
+    if rhs_layout == "gnk":
+        num_groups, n, k = rhs_shape
+    else:
+        num_groups, k, n = rhs_shape
+    return num_groups, k, n
+
+
+def plan_scaled_gmm(
+    lhs_shape, rhs_shape, lhs_dtype, rhs_dtype, *, out_dtype, recipe: Fp8Recipe, tiles, interpret
+) -> GmmPlan:
+    """The plan of the FP8 ``gmm`` of ``lhs_q [M, K]`` by weights ``[G, K, N]`` (``rhs_shape``,
+    whatever their layout): ``tiles`` or :func:`default_fp8_tiles`, checked; the interpreter or
+    not (the GPU reads the weights K-major, i.e. transposed; the interpreter cannot); and
+    :func:`unsupported_reason`."""
+    (m, k), n = lhs_shape, rhs_shape[2]
     out_dtype = jnp.dtype(out_dtype)
     cfg = tiles or default_fp8_tiles(m, k, n, recipe)
     check_tiles(cfg, operand_bytes=1)
     interpret_params = persistent_loop.interpret_params(interpret)
     interpreted = interpret_params is not None
     reason = unsupported_reason(
-        lhs_q.shape,
-        (num_groups, k, n),
-        lhs_q.dtype,
-        rhs_q.dtype,
-        out_dtype,
-        recipe,
-        cfg,
-        interpreted,
+        lhs_shape, rhs_shape, lhs_dtype, rhs_dtype, out_dtype, recipe, cfg, interpreted
     )
-    if reason is not None:
-        raise NotImplementedError(
-            f"FP8 mosaic gmm: lhs_q {lhs_q.shape} {lhs_q.dtype}, rhs_q {rhs_q.shape} "
-            f"{rhs_q.dtype}, out {out_dtype}: {reason}."
-        )
-    # The GPU needs K-major weights; the interpreter cannot read a transposed operand at all.
-    transpose_rhs = not interpreted
+    return GmmPlan(cfg, not interpreted, out_dtype, interpret_params, reason)
+
+
+def launch_scaled_gmm(
+    lhs_q, lhs_scale, rhs_q, rhs_scale, group_sizes, plan: GmmPlan, *, recipe, rhs_layout="gkn"
+) -> Array:
+    """The FP8 kernel on checked operands, as ``plan`` says: the weights laid out as the plan
+    reads them, the recipe's scales in the epilogue (rowwise) or per K step (blockwise)."""
+    num_groups, k, n = _gkn_shape(rhs_q.shape, rhs_layout)
+    m = lhs_q.shape[0]
+    transpose_rhs, interpreted = plan.transpose_rhs, plan.interpreted
     if transpose_rhs and rhs_layout == "gkn":
         rhs_q = jnp.swapaxes(rhs_q, 1, 2)
     elif not transpose_rhs and rhs_layout == "gnk":
         rhs_q = jnp.swapaxes(rhs_q, 1, 2)
-    launch = functools.partial(
-        launch_gmm,
-        lhs_q,
-        rhs_q,
-        group_sizes.astype(jnp.int32),
-        transpose_rhs=transpose_rhs,
-        out_dtype=out_dtype,
-        cfg=cfg,
-        interpret_params=interpret_params,
-    )
+    launch = functools.partial(launch_gmm, lhs_q, rhs_q, group_sizes.astype(jnp.int32), plan)
     if recipe.name == "blockwise":
         return launch(
             k_step_scale=functools.partial(blockwise_k_step_scale, interpreted=interpreted),
@@ -287,28 +307,28 @@ class PallasMosaicScaledGroupedMatmul(ScaledGroupedMatmulBackend):
         # On a GPU the kernel swaps the weights to K-major; the interpreter reads [G, K, N].
         return not use_interpret(self.interpret)
 
-    def unsupported_reason(self, lhs_q, rhs_q, recipe, out_dtype) -> str | None:
-        m, k = lhs_q.shape
-        cfg = self.tiles or default_fp8_tiles(m, k, rhs_q.shape[2], recipe)
-        interpreted = use_interpret(self.interpret)
-        return unsupported_reason(
-            lhs_q.shape, rhs_q.shape, lhs_q.dtype, rhs_q.dtype, out_dtype, recipe, cfg, interpreted
+    def _plan(self, lhs_q, rhs_q, recipe, out_dtype) -> GmmPlan:
+        return plan_scaled_gmm(
+            lhs_q.shape,
+            rhs_q.shape,
+            lhs_q.dtype,
+            rhs_q.dtype,
+            out_dtype=out_dtype,
+            recipe=recipe,
+            tiles=self.tiles,
+            interpret=self.interpret,
         )
 
+    def unsupported_reason(self, lhs_q, rhs_q, recipe, out_dtype) -> str | None:
+        return self._plan(lhs_q, rhs_q, recipe, out_dtype).unsupported
+
     def scaled_gmm(self, lhs_q, lhs_scale, rhs_q, rhs_scale, group_sizes, *, recipe, out_dtype):
-        reason = self.unsupported_reason(lhs_q, rhs_q, recipe, out_dtype)
-        if reason is None:
-            return scaled_gmm_kn(
-                lhs_q,
-                lhs_scale,
-                rhs_q,
-                rhs_scale,
-                group_sizes,
-                out_dtype=out_dtype,
-                tiles=self.tiles,
-                interpret=self.interpret,
-                recipe=recipe,
+        plan = self._plan(lhs_q, rhs_q, recipe, out_dtype)
+        if plan.unsupported is None:
+            return launch_scaled_gmm(
+                lhs_q, lhs_scale, rhs_q, rhs_scale, group_sizes, plan, recipe=recipe
             )
+        reason = plan.unsupported
         if self.fallback is None:
             raise NotImplementedError(
                 f"fp8 backend 'pallas' (Mosaic GPU): lhs_q {lhs_q.shape} {lhs_q.dtype}, rhs_q "
@@ -331,13 +351,18 @@ class PallasMosaicScaledGroupedMatmul(ScaledGroupedMatmulBackend):
         self, lhs_t_q, lhs_scale, rhs_t_q, rhs_scale, group_starts, group_sizes, *, out_dtype
     ):
         args = (lhs_t_q, lhs_scale, rhs_t_q, rhs_scale, group_starts, group_sizes)
-        cfg = default_fp8_tgmm_tiles(lhs_t_q.shape[0], rhs_t_q.shape[0])
-        interpreted = use_interpret(self.interpret)
-        reason = unsupported_tgmm_reason(
-            lhs_t_q.shape, rhs_t_q.shape, lhs_t_q.dtype, rhs_t_q.dtype, out_dtype, cfg, interpreted
+        plan = plan_scaled_tgmm(
+            lhs_t_q.shape,
+            rhs_t_q.shape,
+            lhs_t_q.dtype,
+            rhs_t_q.dtype,
+            out_dtype=out_dtype,
+            tiles=None,
+            interpret=self.interpret,
         )
-        if reason is None:
-            return scaled_tgmm(*args, out_dtype=out_dtype, interpret=self.interpret)
+        if plan.unsupported is None:
+            return launch_scaled_tgmm(*args, plan)
+        reason = plan.unsupported
         if self.fallback is None:
             raise NotImplementedError(
                 f"fp8 backend 'pallas' (Mosaic GPU), FP8 wgrad: lhs_t_q {lhs_t_q.shape} "

@@ -74,6 +74,7 @@ from jaxmoe.ops.mosaic import persistent_loop, tgmm_kernel
 from jaxmoe.ops.mosaic.persistent_loop import cta_tile_count, cta_tile_index, persistent_kernel
 from jaxmoe.ops.mosaic.ring import ring_barriers, ring_consume, ring_produce
 from jaxmoe.ops.mosaic.scale_epilogues import rowwise_scale_epilogue
+from jaxmoe.ops.mosaic.tgmm_kernel import TgmmPlan
 from jaxmoe.ops.mosaic.tiles import tile_shape_reasons
 from jaxmoe.ops.mosaic.warpgroups import NUM_COMPUTE_WARPGROUPS, split_warpgroups
 from jaxmoe.ops.pallas_common import swizzle
@@ -314,20 +315,50 @@ def scaled_tgmm(
       NotImplementedError: operands the kernel cannot take (see :func:`unsupported_reason`).
     """
     _check_shapes(lhs_t_q, lhs_scale, rhs_t_q, rhs_scale, group_starts, group_sizes)
-    k, n, num_groups = lhs_t_q.shape[0], rhs_t_q.shape[0], group_sizes.shape[0]
+    plan = plan_scaled_tgmm(
+        lhs_t_q.shape,
+        rhs_t_q.shape,
+        lhs_t_q.dtype,
+        rhs_t_q.dtype,
+        out_dtype=out_dtype,
+        tiles=tiles,
+        interpret=interpret,
+    )
+    if plan.unsupported is not None:
+        raise NotImplementedError(
+            f"FP8 mosaic tgmm: lhs_t_q {lhs_t_q.shape} {lhs_t_q.dtype}, rhs_t_q {rhs_t_q.shape} "
+            f"{rhs_t_q.dtype}, out {plan.out_dtype}: {plan.unsupported}."
+        )
+    return launch_scaled_tgmm(
+        lhs_t_q, lhs_scale, rhs_t_q, rhs_scale, group_starts, group_sizes, plan
+    )
+
+
+def plan_scaled_tgmm(
+    lhs_t_shape, rhs_t_shape, lhs_dtype, rhs_dtype, *, out_dtype, tiles, interpret
+) -> TgmmPlan:
+    """The plan of the FP8 wgrad of ``lhs_t_q [K, Mp]`` and ``rhs_t_q [N, Mp]``: ``tiles`` or
+    :func:`default_fp8_tgmm_tiles`, checked; the interpreter or not; and
+    :func:`unsupported_reason`."""
+    k, n = lhs_t_shape[0], rhs_t_shape[0]
     out_dtype = jnp.dtype(out_dtype)
     cfg = tiles or default_fp8_tgmm_tiles(k, n)
     check_fp8_tgmm_tiles(cfg)
     interpret_params = persistent_loop.interpret_params(interpret)
-    interpreted = interpret_params is not None
     reason = unsupported_reason(
-        lhs_t_q.shape, rhs_t_q.shape, lhs_t_q.dtype, rhs_t_q.dtype, out_dtype, cfg, interpreted
+        lhs_t_shape, rhs_t_shape, lhs_dtype, rhs_dtype, out_dtype, cfg, interpret_params is not None
     )
-    if reason is not None:
-        raise NotImplementedError(
-            f"FP8 mosaic tgmm: lhs_t_q {lhs_t_q.shape} {lhs_t_q.dtype}, rhs_t_q {rhs_t_q.shape} "
-            f"{rhs_t_q.dtype}, out {out_dtype}: {reason}."
-        )
+    return TgmmPlan(cfg, out_dtype, interpret_params, reason)
+
+
+def launch_scaled_tgmm(
+    lhs_t_q, lhs_scale, rhs_t_q, rhs_scale, group_starts, group_sizes, plan: TgmmPlan
+) -> Array:
+    """The FP8 wgrad kernel on checked operands, as ``plan`` says: one CTA per SM."""
+    plan.refuse()
+    k, n, num_groups = lhs_t_q.shape[0], rhs_t_q.shape[0], group_sizes.shape[0]
+    cfg, out_dtype, interpret_params = plan.tiles, plan.out_dtype, plan.interpret_params
+    interpreted = plan.interpreted
     if num_groups == 0:
         return jnp.zeros((0, k, n), out_dtype)
     sizes = group_sizes.astype(jnp.int32)

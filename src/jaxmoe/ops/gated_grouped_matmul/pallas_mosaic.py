@@ -171,18 +171,35 @@ def fused_gmm(
     """
     check_gmm_operands(lhs, rhs_gate, group_sizes, False, "fused gated gmm")
     check_gmm_operands(lhs, rhs_up, group_sizes, False, "fused gated gmm")
-    m, k = lhs.shape
-    cfg = tiles or default_gated_tiles(m, k, rhs_gate.shape[2])
+    plan = plan_fused_gmm(lhs.shape, rhs_gate.shape, lhs.dtype, tiles=tiles, interpret=interpret)
+    return launch_fused_gmm(
+        lhs, rhs_gate, rhs_up, group_sizes, plan, activation=activation, residuals=residuals
+    )
+
+
+def plan_fused_gmm(lhs_shape, rhs_shape, dtype, *, tiles, interpret) -> launch.GmmPlan:
+    """The plan of :func:`fused_gmm` on ``lhs [M, K]`` and weights ``[G, K, F]``: ``tiles`` or
+    :func:`default_gated_tiles`, checked for two weights; the interpreter or not; and
+    :func:`unsupported_reason`."""
+    m, k = lhs_shape
+    cfg = tiles or default_gated_tiles(m, k, rhs_shape[2])
     check_tiles(cfg, num_rhs=2)
     interpret_params = persistent_loop.interpret_params(interpret)
-    reason = unsupported_reason(
-        lhs.shape, rhs_gate.shape, lhs.dtype, cfg, interpret_params is not None
-    )
-    if reason is not None:
+    reason = unsupported_reason(lhs_shape, rhs_shape, dtype, cfg, interpret_params is not None)
+    return launch.GmmPlan(cfg, False, jnp.dtype(dtype), interpret_params, reason)
+
+
+def launch_fused_gmm(
+    lhs, rhs_gate, rhs_up, group_sizes, plan: launch.GmmPlan, *, activation, residuals
+) -> tuple[Array, ...]:
+    """The fused kernel on checked operands, as ``plan`` says; ``NotImplementedError`` for a
+    plan that says why it cannot run."""
+    if plan.unsupported is not None:
         raise NotImplementedError(
-            f"fused gated gmm: lhs {lhs.shape} {lhs.dtype}, rhs {rhs_gate.shape}: {reason}."
+            f"fused gated gmm: lhs {lhs.shape} {lhs.dtype}, rhs {rhs_gate.shape}: "
+            f"{plan.unsupported}."
         )
-    act = functools.partial(_KERNEL_ACTIVATIONS[activation], approx=cfg.approx_math)
+    act = functools.partial(_KERNEL_ACTIVATIONS[activation], approx=plan.tiles.approx_math)
 
     def combine(gate, up):
         hidden = act(gate) * up
@@ -192,10 +209,7 @@ def fused_gmm(
         lhs,
         rhs_gate,
         group_sizes,
-        transpose_rhs=False,
-        out_dtype=lhs.dtype,
-        cfg=cfg,
-        interpret_params=interpret_params,
+        plan,
         more_rhs=(rhs_up,),
         combine=combine,
         num_outputs=3 if residuals else 1,
@@ -268,32 +282,54 @@ def fused_down_dgrad(
       NotImplementedError: operands the kernel cannot take (:func:`down_dgrad_unsupported_reason`).
     """
     check_gmm_operands(out_bar, rhs_down, group_sizes, True, "fused down dgrad")
-    m, h = out_bar.shape
-    f = rhs_down.shape[1]
+    plan = plan_down_dgrad(
+        out_bar.shape,
+        rhs_down.shape,
+        out_bar.dtype,
+        out_dtype=gate.dtype,
+        tiles=tiles,
+        interpret=interpret,
+    )
+    return launch_down_dgrad(out_bar, gate, up, rhs_down, group_sizes, plan, activation=activation)
+
+
+def plan_down_dgrad(
+    out_bar_shape, rhs_down_shape, dtype, *, out_dtype, tiles, interpret
+) -> launch.GmmPlan:
+    """The plan of :func:`fused_down_dgrad` on ``out_bar [M, H]`` and ``rhs_down [G, F, H]``
+    (``gate``, ``up`` and the results in ``out_dtype``): ``tiles`` or
+    :func:`default_down_dgrad_tiles`, checked; the interpreter or not (the GPU reads
+    ``rhs_down`` transposed, the interpreter a transposed copy); and
+    :func:`down_dgrad_unsupported_reason`."""
+    m, h = out_bar_shape
+    f = rhs_down_shape[1]
     cfg = tiles or default_down_dgrad_tiles(m, h, f)
     check_tiles(cfg)
     interpret_params = persistent_loop.interpret_params(interpret)
     interpreted = interpret_params is not None
-    reason = down_dgrad_unsupported_reason(
-        out_bar.shape, rhs_down.shape, out_bar.dtype, cfg, interpreted
-    )
-    if reason is not None:
+    reason = down_dgrad_unsupported_reason(out_bar_shape, rhs_down_shape, dtype, cfg, interpreted)
+    return launch.GmmPlan(cfg, not interpreted, jnp.dtype(out_dtype), interpret_params, reason)
+
+
+def launch_down_dgrad(
+    out_bar, gate, up, rhs_down, group_sizes, plan: launch.GmmPlan, *, activation
+) -> tuple[Array, Array]:
+    """The fused down dgrad on checked operands, as ``plan`` says; ``NotImplementedError`` for
+    a plan that says why it cannot run."""
+    if plan.unsupported is not None:
         raise NotImplementedError(
             f"fused down dgrad: out_bar {out_bar.shape} {out_bar.dtype}, rhs_down "
-            f"{rhs_down.shape}: {reason}."
+            f"{rhs_down.shape}: {plan.unsupported}."
         )
     # The interpreter cannot read a transposed wgmma operand: it gets a transposed copy.
-    rhs = jnp.swapaxes(rhs_down, 1, 2) if interpreted else rhs_down
+    rhs = jnp.swapaxes(rhs_down, 1, 2) if plan.interpreted else rhs_down
     outs = launch.launch_gmm(
         out_bar,
         rhs,
         group_sizes,
-        transpose_rhs=not interpreted,
-        out_dtype=gate.dtype,
-        cfg=cfg,
-        interpret_params=interpret_params,
+        plan,
         epilogue=functools.partial(
-            down_dgrad_epilogue, activation=activation, approx=cfg.approx_math
+            down_dgrad_epilogue, activation=activation, approx=plan.tiles.approx_math
         ),
         epilogue_operands=(gate, up),
         num_outputs=2,
@@ -346,87 +382,76 @@ class PallasMosaicGatedGroupedMatmul(GatedGroupedMatmulBackend):
         if self.down_dgrad_tiles is not None:
             check_tiles(self.down_dgrad_tiles)
 
-    def _down_dgrad_tiles(self, out_bar_shape, rhs_down_shape):
-        m, h = out_bar_shape
-        return self.down_dgrad_tiles or default_down_dgrad_tiles(m, h, rhs_down_shape[1])
+    def _down_dgrad_plan(self, out_bar, gate_dtype, rhs_down) -> launch.GmmPlan:
+        return plan_down_dgrad(
+            out_bar.shape,
+            rhs_down.shape,
+            out_bar.dtype,
+            out_dtype=gate_dtype,
+            tiles=self.down_dgrad_tiles,
+            interpret=self.interpret,
+        )
 
     def down_dgrad_unsupported_reason(self, out_bar, rhs_down, group_sizes):
         if not self.fused_backward:
             return "fused_backward=False"
-        cfg = self._down_dgrad_tiles(out_bar.shape, rhs_down.shape)
-        interpreted = use_interpret(self.interpret)
-        return down_dgrad_unsupported_reason(
-            out_bar.shape, rhs_down.shape, out_bar.dtype, cfg, interpreted
-        )
+        return self._down_dgrad_plan(out_bar, out_bar.dtype, rhs_down).unsupported
 
     def down_dgrad(self, out_bar, gate, up, rhs_down, group_sizes, *, activation):
-        return fused_down_dgrad(
-            out_bar,
-            gate,
-            up,
-            rhs_down,
-            group_sizes,
-            activation=activation,
-            tiles=self._down_dgrad_tiles(out_bar.shape, rhs_down.shape),
-            interpret=self.interpret,
+        plan = self._down_dgrad_plan(out_bar, gate.dtype, rhs_down)
+        return launch_down_dgrad(
+            out_bar, gate, up, rhs_down, group_sizes, plan, activation=activation
         )
 
-    def _input_dgrad_operands(self, gate_bar, rhs_gate):
-        """``(tiles, interpreted, rhs shape the kernel reads)``: on a GPU the weights ``[G, K,
-        F]`` are read transposed; Mosaic GPU's interpreter, which cannot, gets ``[G, F, K]``
-        copies."""
-        m, f = gate_bar.shape
-        num_groups, k, _ = rhs_gate.shape
-        cfg = mosaic_tiles.default_mosaic_gmm_tiles(m, f, k)
+    def _input_dgrad_plan(self, gate_bar, rhs_gate) -> launch.GmmPlan:
+        """On a GPU the weights ``[G, K, F]`` are read transposed; Mosaic GPU's interpreter,
+        which cannot, gets ``[G, F, K]`` copies (:meth:`input_dgrad`)."""
+        num_groups, k, f = rhs_gate.shape
         interpreted = use_interpret(self.interpret)
-        return cfg, interpreted, ((num_groups, f, k) if interpreted else rhs_gate.shape)
+        return launch.plan_gmm(
+            gate_bar.shape,
+            (num_groups, f, k) if interpreted else rhs_gate.shape,
+            rhs_gate.dtype,
+            transpose_rhs=not interpreted,
+            out_dtype=None,
+            tiles=None,
+            interpret=self.interpret,
+        )
 
     def input_dgrad_unsupported_reason(self, gate_bar, rhs_gate, group_sizes):
         if not self.fused_input_dgrad:
             return "fused_input_dgrad=False"
-        cfg, interpreted, rhs_shape = self._input_dgrad_operands(gate_bar, rhs_gate)
-        return mosaic_tiles.unsupported_reason(
-            gate_bar.shape,
-            rhs_shape,
-            rhs_gate.dtype,
-            rhs_gate.dtype,
-            not interpreted,
-            cfg,
-            interpreted,
-        )
+        return self._input_dgrad_plan(gate_bar, rhs_gate).unsupported
 
     def input_dgrad(self, gate_bar, up_bar, rhs_gate, rhs_up, group_sizes):
-        cfg, interpreted, _ = self._input_dgrad_operands(gate_bar, rhs_gate)
-        if interpreted:
+        plan = self._input_dgrad_plan(gate_bar, rhs_gate)
+        launch.check_pair_tiles(plan.tiles)
+        if plan.interpreted:
             rhs_gate, rhs_up = (jnp.swapaxes(rhs, 1, 2) for rhs in (rhs_gate, rhs_up))
         dtype = rhs_gate.dtype
-        return launch.gmm_pair(
+        return launch.launch_gmm(
             gate_bar.astype(dtype),
             rhs_gate,
-            up_bar.astype(dtype),
-            rhs_up,
             group_sizes,
-            transpose_rhs=not interpreted,
-            tiles=cfg,
-            interpret=self.interpret,
+            plan,
+            second_pair=(up_bar.astype(dtype), rhs_up),
         )
 
-    def _tiles(self, lhs_shape, rhs_shape):
-        return self.tiles or default_gated_tiles(lhs_shape[0], lhs_shape[1], rhs_shape[2])
+    def _plan(self, lhs, rhs_gate) -> launch.GmmPlan:
+        return plan_fused_gmm(
+            lhs.shape, rhs_gate.shape, lhs.dtype, tiles=self.tiles, interpret=self.interpret
+        )
 
     def unsupported_reason(self, lhs, rhs_gate, group_sizes):
-        cfg = self._tiles(lhs.shape, rhs_gate.shape)
-        interpreted = use_interpret(self.interpret)
-        return unsupported_reason(lhs.shape, rhs_gate.shape, lhs.dtype, cfg, interpreted)
+        return self._plan(lhs, rhs_gate).unsupported
 
     def fused(self, lhs, rhs_gate, rhs_up, group_sizes, *, activation, residuals):
-        return fused_gmm(
+        return launch_fused_gmm(
             lhs,
             rhs_gate,
             rhs_up,
             group_sizes,
+            self._plan(lhs, rhs_gate),
             activation=activation,
             residuals=residuals,
-            tiles=self._tiles(lhs.shape, rhs_gate.shape),
-            interpret=self.interpret,
         )

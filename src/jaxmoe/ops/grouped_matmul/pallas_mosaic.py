@@ -12,16 +12,9 @@ import jax.numpy as jnp
 from jaxmoe.ops.grouped_matmul import pallas_triton
 from jaxmoe.ops.grouped_matmul.base import GroupedMatmulBackend
 from jaxmoe.ops.grouped_matmul.xla import XlaGroupedMatmul
-from jaxmoe.ops.mosaic import tgmm_kernel
+from jaxmoe.ops.mosaic import launch, tgmm_kernel
 from jaxmoe.ops.mosaic import tiles as mosaic_tiles
-from jaxmoe.ops.mosaic.launch import gmm
-from jaxmoe.ops.mosaic.tiles import (
-    MosaicTileConfig,
-    check_tiles,
-    default_mosaic_gmm_tiles,
-    unsupported_reason,
-)
-from jaxmoe.ops.pallas_common import use_interpret
+from jaxmoe.ops.mosaic.tiles import MosaicTileConfig, check_tiles
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,23 +78,18 @@ class PallasMosaicGroupedMatmul(GroupedMatmulBackend):
         return XlaGroupedMatmul()
 
     def gmm(self, lhs, rhs, group_sizes, *, transpose_rhs, out_dtype):
-        m, k = lhs.shape
-        n = rhs.shape[1] if transpose_rhs else rhs.shape[2]
-        cfg = self.gmm_tiles or default_mosaic_gmm_tiles(m, k, n)
-        interpreted = use_interpret(self.interpret)
-        reason = unsupported_reason(
-            lhs.shape, rhs.shape, lhs.dtype, out_dtype, transpose_rhs, cfg, interpreted
+        plan = launch.plan_gmm(
+            lhs.shape,
+            rhs.shape,
+            lhs.dtype,
+            transpose_rhs=transpose_rhs,
+            out_dtype=out_dtype,
+            tiles=self.gmm_tiles,
+            interpret=self.interpret,
         )
-        if reason is None:
-            return gmm(
-                lhs,
-                rhs,
-                group_sizes,
-                transpose_rhs=transpose_rhs,
-                out_dtype=out_dtype,
-                tiles=cfg,
-                interpret=self.interpret,
-            )
+        if plan.unsupported is None:
+            return launch.launch_gmm(lhs, rhs, group_sizes, plan)
+        reason = plan.unsupported
         if not self.triton_fallback:
             raise NotImplementedError(
                 f"grouped_matmul backend 'pallas' (Mosaic GPU): lhs {lhs.shape} {lhs.dtype}, "
@@ -114,18 +102,17 @@ class PallasMosaicGroupedMatmul(GroupedMatmulBackend):
         )
 
     def tgmm(self, lhs, rhs, group_sizes, *, out_dtype):
-        wgrad = tgmm_kernel
-        m, k = lhs.shape
-        n = rhs.shape[1]
-        cfg = self.tgmm_tiles or wgrad.default_mosaic_tgmm_tiles(m, k, n)
-        interpreted = use_interpret(self.interpret)
-        reason = wgrad.unsupported_tgmm_reason(
-            lhs.shape, rhs.shape, lhs.dtype, out_dtype, cfg, interpreted
+        plan = tgmm_kernel.plan_tgmm(
+            lhs.shape,
+            rhs.shape,
+            lhs.dtype,
+            out_dtype=out_dtype,
+            tiles=self.tgmm_tiles,
+            interpret=self.interpret,
         )
-        if reason is None:
-            return wgrad.tgmm(
-                lhs, rhs, group_sizes, out_dtype=out_dtype, tiles=cfg, interpret=self.interpret
-            )
+        if plan.unsupported is None:
+            return tgmm_kernel.launch_tgmm(lhs, rhs, group_sizes, plan)
+        reason = plan.unsupported
         if self.triton_fallback:
             return self._fallback(lhs).tgmm(lhs, rhs, group_sizes, out_dtype=out_dtype)
         raise NotImplementedError(

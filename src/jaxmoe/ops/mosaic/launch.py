@@ -19,22 +19,76 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 
 from jaxmoe.ops.mosaic import gmm_kernel, persistent_loop, schedule
+from jaxmoe.ops.mosaic import tiles as mosaic_tiles
 from jaxmoe.ops.mosaic.persistent_loop import grid_size, persistent_kernel
 from jaxmoe.ops.mosaic.tiles import (
     MosaicTileConfig,
     check_tiles,
     cluster_ctas,
-    default_mosaic_gmm_tiles,
     unsupported_reason,
 )
 from jaxmoe.ops.pallas_common import check_gmm_operands
 
 Array = jax.Array
+
+
+@dataclasses.dataclass(frozen=True)
+class GmmPlan:
+    """How the Mosaic ``gmm`` runs one call, decided once, before tracing, by whoever calls
+    :func:`launch_gmm` (a backend, or a checked entry point such as :func:`gmm`).
+
+    Attributes:
+      tiles: the block sizes (already checked by :func:`.tiles.check_tiles`).
+      transpose_rhs: whether the kernel reads ``rhs[g]`` as ``[N, K]``.
+      out_dtype: the result's dtype.
+      interpret_params: Mosaic GPU's interpreter parameters, ``None`` on a GPU.
+      unsupported: why the kernel cannot take the operands, ``None`` if it can; a plan that says
+        why is never launched (the caller raises or falls back).
+    """
+
+    tiles: MosaicTileConfig
+    transpose_rhs: bool
+    out_dtype: jnp.dtype
+    interpret_params: Any
+    unsupported: str | None = None
+
+    @property
+    def interpreted(self) -> bool:
+        return self.interpret_params is not None
+
+
+def plan_gmm(
+    lhs_shape, rhs_shape, dtype, *, transpose_rhs: bool, out_dtype, tiles, interpret
+) -> GmmPlan:
+    """The plan of a plain (bf16/fp16) ``gmm`` of ``lhs [M, K]`` by ``rhs [G, K, N]`` (``[G, N,
+    K]`` with ``transpose_rhs``): ``tiles`` or the default, checked; whether it runs in the
+    interpreter; and :func:`.tiles.unsupported_reason`. ``ValueError`` for tiles that cannot be
+    lowered."""
+    m, k = lhs_shape
+    n = rhs_shape[1] if transpose_rhs else rhs_shape[2]
+    out_dtype = jnp.dtype(out_dtype or dtype)
+    cfg = tiles or mosaic_tiles.default_mosaic_gmm_tiles(m, k, n)
+    check_tiles(cfg)
+    interpret_params = persistent_loop.interpret_params(interpret)
+    reason = unsupported_reason(
+        lhs_shape, rhs_shape, dtype, out_dtype, transpose_rhs, cfg, interpret_params is not None
+    )
+    return GmmPlan(cfg, transpose_rhs, out_dtype, interpret_params, reason)
+
+
+def check_pair_tiles(cfg: MosaicTileConfig) -> None:
+    """``NotImplementedError`` unless :func:`gmm_pair`'s two products can run on ``cfg``."""
+    if not cfg.ring:
+        raise NotImplementedError(
+            "mosaic gmm_pair runs on the hand-written ring only: pass tiles with ring=True "
+            "(the default tiles)."
+        )
 
 
 def gmm(
@@ -50,20 +104,11 @@ def gmm(
     """``out[rows of g] = lhs[rows of g] @ rhs[g]`` (``rhs[g].T`` if transposed); zeros after.
 
     Same contract as :func:`jaxmoe.ops.grouped_matmul.pallas_triton.gmm`; the operands must pass
-    :func:`supports` (bf16/fp16, dims divisible by the blocks).
+    :func:`.tiles.supports` (bf16/fp16, dims divisible by the blocks). Checks its arguments
+    (``ValueError``) and refuses what the kernel cannot take (``NotImplementedError``, why).
     """
-    out_dtype, cfg, interpret_params = _checked(
-        lhs, rhs, group_sizes, transpose_rhs, out_dtype, tiles, interpret, "gmm"
-    )
-    return launch_gmm(
-        lhs,
-        rhs,
-        group_sizes,
-        transpose_rhs=transpose_rhs,
-        out_dtype=out_dtype,
-        cfg=cfg,
-        interpret_params=interpret_params,
-    )
+    plan = _checked_plan(lhs, rhs, group_sizes, transpose_rhs, out_dtype, tiles, interpret, "gmm")
+    return launch_gmm(lhs, rhs, group_sizes, plan)
 
 
 def gmm_pair(
@@ -80,12 +125,11 @@ def gmm_pair(
 ) -> Array:
     """``out[rows of g] = lhs[rows of g] @ rhs[g] + lhs2[rows of g] @ rhs2[g]`` (each ``rhs[g]``
     transposed if ``transpose_rhs``), zeros after the groups, in one kernel: each tile's K loop
-    runs over the first pair, then the second, into one float32 accumulator, rounded once.
+    runs over the first pair, then the second, into one float32 accumulator, rounded once (the
+    gated FFN's input gradient ``gate_bar Wg^T + up_bar Wu^T`` in one launch).
 
-    The gated FFN's input gradient ``gate_bar Wg^T + up_bar Wu^T`` is this with
-    ``transpose_rhs``: one launch instead of two plus an add, and one ``[M, N]`` result written
-    instead of two. ``(lhs2, rhs2)`` must have the shapes and dtypes of ``(lhs, rhs)``; the tiles
-    must run on the ring (the default tiles do). Otherwise as :func:`gmm`.
+    ``(lhs2, rhs2)`` must have the shapes and dtypes of ``(lhs, rhs)``; the tiles must run on
+    the ring (the default tiles do). Otherwise as :func:`gmm`.
     """
     if (jnp.shape(lhs2), jnp.shape(rhs2)) != (jnp.shape(lhs), jnp.shape(rhs)) or (
         jnp.result_type(lhs2),
@@ -97,57 +141,41 @@ def gmm_pair(
             f"`lhs` {jnp.shape(lhs)} {jnp.result_type(lhs)} and `rhs` {jnp.shape(rhs)} "
             f"{jnp.result_type(rhs)}."
         )
-    out_dtype, cfg, interpret_params = _checked(
+    plan = _checked_plan(
         lhs, rhs, group_sizes, transpose_rhs, out_dtype, tiles, interpret, "gmm_pair"
     )
-    if not cfg.ring:
-        raise NotImplementedError(
-            "mosaic gmm_pair runs on the hand-written ring only: pass tiles with ring=True "
-            "(the default tiles)."
-        )
-    return launch_gmm(
-        lhs,
-        rhs,
-        group_sizes,
+    check_pair_tiles(plan.tiles)
+    return launch_gmm(lhs, rhs, group_sizes, plan, second_pair=(lhs2, rhs2))
+
+
+def _checked_plan(lhs, rhs, group_sizes, transpose_rhs, out_dtype, tiles, interpret, name):
+    """The plan of a direct call: ``ValueError`` for bad arguments, ``NotImplementedError``
+    (why) for operands the kernel cannot take."""
+    check_gmm_operands(lhs, rhs, group_sizes, transpose_rhs, name)
+    plan = plan_gmm(
+        lhs.shape,
+        rhs.shape,
+        lhs.dtype,
         transpose_rhs=transpose_rhs,
         out_dtype=out_dtype,
-        cfg=cfg,
-        interpret_params=interpret_params,
-        second_pair=(lhs2, rhs2),
+        tiles=tiles,
+        interpret=interpret,
     )
-
-
-def _checked(lhs, rhs, group_sizes, transpose_rhs, out_dtype, tiles, interpret, name):
-    """``(out_dtype, tiles, interpret_params)`` for checked operands: ``ValueError`` for bad
-    arguments, ``NotImplementedError`` (why) for operands the kernel cannot take."""
-    check_gmm_operands(lhs, rhs, group_sizes, transpose_rhs, name)
-    m, k = lhs.shape
-    n = rhs.shape[1] if transpose_rhs else rhs.shape[2]
-    out_dtype = jnp.dtype(out_dtype or lhs.dtype)
-    cfg = tiles or default_mosaic_gmm_tiles(m, k, n)
-    check_tiles(cfg)
-    interpret_params = persistent_loop.interpret_params(interpret)
-    reason = unsupported_reason(
-        lhs.shape, rhs.shape, lhs.dtype, out_dtype, transpose_rhs, cfg, interpret_params is not None
-    )
-    if reason is not None:
+    if plan.unsupported is not None:
         raise NotImplementedError(
-            f"mosaic {name}: lhs {lhs.shape} {lhs.dtype}, rhs {rhs.shape}, out {out_dtype}: "
-            f"{reason}. Use backend='pallas_triton', or 'auto', which picks the Triton kernel "
-            "for these."
+            f"mosaic {name}: lhs {lhs.shape} {lhs.dtype}, rhs {rhs.shape}, out "
+            f"{plan.out_dtype}: {plan.unsupported}. Use backend='pallas_triton', or 'auto', "
+            "which picks the Triton kernel for these."
         )
-    return out_dtype, cfg, interpret_params
+    return plan
 
 
 def launch_gmm(
     lhs,
     rhs,
     group_sizes,
+    plan: GmmPlan,
     *,
-    transpose_rhs: bool,
-    out_dtype,
-    cfg: MosaicTileConfig,
-    interpret_params,
     epilogue=None,
     epilogue_operands=(),
     more_rhs=(),
@@ -157,7 +185,8 @@ def launch_gmm(
     second_pair=(),
     ring_operands: bool = False,
 ):
-    """The kernel on checked operands: builds the work list and launches one CTA per SM.
+    """The kernel on checked operands, as ``plan`` says: builds the work list and launches one
+    CTA per SM. ``NotImplementedError`` for a plan that says the kernel cannot run.
 
     ``epilogue`` and ``epilogue_operands`` (GPU memory refs it reads): see the kernel body.
     ``more_rhs`` (weights shaped like ``rhs``, multiplied by the same lhs blocks), ``combine``
@@ -165,10 +194,14 @@ def launch_gmm(
     K step scales, reading ``epilogue_operands`` too), ``second_pair`` (``(lhs2, rhs2)`` shaped
     like ``(lhs, rhs)``: the result is ``lhs @ rhs + lhs2 @ rhs2`` per group, on the ring):
     see the kernel body. ``ring_operands``: the ``epilogue_operands`` ride the ring
-    (:mod:`.pallas_mosaic_ring_operands`). ``cfg.split_last_round`` applies to a plain product
-    or pair only (no ``epilogue``, ``more_rhs``, ``combine`` or ``k_step_scale``: its fix-up
-    adds float32 partial sums of the accumulator itself); the others run without it.
+    (:mod:`.ring_operands`). ``cfg.split_last_round`` applies to a plain product or pair only
+    (no ``epilogue``, ``more_rhs``, ``combine`` or ``k_step_scale``: its fix-up adds float32
+    partial sums of the accumulator itself); the others run without it.
     """
+    if plan.unsupported is not None:
+        raise NotImplementedError(f"mosaic gmm: the plan refuses the operands: {plan.unsupported}")
+    transpose_rhs, out_dtype, cfg = plan.transpose_rhs, plan.out_dtype, plan.tiles
+    interpret_params = plan.interpret_params
     split = cfg.split_last_round and not (epilogue or more_rhs or combine or k_step_scale)
     cfg = dataclasses.replace(cfg, split_last_round=split)
     m, k = lhs.shape

@@ -1,58 +1,17 @@
 """Grouped wgrad on Hopper in Pallas Mosaic GPU: a persistent, warp-specialized ``tgmm``.
 
-``out[g] = lhs[rows of g].T @ rhs[rows of g]`` (``[G, K, N]``): a contraction over each group's
-rows, whose count is only known on the device. Layout of the work (``bm`` rows per step, output
-tiles of ``bk x bn``)::
-
-    output tiles one per (group, K tile, N tile); one CTA per SM takes every ``num_sms``-th
-                 (round-robin), group-major so that the CTAs working on one group at a time
-                 share its rows in L2, walking ``group_swizzle`` K tiles along N inside a group.
-                 Groups go largest first (an order sorted on the device): a tile's cost is its
-                 group's row count and the CTAs take tiles round-robin, so this is the
-                 longest-first rule against stragglers (skewed routing: H100 numbers below).
-    one ring     three warpgroups and one ring of ``stages`` shared-memory slots for all of the
-                 CTA's tiles. The memory warpgroup walks (tile, row block) in the order the
-                 compute warpgroups consume them and loads ``[bm, bk]`` of ``lhs`` and ``[bm, bn]``
-                 of ``rhs`` into slot ``step % stages`` by TMA (``step`` counts the CTA's row
-                 blocks over all its tiles), once both compute warpgroups have released the slot:
-                 so the next tile's first blocks arrive while this tile computes and stores (no
-                 drain between tiles). A tile's row-block count is its group's, read on the device;
-                 an empty group's tile takes one fully masked step (zeros). Row blocks are aligned
-                 to ``bm`` (they never cross the array's end, since ``M % bm == 0``), so a group's
-                 first and last block may hold rows of its neighbours or rows past
-                 ``sum(group_sizes)``.
-    the mma      the two compute warpgroups each own ``bk / 2`` rows of the tile and a
-                 ``[bk / 2, bn]`` float32 accumulator from their half of the ``lhs`` block
-                 (``split_rows``, the default; without it ``bn / 2`` columns each, a ``[bk,
-                 bn / 2]`` accumulator from the whole ``lhs`` block); ``wgmma`` reads the ``lhs``
-                 block transposed in place (``transpose_ref``: the A operand is M-major in
-                 shared memory), no copy. Each keeps one ``wgmma`` in flight and releases a
-                 slot one step late.
-    masking      in a boundary block the rows outside the group are set to zero in shared memory,
-                 in both operands (so NaN or Inf in the other rows cannot leak: ``0 * NaN``), before
-                 the ``wgmma``. Each compute warpgroup zeroes the blocks it reads: its own
-                 columns of one operand and the whole block of the other (``rhs`` with split
-                 rows, ``lhs`` without). Both write the same values (the original or zero) to
-                 the shared block, so the overlap is harmless and needs no barrier.
-    epilogue     the accumulator is cast, staged in (swizzled) shared memory and stored by TMA
-                 without waiting; the next tile waits only until the stage has been read. The
-                 default stages a warpgroup's result in two halves: the 32 KiB this frees holds
-                 a fourth ring slot (``default_mosaic_tgmm_tiles``).
-
-Why: the Triton wgrad (``pallas_triton.tgmm``) is not persistent, has no warp specialization and
-overlaps nothing with its epilogue. Why a hand-written ring rather than jax's
-``emit_pipeline_warp_specialized``: that pipeline drains at the end of each tile, and its
-pipeline of pipelines (``PipelinePipeline``) does not take a dynamic grid (here the row-block
-count is the group's, known on the device only).
-
-Measured against ``torch._grouped_mm``'s wgrad, the per-tile pipeline and the Triton wgrad:
-docs/kernels.md, 'Mosaic wgrad'.
+``out[g] = lhs[rows of g].T @ rhs[rows of g]`` (``[G, K, N]``), a contraction over each group's
+rows, whose count is only known on the device: its tiles (:class:`MosaicTgmmTileConfig`), the
+checks, the kernel body, its plan (:class:`TgmmPlan`) and launch. The FP8 wgrad shares the tile
+order, the stores and :class:`TgmmPlan`. How it is built and measured: docs/kernels.md, 'The
+wgrad' and 'Mosaic wgrad'.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -79,31 +38,17 @@ Array = jax.Array
 
 @dataclasses.dataclass(frozen=True)
 class MosaicTgmmTileConfig:
-    """Block sizes of the Mosaic GPU ``tgmm``.
+    """Block sizes of the Mosaic GPU ``tgmm`` (docs/kernels.md, 'The wgrad').
 
-    ``block_m`` rows of the contraction per pipeline step; the output tile is
-    ``block_k x block_n`` (``block_k`` is ``wgmma``'s M: 64 or 128), each compute warpgroup owning
-    half of ``block_n``. ``stages`` is the depth of the shared-memory ring, one ring for all of
-    a CTA's tiles. ``epilogue_rows`` (default ``block_k``) is the height of the shared-memory
-    slab that stages a warpgroup's result for its TMA store: ``block_k // 2`` stores it in two
-    halves and frees 32 KiB at the default tiles, room for a fourth ring slot.
-
-    ``split_rows`` (``block_k`` 128): the two compute warpgroups split the output tile's rows
-    (``[block_k / 2, block_n]`` each, one ``m64 x n(block_n)`` product per step) instead of its
-    columns, as the ``gmm``'s option of that name: fewer shared-memory reads per FLOP. A
-    warpgroup's result is then staged 128 columns at a time. On in
-    :func:`default_mosaic_tgmm_tiles`; off here, so that a config naming ``block_k`` 64 stays
-    valid.
-
-    ``multicast_rhs``: CTAs run in clusters of two, and the two CTAs of a cluster take
-    neighbouring K tiles (``2p``, ``2p + 1``) of one (group, N tile). Both then contract the
-    same rows of ``rhs`` at every step: each CTA loads half of the ``[block_m, block_n]`` block
-    and TMA multicasts it into both shared memories, so the ``rhs`` reads from L2 halve (the
-    ``gmm``'s ``multicast_weights`` for the wgrad, where the shared operand is the wider one).
-    The two tiles always share their group, so both CTAs take the same number of steps and
-    mask the same rows; a slot is reused only when both CTAs have released it. Needs an even
-    ``K / block_k``. Off by default: exact, but no faster (measured: docs/kernels.md, 'Mosaic
-    wgrad').
+    ``block_m`` rows of the contraction per ring step; the output tile is ``block_k x block_n``
+    (``block_k`` is ``wgmma``'s M: 64 or 128); ``stages``: the ring's depth; ``epilogue_rows``:
+    the slab that stages a warpgroup's result (``None``: ``block_k``; ``block_k // 2`` stores it
+    in halves and frees room for a fourth slot). ``split_rows`` (``block_k`` 128): the compute
+    warpgroups split the tile's rows, as the ``gmm``'s option of that name; on in
+    :func:`default_mosaic_tgmm_tiles`, off here so that a config naming ``block_k`` 64 stays
+    valid. ``multicast_rhs``: clusters of two CTAs take neighbouring K tiles of one (group, N
+    tile) and share each ``rhs`` block by TMA multicast; needs an even ``K / block_k``; off by
+    default (exact, no faster).
     """
 
     block_m: int = 64
@@ -393,6 +338,45 @@ def largest_first(group_sizes) -> jax.Array:
     return jnp.argsort(-group_sizes, stable=True).astype(jnp.int32)
 
 
+@dataclasses.dataclass(frozen=True)
+class TgmmPlan:
+    """How a Mosaic ``tgmm`` (this one or the FP8 wgrad) runs one call, decided once, before
+    tracing: its ``tiles`` (checked), ``out_dtype``, ``interpret_params`` (``None`` on a GPU)
+    and ``unsupported``, why the kernel cannot take the operands (``None`` if it can; such a
+    plan is never launched)."""
+
+    tiles: Any
+    out_dtype: jnp.dtype
+    interpret_params: Any
+    unsupported: str | None = None
+
+    @property
+    def interpreted(self) -> bool:
+        return self.interpret_params is not None
+
+    def refuse(self) -> None:
+        """``NotImplementedError`` for a plan that says the kernel cannot run."""
+        if self.unsupported is not None:
+            raise NotImplementedError(
+                f"mosaic tgmm: the plan refuses the operands: {self.unsupported}"
+            )
+
+
+def plan_tgmm(lhs_shape, rhs_shape, dtype, *, out_dtype, tiles, interpret) -> TgmmPlan:
+    """The plan of ``tgmm(lhs [M, K], rhs [M, N])``: ``tiles`` or the default, checked; whether
+    it runs in the interpreter; and :func:`unsupported_tgmm_reason`."""
+    m, k = lhs_shape
+    n = rhs_shape[1]
+    out_dtype = jnp.dtype(out_dtype or dtype)
+    cfg = tiles or default_mosaic_tgmm_tiles(m, k, n)
+    check_tgmm_tiles(cfg)
+    interpret_params = persistent_loop.interpret_params(interpret)
+    reason = unsupported_tgmm_reason(
+        lhs_shape, rhs_shape, dtype, out_dtype, cfg, interpret_params is not None
+    )
+    return TgmmPlan(cfg, out_dtype, interpret_params, reason)
+
+
 def tgmm(
     lhs: Array,
     rhs: Array,
@@ -406,23 +390,29 @@ def tgmm(
 
     Same contract as :func:`jaxmoe.ops.grouped_matmul.pallas_triton.tgmm`; the operands must pass
     :func:`unsupported_tgmm_reason` (bf16/fp16, dims divisible by the blocks, a Hopper GPU).
+    Checks its arguments (``ValueError``) and refuses what the kernel cannot take
+    (``NotImplementedError``, why).
     """
     check_tgmm_operands(lhs, rhs, group_sizes)
+    plan = plan_tgmm(
+        lhs.shape, rhs.shape, lhs.dtype, out_dtype=out_dtype, tiles=tiles, interpret=interpret
+    )
+    if plan.unsupported is not None:
+        raise NotImplementedError(
+            f"mosaic tgmm: lhs {lhs.shape} {lhs.dtype}, rhs {rhs.shape}, out {plan.out_dtype}: "
+            f"{plan.unsupported}. Use backend='pallas_triton', or 'auto', which picks the "
+            "Triton kernel."
+        )
+    return launch_tgmm(lhs, rhs, group_sizes, plan)
+
+
+def launch_tgmm(lhs: Array, rhs: Array, group_sizes: Array, plan: TgmmPlan) -> Array:
+    """The kernel on checked operands, as ``plan`` says: one CTA per SM."""
+    plan.refuse()
     m, k = lhs.shape
     n = rhs.shape[1]
     num_groups = group_sizes.shape[0]
-    out_dtype = jnp.dtype(out_dtype or lhs.dtype)
-    cfg = tiles or default_mosaic_tgmm_tiles(m, k, n)
-    check_tgmm_tiles(cfg)
-    interpret_params = persistent_loop.interpret_params(interpret)
-    reason = unsupported_tgmm_reason(
-        lhs.shape, rhs.shape, lhs.dtype, out_dtype, cfg, interpret_params is not None
-    )
-    if reason is not None:
-        raise NotImplementedError(
-            f"mosaic tgmm: lhs {lhs.shape} {lhs.dtype}, rhs {rhs.shape}, out {out_dtype}: "
-            f"{reason}. Use backend='pallas_triton', or 'auto', which picks the Triton kernel."
-        )
+    cfg, out_dtype, interpret_params = plan.tiles, plan.out_dtype, plan.interpret_params
     if num_groups == 0:
         return jnp.zeros((0, k, n), out_dtype)
     offsets = _offsets(group_sizes, m)
