@@ -383,7 +383,7 @@ def test_gradients_through_the_fused_backward_kernels_against_numpy(monkeypatch)
     _check_input_dgrad(input_calls[0], INPUT_K)
 
 
-# The epilogue's operands ride the ring (pallas_mosaic_ring_operands): several tiles per CTA and
+# The epilogue's operands ride the ring (jaxmoe.ops.mosaic.ring_operands): several tiles per CTA and
 # two K steps each, so the tiles' epilogue steps wrap the 4-slot ring at every phase; the pair of
 # CTAs multicasting the weights (the default on large experts) shares the ring's releases. Rows
 # past the groups and a tile cut by a group boundary take zeros and row runs.

@@ -1,5 +1,5 @@
 """The Mosaic ``gmm``'s last round cut into pieces of its K loop (``split_last_round``,
-:mod:`jaxmoe.ops.grouped_matmul.pallas_mosaic_schedule`): the schedule's arithmetic against a
+:mod:`jaxmoe.ops.mosaic.schedule`): the schedule's arithmetic against a
 plain count and a brute-force choice of pieces, then the kernel with it, in Mosaic GPU's
 interpreter, against the NumPy reference (the pieces' float32 partial sums and the fix-up that
 adds them): as a pair in thirds (two parts on a CTA, a piece across the pair's products),

@@ -1,60 +1,16 @@
-"""The FP8 grouped matmul on Hopper: the Mosaic GPU ``gmm`` on e4m3, scales in its epilogue.
+"""The FP8 grouped matmul on Hopper (``backend="pallas"``): the Mosaic GPU ``gmm`` on e4m3, the
+scales in its epilogue (rowwise) or per K step (blockwise), and the backend class
+:class:`PallasMosaicScaledGroupedMatmul` that decides once per call (:func:`plan_scaled_gmm`)
+whether it runs.
 
-The kernel is :mod:`jaxmoe.ops.grouped_matmul.pallas_mosaic`'s (the same on-device work list,
-persistent warp-specialized schedule, TMA ring and group-boundary stores), run on float8 operands
-with an epilogue hook that applies the rowwise recipe's scales to the float32 accumulator before
-the cast::
-
-    out[m, n] = (sum_k lhs_q[m, k] * rhs_q[g, k, n]) * lhs_scale[m] * rhs_scale[g, n]
-
-Both scales are constant along K, so they are applied once per output, not per K step. Each
-compute warpgroup reads its rows' ``lhs_scale`` and its columns' ``rhs_scale[g]`` from GPU memory
-in the epilogue (``bm + bn / 2`` floats per tile, against ``bm * bn`` outputs).
-
-The blockwise recipe (DeepSeek-V3: ``lhs_scale [M, K/128]``, ``rhs_scale [G, K/128, N/128]``)
-scales vary along K, so they go in the kernel's per-K-step hook (``k_step_scale``) instead::
-
-    out[m, n] = sum_kb (sum_{k in kb} lhs_q[m, k] * rhs_q[g, k, n])
-                       * lhs_scale[m, kb] * rhs_scale[g, kb, n // 128]
-
-One K step (``block_k = 128``) is one scale block: each step's ``wgmma`` goes into a fresh
-float32 accumulator, which, once complete, is scaled by its rows' ``lhs_scale[:, kb]`` (read
-from a transposed ``[K/128, M]`` copy, so contiguous) and by one ``rhs_scale`` scalar (with
-``block_n = 256`` each compute warpgroup's 128 columns are one scale block), and added to the
-main float32 accumulator (a register value carried by the pipeline). This is DeepGEMM's
-"promotion": the FP8 products are summed in the tensor core's accumulator over 128 K only. The
-cost is a ``wgmma`` wait per K step (no overlap of one step's multiply with the next's).
-
-Layout: FP8 ``wgmma`` reads both operands K-major (only 16-bit types have a transposed operand),
-so the weights must be stored ``[G, N, K]`` (K contiguous). ``scaled_gmm`` takes them in the
-FP8 API's ``[G, K, N]`` and swaps the last two axes before the kernel; inside
-``fp8_grouped_matmul``'s jit that transpose fuses into the quantization pass that writes
-``rhs_q`` anyway. Callers that keep FP8 weights ``[G, N, K]`` (as ``torch._scaled_grouped_mm``
-wants them) call :func:`scaled_gmm_kn` with ``rhs_layout="gnk"`` and pay nothing. ``block_k`` is
-128: one 128-byte swizzled row of 1-byte elements (64 for bf16); the shared-memory ring holds
-the same bytes per stage as the bf16 kernel's.
-
-The dgrad of ``fp8_grouped_matmul`` is another ``scaled_gmm`` (``d out`` quantized per row against
-the weights re-quantized per input channel, contracted over N), so it runs in this kernel too;
-blockwise, the forward's FP8 weights and block scales transposed (``N % 128 == 0`` and
-``K % 256 == 0`` for the kernel to take it).
-The wgrad is high precision by default (see :func:`jaxmoe.ops.fp8.fp8_grouped_matmul`): the
-bf16 Mosaic wgrad (Triton where that refuses the operands); with ``Fp8Recipe(wgrad="fp8")`` it
-is :mod:`.pallas_mosaic_wgrad`'s FP8 kernel.
-
-Limits: the rowwise recipe, or blockwise with ``block_size`` 128 and ``block_n`` 256 (the
-default), e4m3 operands, a 2-byte result, ``M % block_m == 0``,
-``K % 128 == 0``, ``N % block_n == 0``, a Hopper GPU. On a CPU the kernel runs in Mosaic GPU's
-interpreter, which has no transposed ``wgmma`` operand but also no K-major rule, so there the
-weights go in as ``[G, K, N]`` and the same body (work list, schedule, epilogue) is exercised;
-the K-major path is proven by lowering for CUDA (tests) and on the device (the FP8
-grouped-matmul bench).
-
-Speed against ``torch._scaled_grouped_mm`` and the bf16 kernel: docs/kernels.md, 'FP8 grouped
-matmul (Mosaic)'. Error against the float64 product of the dequantized operands: 1.7e-3 (bf16
-rounding) up to 3.3e-3 at K = 14336, identical to torch's fast accumulation; the wgmma
-accumulator of FP8 products is narrower than float32 (no promotion to a second float32
-accumulator yet, which torch's ``use_fast_accum=False`` does at 0.83-0.87x the speed).
+Rowwise: ``out[m, n] = (sum_k lhs_q[m, k] rhs_q[g, k, n]) lhs_scale[m] rhs_scale[g, n]``, the
+scales constant along K, applied once per output. Blockwise (DeepSeek-V3: ``lhs_scale [M, K /
+128]``, ``rhs_scale [G, K / 128, N / 128]``): one K step (``block_k`` 128) is one scale block,
+each step's product scaled and added to the main float32 accumulator. FP8 ``wgmma`` reads both
+operands K-major, so on a GPU the weights go in ``[G, N, K]`` (``scaled_gmm_kn`` swaps the FP8
+API's ``[G, K, N]``, or takes ``rhs_layout="gnk"`` as they are); the interpreter, which has no
+transposed operand, reads ``[G, K, N]``. How it is built and measured: docs/kernels.md, 'The
+FP8 kernels' and 'FP8 grouped matmul (Mosaic)'.
 """
 
 from __future__ import annotations

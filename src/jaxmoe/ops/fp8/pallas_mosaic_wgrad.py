@@ -1,61 +1,12 @@
 """The FP8 wgrad on Hopper in Pallas Mosaic GPU: a persistent, warp-specialized ``tgmm`` on e4m3.
 
-``out[g] = (lhs_t_q[:, cols of g] @ rhs_t_q[:, cols of g].T) * lhs_scale[g][:, None]
-* rhs_scale[g][None, :]`` (``[G, K, N]``): a contraction over each group's tokens, both operands
-transposed (``lhs_t_q [K, Mp]``, the activations; ``rhs_t_q [N, Mp]``, the output gradient), with
-one float32 scale per (group, row of K) and per (group, column of N). The schedule is the bf16
-wgrad's (:mod:`jaxmoe.ops.grouped_matmul.pallas_mosaic_wgrad`); what differs is the layout of
-the operands, the absence of masking and the scale epilogue::
-
-    layout       padded by the caller: group ``g``'s tokens are columns ``[start_g, start_g +
-                 size_g)`` of both operands, ``start_g`` a multiple of 128 (:data:`ALIGN`), the
-                 columns after them up to ``start_g + round_up(size_g, 128)`` are zero, groups do
-                 not overlap, and ``Mp % 128 == 0``. So a group's steps are the
-                 ``ceil(size_g / 128)`` blocks of 128 columns from ``start_g``, and no step ever
-                 reads a neighbour's tokens.
-    output tiles one per (group, K tile, N tile), group-major, largest group first, one CTA per
-                 SM taking every ``num_sms``-th (round-robin), ``group_swizzle`` K tiles along N
-                 inside a group: the bf16 wgrad's order (longest first against stragglers).
-    one ring     the memory warpgroup loads the ``[bk, 128]`` block of ``lhs_t_q`` and the
-                 ``[bn, 128]`` block of ``rhs_t_q`` of each step into slot ``step % stages`` by
-                 TMA; one ring across all of the CTA's tiles
-                 (:func:`~jaxmoe.ops.grouped_matmul.pallas_mosaic_common.ring_produce`).
-    the mma      FP8 ``wgmma`` reads both operands K-major (the contraction contiguous; only
-                 16-bit types have a transposed operand): here the contraction, the tokens, is
-                 already the minor dimension of both, so the ``lhs_t_q`` block is the A operand as
-                 it is and the ``rhs_t_q`` block goes in as B through ``transpose_ref`` (no copy),
-                 as the FP8 forward passes its ``[G, N, K]`` weights. 128 FP8 tokens are one
-                 128-byte swizzled row. Two compute warpgroups each own ``bn / 2`` columns and a
-                 float32 ``[bk, bn / 2]`` accumulator, one ``wgmma`` in flight.
-    empty groups a group of no tokens has no block to load: its tiles take no step (the memory
-                 warpgroup loads nothing for them) and store the untouched, zero-initialized
-                 accumulator, unscaled (so a NaN or Inf scale of an empty group stays out).
-    epilogue     ``acc[r, c] * lhs_scale[g, k0 + r] * rhs_scale[g, c0 + c]`` in float32, then the
-                 cast (:func:`~jaxmoe.ops.fp8.pallas_mosaic.rowwise_scale_epilogue`, the
-                 forward's: the scales read from GPU memory in the accumulator's row and column
-                 layouts), staged in swizzled shared memory and stored by TMA without waiting.
-
-Why padding instead of masking: the bf16 wgrad reads ``[M, K]`` operands and masks a boundary
-block by zeroing rows of it in shared memory. Here the tokens are the minor, contiguous dimension
-(what FP8 ``wgmma`` needs), so masking would zero columns of a swizzled tile of 1-byte elements
-(four to a 32-bit word: sub-word writes across the swizzle) before every boundary step. A caller
-that lays out the transposed FP8 operands anyway (the quantization pass writes them) can place
-each group at a 128-aligned column and write zeros after it for free; then every block is whole
-and every step is the same ``wgmma``.
-
-Precision: FP8 products are exact in float32, summed in the ``wgmma`` accumulator (on the GPU,
-narrower than float32 for FP8 products, as the FP8 forward's; Mosaic GPU's interpreter sums in
-float32), then the two scale multiplies round in float32 and the cast to the 2-byte result.
-
-Limits: e4m3 operands, a 2-byte result, ``block_m`` (the contraction block) 128, ``K % bk == 0``,
-``N % bn == 0``, ``Mp`` a positive multiple of 128, and a Hopper GPU. On a CPU the kernel runs in
-Mosaic GPU's interpreter, which has no transposed ``wgmma`` operand: there ``rhs_t_q`` is
-transposed back to ``[Mp, N]`` before the kernel and its ``[128, bn]`` blocks go in as B as they
-are (the same schedule, ring, empty-group path and epilogue run); the K-major path is proven by
-lowering for CUDA (tests) and on the device.
-
-Within bf16 rounding of the float32 contract; speed against the bf16 Mosaic wgrad:
-docs/kernels.md, 'FP8 wgrad (Mosaic)'.
+``out[g] = (lhs_t_q[:, cols of g] @ rhs_t_q[:, cols of g].T) * lhs_scale[g][:, None] *
+rhs_scale[g][None, :]`` (``[G, K, N]``): both operands transposed (``lhs_t_q [K, Mp]``, the
+activations; ``rhs_t_q [N, Mp]``, the output gradient), the tokens contiguous, each group padded
+by the caller to a 128-aligned column (:data:`ALIGN`) with zeros after it, so that every block is
+whole and nothing is masked. The bf16 wgrad's tile order, ring and stores
+(:mod:`jaxmoe.ops.mosaic.tgmm_kernel`), the forward's rowwise scale epilogue. How it is built
+and measured: docs/kernels.md, 'The FP8 kernels' and 'FP8 wgrad (Mosaic)'.
 """
 
 from __future__ import annotations

@@ -1,32 +1,14 @@
-"""The fused gated grouped matmul on Hopper: one Mosaic GPU kernel writes ``act(x Wg) * (x Wu)``.
+"""The fused gated grouped matmul on Hopper: one Mosaic GPU kernel writes ``act(x Wg) * (x Wu)``
+(:func:`fused_gmm`), one runs the gated FFN's backward through its down projection
+(:func:`fused_down_dgrad`), and the backend class :class:`PallasMosaicGatedGroupedMatmul` that
+decides once per call which of them runs (:func:`plan_fused_gmm`, :func:`plan_down_dgrad`).
 
-It is the persistent, warp-specialized ``gmm`` of :mod:`jaxmoe.ops.grouped_matmul.pallas_mosaic`
-(same work list, tile schedule, TMA ring and run-by-run epilogue stores) with two weights::
-
-    per K step   the memory warpgroup loads one [bm, bk] block of lhs and two [bk, bn] blocks,
-                 rhs_gate[g] and rhs_up[g] at the same columns, into one ring slot
-    per tile     each compute warpgroup runs two wgmma chains into two float32 accumulators
-                 (gate, up) from the same lhs block in shared memory: [bm / 2, bn] each with
-                 split_rows (the default), [bm, bn / 2] with the column split
-    epilogue     act(acc_gate) * acc_up in float32, cast, stored by TMA; with ``residuals`` the
-                 cast gate and up are stored too (the derivative's inputs)
-
-Against the unfused path (two ``gmm`` launches and an elementwise pass) this reads ``lhs`` once
-instead of twice and never writes or re-reads ``gate`` and ``up`` to compute the product: the
-primal writes one ``[M, F]`` array where the unfused path writes two, reads two and writes one.
-
-Register budget: two accumulators per warpgroup, so ``block_n`` is 128 (``[64, 128]`` float32
-per warpgroup and accumulator with split rows, 128 registers a thread for both) where the single
-``gmm`` takes 256.
-Shared memory: a ring slot is ``bm * bk + 2 * bk * bn`` elements (48 KiB at 128 x 128 x 64 in
-bf16): four slots and a 64-row epilogue slab fit in the H100's 227 KiB.
-
-Accuracy: ``h`` is rounded once, from the float32 product, so it is closer to a float32
-reference than the unfused path, which rounds ``gate`` and ``up`` to bf16 first (measured:
-docs/kernels.md, 'Fused gated kernel').
-
-Limits: those of the Mosaic ``gmm`` (bf16/fp16, ``M % bm == K % bk == F % bn == 0``, a Hopper
-GPU or Mosaic GPU's interpreter on a CPU).
+The forward is the Mosaic ``gmm`` with two weights: per K step one ``lhs`` block and the two
+weight blocks at the same columns, two ``wgmma`` chains into a gate and an up accumulator (so
+``block_n`` is 128), ``act(gate) * up`` in the epilogue; it reads ``lhs`` once and never writes
+``gate`` and ``up`` to compute the product, and rounds ``h`` once from float32. Limits: those of
+the Mosaic ``gmm``. How it is built and measured: docs/kernels.md, 'The fused gated kernel and
+the fused SwiGLU backward' and 'Fused gated kernel'.
 """
 
 from __future__ import annotations
@@ -222,7 +204,7 @@ def down_dgrad_epilogue(
 ):
     """``(gate_bar, up_bar) = (h_bar * up * act'(gate), h_bar * act(gate))`` for one column part
     of a compute warpgroup's float32 ``h_bar`` accumulator, ``gate`` and ``up`` its blocks in
-    registers (carried to shared memory by the ring: ``pallas_mosaic_ring_operands``);
+    registers (carried to shared memory by the ring: :mod:`jaxmoe.ops.mosaic.ring_operands`);
     ``approx``: the kernel's ``approx_math``."""
     del group, row0, col0
     activated, slope = _KERNEL_ACTIVATION_SLOPES[activation](gate.astype(jnp.float32), approx)
@@ -264,8 +246,8 @@ def fused_down_dgrad(
 
     per group, zeros past the groups. ``h_bar`` never leaves the registers: the activation's
     derivative runs in the dgrad's epilogue (:func:`down_dgrad_epilogue`; ``gate`` and ``up``
-    reach it through the kernel's shared-memory ring: ``pallas_mosaic_ring_operands``), so the
-    separate elementwise pass (read ``h_bar``, ``gate``, ``up``; write two) and ``h_bar``'s
+    reach it through the kernel's shared-memory ring: :mod:`jaxmoe.ops.mosaic.ring_operands`),
+    so the separate elementwise pass (read ``h_bar``, ``gate``, ``up``; write two) and ``h_bar``'s
     store and load are gone. More accurate than the unfused path, which rounds ``h_bar`` and each
     elementwise step to ``out_bar``'s dtype.
 
@@ -351,11 +333,11 @@ class PallasMosaicGatedGroupedMatmul(GatedGroupedMatmulBackend):
         elsewhere. The kernel is closer to a float32 reference (1.7e-3 against the unfused
         path's 3.3-3.7e-3, Mixtral and Qwen3, balanced and skewed) and never writes ``h_bar``;
         its epilogue operands ride the ring
-        (:mod:`jaxmoe.ops.grouped_matmul.pallas_mosaic_ring_operands`). On by the layer's
+        (:mod:`jaxmoe.ops.mosaic.ring_operands`). On by the layer's
         fwd+bwd (measured: docs/kernels.md, 'Fused gated kernel').
       down_dgrad_tiles: that kernel's block sizes; ``None``: :func:`default_down_dgrad_tiles`.
       fused_input_dgrad: the projections' input gradient ``gate_bar Wg^T + up_bar Wu^T`` as one
-        kernel (:func:`jaxmoe.ops.grouped_matmul.pallas_mosaic.gmm_pair`: one K loop over both
+        kernel (:func:`jaxmoe.ops.mosaic.launch.gmm_pair`: one K loop over both
         products, one ``[M, K]`` result) where the Mosaic ``gmm`` takes the operands: it saves
         one launch and its last wave, one ``[M, K]`` store and the sum's read of it (measured:
         docs/kernels.md, 'Fused gated kernel').

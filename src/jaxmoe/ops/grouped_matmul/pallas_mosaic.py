@@ -1,6 +1,7 @@
-"""The Mosaic GPU grouped-matmul backend (``backend="pallas"``, and ``"auto"`` on a Hopper):
-which kernel takes each call, :mod:`.pallas_mosaic`'s ``gmm`` (forward, dgrad),
-:mod:`.pallas_mosaic_wgrad`'s ``tgmm`` or the Triton kernels of :mod:`.pallas_triton`."""
+"""The Mosaic GPU grouped-matmul backend (``backend="pallas"``, and ``"auto"`` on a Hopper): it
+plans each call once (:func:`jaxmoe.ops.mosaic.launch.plan_gmm`,
+:func:`jaxmoe.ops.mosaic.tgmm_kernel.plan_tgmm`) and launches the Mosaic kernel, or, where that
+refuses the operands, raises or falls back to the Triton kernels of :mod:`.pallas_triton`."""
 
 from __future__ import annotations
 
@@ -31,10 +32,10 @@ class PallasMosaicGroupedMatmul(GroupedMatmulBackend):
     - ``triton_fallback=True`` (what ``backend="auto"`` builds on a GPU): the Triton kernel takes
       them. This is the measured rule of ``auto``: the Mosaic ``gmm`` wherever it applies,
       Triton elsewhere (docs/kernels.md, 'Grouped matmul: the auto backend').
-    - The wgrad (``tgmm``): the Mosaic kernel (:mod:`.pallas_mosaic_wgrad`) wherever it applies,
-      for both; ``auto`` takes the Triton wgrad only where it does not. No shape rule: where it
-      is slower (skewed Qwen3) the fwd+bwd loses less than it gains balanced (docs/kernels.md,
-      'Mosaic wgrad').
+    - The wgrad (``tgmm``): the Mosaic kernel (:mod:`jaxmoe.ops.mosaic.tgmm_kernel`) wherever it
+      applies, for both; ``auto`` takes the Triton wgrad only where it does not. No shape rule:
+      where it is slower (skewed Qwen3) the fwd+bwd loses less than it gains balanced
+      (docs/kernels.md, 'Mosaic wgrad').
 
     Attributes:
       gmm_tiles: Mosaic block sizes; ``None``: :func:`default_mosaic_gmm_tiles`.

@@ -1,4 +1,4 @@
-"""The Mosaic GPU ``gmm``'s epilogue (:mod:`.pallas_mosaic`): how a compute warpgroup's results
+"""The Mosaic GPU ``gmm``'s epilogue (:mod:`.gmm_kernel`): how a compute warpgroup's results
 are staged in shared memory and stored by TMA.
 
 Each result of a tile is cast and written a slab (``epilogue_rows`` rows of the warpgroup's
@@ -18,7 +18,7 @@ store has read it), so the next tile's main loop overlaps them. Two ways to stag
 
 On the GPU the two buffers share one region of shared memory (``plgpu.RefUnion``: the ring
 leaves no room for both), so a warpgroup switching between them first waits until its stores
-have read the region; :func:`.pallas_mosaic_tiles.epilogue_layout` pads the slab so that each
+have read the region; :func:`.tiles.epilogue_layout` pads the slab so that each
 warpgroup's covers exactly its own slots. The interpreter has no aliased refs: two buffers there.
 With ``split_last_round`` a third buffer in the same region stages the float32 partial sums of
 the parts of cut units (:meth:`EpilogueStores.store_partial`).
@@ -82,7 +82,7 @@ class EpilogueStores:
     """One compute warpgroup's stores of its tiles' results, through the buffers of
     :func:`epilogue_allocation` (``out_smem``, as the scope gives them) into ``out_gmems`` (one
     ``[M, N]`` ref per output). ``wg`` is the warpgroup's index, ``wg_row`` and ``wg_col`` its
-    first row and column in a tile; ``slab_cols``: :func:`.pallas_mosaic_tiles.epilogue_layout`'s
+    first row and column in a tile; ``slab_cols``: :func:`.tiles.epilogue_layout`'s
     (``epilogue_allocation`` must be given the same)."""
 
     def __init__(
@@ -109,7 +109,7 @@ class EpilogueStores:
         return lambda first_row: tuple(r[first_row : first_row + rows] for r in results)
 
     def epilogue_slabs(self, epilogue, epilogue_gmem, acc, group, row0, col0):
-        """``slab_results`` for :meth:`store`: ``epilogue`` (see :mod:`.pallas_mosaic`'s kernel;
+        """``slab_results`` for :meth:`store`: ``epilogue`` (see :mod:`.gmm_kernel`;
         ``None`` for none) applied to one slab of ``acc`` at a time (its rows from ``row0 +
         wg_row + first_row``); it returns one value or a tuple of outputs."""
         if epilogue is None:

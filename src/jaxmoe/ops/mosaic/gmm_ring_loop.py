@@ -1,18 +1,10 @@
 """The Mosaic ``gmm``'s loop over a CTA's tiles on the hand-written ring (``cfg.ring``).
 
-:func:`.pallas_mosaic_kernel.mosaic_gmm_body` lays out the kernel (buffers, work list, each
-tile's ``wgmma`` step and epilogue) and, with ``ring``, hands its scope (:class:`KernelScope`) to
-:func:`ring_tiles`, which runs the CTA's units over one ring of ``stages`` shared-memory slots
-(:func:`.pallas_mosaic_common.ring_produce` / ``ring_consume``)::
-
-    memory warpgroup     for each unit (then each part of a cut unit, ``split_last_round``):
-                         its K steps' ``lhs`` and weight blocks (the second pair's after the
-                         first's with ``paired``; the weights multicast with
-                         ``multicast_weights``), then the epilogue operands' steps
-                         (``ring_operands``), each into the next free slot
-    compute warpgroups   the same units in the same order: one ``wgmma`` per K step on its slot
-                         (one kept in flight), then the tile's epilogue; the ring never drains
-                         between tiles
+:func:`.gmm_kernel.mosaic_gmm_body` lays out the kernel (buffers, work list, each tile's
+``wgmma`` step and epilogue) and, with ``ring``, hands its scope (:class:`KernelScope`) to
+:func:`ring_tiles`: the memory warpgroup loads each unit's K steps (then a cut unit's parts, then
+the epilogue operands' steps) into the next free slot of :mod:`.ring`; the compute warpgroups
+walk the same units in the same order (docs/kernels.md, 'The operand ring').
 """
 
 from __future__ import annotations
@@ -86,10 +78,10 @@ def copy_weights(cfg: MosaicTileConfig, block, slot_ref, barrier, shared) -> Non
 
 
 def ring_tiles(ring, scope: KernelScope) -> None:
-    """The CTA's units on :mod:`.pallas_mosaic_common`'s ring: ``k / bk`` steps each
+    """The CTA's units on :mod:`.ring`'s ring: ``k / bk`` steps each
     (per pair: ``paired`` runs the second pair's steps after the first's), or with
     ``split_last_round`` the whole units, then this CTA's parts of cut units, if any
-    (:mod:`.pallas_mosaic_schedule`)."""
+    (:mod:`.schedule`)."""
     cfg, k, wg, pairs, on_ring = scope.cfg, scope.k, scope.wg, scope.pairs, scope.on_ring
     bm, bk = cfg.block_m, cfg.block_k
     work, num_n_tiles, transpose_rhs = scope.work, scope.num_n_tiles, scope.transpose_rhs

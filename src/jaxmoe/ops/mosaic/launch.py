@@ -1,18 +1,12 @@
-"""Grouped matmul on Hopper in Pallas Mosaic GPU: a persistent, warp-specialized ``gmm``, and the
-entry points that check its operands, build its work list and launch it (``gmm``, ``gmm_pair``,
-``launch_gmm``). The kernel body and its layout: :mod:`.pallas_mosaic_kernel`.
+"""Running the Mosaic GPU ``gmm``: the plan of one call (:class:`GmmPlan`, decided once, before
+tracing, by :func:`plan_gmm` or an op's own planner), the launcher that runs a plan
+(:func:`launch_gmm`: the work list, one CTA per SM) and the checked entry points for direct
+callers (:func:`gmm`, :func:`gmm_pair`). The kernel body: :mod:`.gmm_kernel`.
 
-Why a second lowering: the Triton kernel (``pallas_triton``) is not persistent and cannot overlap
-its epilogue with the next tile's main loop, which costs most on short-K shapes.
-
-Limits: bf16/fp16 operands and a 2-byte result, ``M % bm == 0``, ``K % bk == 0``, ``N % bn == 0``
-(TMA boxes never cross the array edge), and a Hopper GPU (compute capability 9.x: ``wgmma``).
-On a CPU the kernel runs in Mosaic GPU's interpreter (jax's GPU interpret mode), which the tests
-use; the interpreter has no transposed ``wgmma`` operand (dgrad).
-
-Measured against the Triton kernel, jax's pipelines and ``torch._grouped_mm``:
-docs/kernels.md, 'Mosaic gmm: the persistent kernel with one ring' and 'Grouped matmul: the
-auto backend'.
+Limits: bf16/fp16 operands and a 2-byte result, ``M % bm == K % bk == N % bn == 0`` (TMA boxes
+never cross the array edge), a Hopper GPU, or Mosaic GPU's interpreter on a CPU (no transposed
+``wgmma`` operand there: no dgrad). Measured: docs/kernels.md, 'Mosaic gmm: the persistent
+kernel with one ring' and 'Grouped matmul: the auto backend'.
 """
 
 from __future__ import annotations

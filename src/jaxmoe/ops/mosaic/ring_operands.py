@@ -49,7 +49,7 @@ NUM_RING_OPERANDS = 2
 def ring_operands_unsupported_reason(cfg: MosaicTileConfig, num_operands: int, itemsize: int):
     """Why the epilogue's operands cannot ride the ring of ``cfg``, or ``None``
     (``split_last_round`` aside: a kernel with an epilogue runs its units whole,
-    :func:`.pallas_mosaic.launch_gmm`)."""
+    :func:`.launch.launch_gmm`)."""
     reasons = []
     if not (cfg.ring and cfg.split_rows):
         reasons.append("epilogue operands ride the hand-written ring with split_rows tiles only")
@@ -156,7 +156,7 @@ class RingOperands:
         """:meth:`epilogue`'s ``apply`` for a tile (``group``, its first row and column, its rows
         ``[lo, hi)``): ``epilogue(acc_columns, *operand_blocks, group=, row0=, col0=)`` (the
         columns' first row and column in the result), its results stored through ``stores``
-        (an :class:`.pallas_mosaic_epilogue.EpilogueStores`)."""
+        (an :class:`.epilogue.EpilogueStores`)."""
 
         def apply(first_col, acc_columns, *operand_blocks):
             # Scopes name the epilogue's pieces in Mosaic GPU's on-device profiler; without a

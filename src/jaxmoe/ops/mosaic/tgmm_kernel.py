@@ -185,7 +185,7 @@ def rows_in_group(start, end, row0, block_m: int):
 def _jaxmoe_mosaic_tgmm(
     group_order_gmem, offsets_gmem, lhs_gmem, rhs_gmem, out_gmem, *, cfg: MosaicTgmmTileConfig
 ):
-    """The kernel (see the module docstring), on the ring of :mod:`.pallas_mosaic_common`: a
+    """The kernel (see the module docstring), on the ring of :mod:`.ring`: a
     tile's steps are its group's row blocks; an empty group's tile takes one fully masked step
     (zeros, like every other tile's path)."""
     bm, bk, bn, stages = cfg.block_m, cfg.block_k, cfg.block_n, cfg.stages

@@ -19,8 +19,9 @@ MEMORY_REGISTERS = 40
 # The compute warpgroups' share next to it (as jax's pipeline splits them: the 512 per thread of
 # one warpgroup, less the memory one's, halved, at most 256, a multiple of 8).
 COMPUTE_REGISTERS = min(256, (512 - MEMORY_REGISTERS) // NUM_COMPUTE_WARPGROUPS // 8 * 8)
-# The cluster axis of a kernel launched with ``cluster_ctas=2`` (:func:`persistent_kernel`):
-# its two CTAs run on neighbouring SMs and can multicast a TMA copy into both shared memories.
+# The cluster axis of a kernel launched with ``cluster_ctas=2``
+# (:func:`.persistent_loop.persistent_kernel`): its two CTAs run on neighbouring SMs and can
+# multicast a TMA copy into both shared memories.
 CLUSTER_AXIS = "cluster"
 # The CTAs of a cluster in the kernels that multicast an operand (the gmm's weights, the
 # wgrad's ``rhs``): two, CUTLASS's 2x1 cluster.
@@ -36,9 +37,9 @@ def warpgroup_share(rows: int, cols: int, split_rows: bool) -> tuple[int, int]:
 
 
 def split_warpgroups(memory, compute) -> None:
-    """Inside a CTA of :func:`persistent_kernel`: the memory warpgroup (the last) runs
-    ``memory()`` (its :func:`ring_produce`), each compute warpgroup ``compute(wg)`` with the
-    larger register share."""
+    """Inside a CTA of :func:`.persistent_loop.persistent_kernel`: the memory warpgroup (the
+    last) runs ``memory()`` (its :func:`.ring.ring_produce`), each compute warpgroup
+    ``compute(wg)`` with the larger register share."""
     wg = lax.axis_index("wg")
 
     @pl.when(wg == NUM_COMPUTE_WARPGROUPS)
