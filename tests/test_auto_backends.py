@@ -18,13 +18,14 @@ import pytest
 import jaxmoe
 from jaxmoe.ops import row_gather
 from jaxmoe.ops.fp8 import Fp8Recipe, fp8_grouped_matmul
-from jaxmoe.ops.fp8.pallas_mosaic_backend import PallasMosaicScaledGroupedMatmul
+from jaxmoe.ops.fp8.pallas_mosaic import PallasMosaicScaledGroupedMatmul
 from jaxmoe.ops.gated_grouped_matmul import gated_ffn
 from jaxmoe.ops.gated_grouped_matmul.api import AUTO_FUSED_MAX_K
 from jaxmoe.ops.gated_grouped_matmul.pallas_mosaic import PallasMosaicGatedGroupedMatmul
-from jaxmoe.ops.grouped_matmul import grouped_matmul, pallas_mosaic_tiles
+from jaxmoe.ops.grouped_matmul import grouped_matmul
 from jaxmoe.ops.grouped_matmul import pallas_triton as triton_gmm
 from jaxmoe.ops.grouped_matmul.pallas_triton import PallasTritonGroupedMatmul
+from jaxmoe.ops.mosaic import tiles as pallas_mosaic_tiles
 from jaxmoe.ops.row_gather import pallas_triton as triton_gather
 
 

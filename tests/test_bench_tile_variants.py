@@ -9,12 +9,9 @@ import pytest
 from jaxmoe.bench import tile_variants
 from jaxmoe.ops.gated_grouped_matmul import api as gated_api
 from jaxmoe.ops.gated_grouped_matmul import pallas_mosaic as gated_mosaic
-from jaxmoe.ops.grouped_matmul import (
-    ReferenceGroupedMatmul,
-    pallas_mosaic,
-    pallas_mosaic_tiles,
-    pallas_mosaic_wgrad,
-)
+from jaxmoe.ops.grouped_matmul import ReferenceGroupedMatmul
+from jaxmoe.ops.mosaic import tgmm_kernel as pallas_mosaic_wgrad
+from jaxmoe.ops.mosaic import tiles as pallas_mosaic_tiles
 
 
 def test_default_tiles_with_changes_every_site_inside_and_restores_them():
@@ -24,27 +21,27 @@ def test_default_tiles_with_changes_every_site_inside_and_restores_them():
     calls = []
     assert before.stages != 3 and gated_before.stages != 3  # so that the change shows
     with tile_variants.default_tiles_with(calls, stages=3):
-        # Both modules that the kernels read it through see the change.
-        for module in (pallas_mosaic_tiles, pallas_mosaic):
-            assert module.default_mosaic_gmm_tiles(*shape) == dataclasses.replace(before, stages=3)
+        # The module that every plan reads it through sees the change.
+        assert pallas_mosaic_tiles.default_mosaic_gmm_tiles(*shape) == dataclasses.replace(
+            before, stages=3
+        )
         assert gated_mosaic.default_gated_tiles(*shape) == dataclasses.replace(
             gated_before, stages=3
         )
-    assert len(calls) == 3  # each read recorded
+    assert len(calls) == 2  # each read recorded
     assert pallas_mosaic_tiles.default_mosaic_gmm_tiles(*shape) == before
-    assert pallas_mosaic.default_mosaic_gmm_tiles(*shape) == before
     assert gated_mosaic.default_gated_tiles(*shape) == gated_before
 
 
 def test_gated_backend_with_sets_the_auto_backends_fields_inside_and_restores_it():
     grouped = ReferenceGroupedMatmul()
-    default = gated_api._auto_fused_backend(grouped)
+    default = gated_api.auto_fused_backend(grouped)
     assert default.fused_backward and default.fused_input_dgrad  # the defaults
     with tile_variants.gated_backend_with(fused_backward=False, fused_input_dgrad=False):
-        inside = gated_api._auto_fused_backend(grouped)
+        inside = gated_api.auto_fused_backend(grouped)
         assert not inside.fused_backward and not inside.fused_input_dgrad
         assert inside.grouped is grouped
-    after = gated_api._auto_fused_backend(grouped)
+    after = gated_api.auto_fused_backend(grouped)
     assert after.fused_backward and after.fused_input_dgrad
 
 

@@ -9,7 +9,7 @@ import pytest
 
 import jaxmoe
 from jaxmoe import layer_body
-from jaxmoe.ops.grouped_matmul import pallas_mosaic_tiles
+from jaxmoe.ops.mosaic import tiles as pallas_mosaic_tiles
 
 BASE = {"num_experts": 8, "top_k": 2, "hidden_size": 16, "ffn_size": 32}
 

@@ -26,10 +26,11 @@ import pytest
 from jaxmoe.ops.fp8 import Fp8Recipe, dequantize, quantize, resolve_fp8_backend
 from jaxmoe.ops.fp8 import pallas_mosaic as fp8_mosaic
 from jaxmoe.ops.fp8.api import fp8_grouped_matmul, scaled_grouped_matmul
-from jaxmoe.ops.fp8.pallas_mosaic_backend import PallasMosaicScaledGroupedMatmul
+from jaxmoe.ops.fp8.pallas_mosaic import PallasMosaicScaledGroupedMatmul
 from jaxmoe.ops.fp8.xla import XlaScaledGroupedMatmul
-from jaxmoe.ops.grouped_matmul import pallas_mosaic_kernel, pallas_mosaic_tiles
-from jaxmoe.ops.grouped_matmul.pallas_mosaic import MosaicTileConfig
+from jaxmoe.ops.mosaic import gmm_kernel as pallas_mosaic_kernel
+from jaxmoe.ops.mosaic import tiles as pallas_mosaic_tiles
+from jaxmoe.ops.mosaic.tiles import MosaicTileConfig
 
 ROWWISE = Fp8Recipe("rowwise")
 BLOCKWISE = Fp8Recipe("blockwise")
@@ -150,11 +151,11 @@ def test_backend_matches_reference_backend_through_the_api_with_k_major_weights(
     # K-major read itself is proven by the lowering tests below).
     launched = []
 
-    def recording_launch(lhs, rhs, group_sizes, **kwargs):
+    def recording_launch(lhs, rhs, group_sizes, plan, **kwargs):
         launched.append(rhs)
-        return jnp.zeros((lhs.shape[0], rhs.shape[2]), kwargs["out_dtype"])
+        return jnp.zeros((lhs.shape[0], rhs.shape[2]), plan.out_dtype)
 
-    monkeypatch.setattr(fp8_mosaic.pallas_mosaic, "launch_gmm", recording_launch)
+    monkeypatch.setattr(fp8_mosaic, "launch_gmm", recording_launch)
     fp8_mosaic.scaled_gmm_kn(
         lhs_q, lhs_scale, jnp.swapaxes(rhs_q, 1, 2), rhs_scale, gs, rhs_layout="gnk", tiles=SMALL
     )
@@ -202,7 +203,7 @@ def test_default_tiles_are_the_bf16_kernels_with_128_wide_k_blocks():
     for m, k, n in [(16384, 4096, 14336), (65536, 2048, 768), (32768, 2048, 7168)]:
         cfg, bf16 = (
             fp8_mosaic.default_fp8_tiles(m, k, n),
-            fp8_mosaic.pallas_mosaic.default_mosaic_gmm_tiles(m, k, n),
+            pallas_mosaic_tiles.default_mosaic_gmm_tiles(m, k, n),
         )
         # The same schedule (ring, swizzled epilogue, slab, depth) with 128 FP8 elements per K
         # step; the compute warpgroups split the columns, tiles stay on the global grid and

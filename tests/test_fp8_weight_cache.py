@@ -30,8 +30,8 @@ from jaxmoe.ops.fp8 import (
     quantize_fp8_weights,
 )
 from jaxmoe.ops.fp8 import weights as fp8_weights_module
-from jaxmoe.ops.fp8.pallas_mosaic_backend import PallasMosaicScaledGroupedMatmul
-from jaxmoe.ops.grouped_matmul.pallas_mosaic import MosaicTileConfig
+from jaxmoe.ops.fp8.pallas_mosaic import PallasMosaicScaledGroupedMatmul
+from jaxmoe.ops.mosaic.tiles import MosaicTileConfig
 
 RECIPES = ["rowwise", "blockwise"]
 SIZES = [90, 0, 7, 150]  # skewed, an empty group, 9 rows past the last group

@@ -224,8 +224,8 @@ def test_the_mosaic_backend_runs_the_fp8_wgrad_kernel_in_the_interpreter():
     """Backend "pallas" (no fallback) on CPU: the forward, dgrad and FP8 wgrad all in Mosaic
     GPU's interpreter, in one jitted program (every output used, so none is dead code); each
     within one bf16 ulp of the XLA backend's."""
-    from jaxmoe.ops.fp8.pallas_mosaic_backend import PallasMosaicScaledGroupedMatmul
-    from jaxmoe.ops.grouped_matmul.pallas_mosaic import MosaicTileConfig
+    from jaxmoe.ops.fp8.pallas_mosaic import PallasMosaicScaledGroupedMatmul
+    from jaxmoe.ops.mosaic.tiles import MosaicTileConfig
 
     kernel = PallasMosaicScaledGroupedMatmul(tiles=MosaicTileConfig(64, 128, 128, stages=2))
     rng = np.random.default_rng(9)

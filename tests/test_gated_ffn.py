@@ -26,6 +26,7 @@ from jaxmoe.ops.gated_grouped_matmul import pallas_mosaic as fused_mosaic
 from jaxmoe.ops.gated_grouped_matmul import primitives as gated_primitives
 from jaxmoe.ops.gated_grouped_matmul.pallas_mosaic import PallasMosaicGatedGroupedMatmul
 from jaxmoe.ops.grouped_matmul import ReferenceGroupedMatmul, grouped_matmul
+from jaxmoe.ops.mosaic import tiles as mosaic_tiles
 
 ROWS, K, F, H_OUT = 12, 5, 4, 6
 GROUP_SIZES = jnp.array([3, 0, 6], jnp.int32)  # an empty group; 3 rows past the groups
@@ -382,7 +383,7 @@ def test_gradients_through_the_fused_backward_kernels_against_numpy(monkeypatch)
     _check_input_dgrad(input_calls[0], INPUT_K)
 
 
-# The epilogue's operands ride the ring (pallas_mosaic_ring_operands): several tiles per CTA and
+# The epilogue's operands ride the ring (jaxmoe.ops.mosaic.ring_operands): several tiles per CTA and
 # two K steps each, so the tiles' epilogue steps wrap the 4-slot ring at every phase; the pair of
 # CTAs multicasting the weights (the default on large experts) shares the ring's releases. Rows
 # past the groups and a tile cut by a group boundary take zeros and row runs.
@@ -395,7 +396,7 @@ def test_fused_down_dgrad_operands_on_the_ring_across_tiles_with_multicast():
         for key, shape in zip(keys, [(m, h), (m, f), (m, f)], strict=False)
     )
     down_w = (jax.random.normal(keys[3], (4, f, h)) / np.sqrt(f)).astype(jnp.bfloat16)
-    tiles = fused_mosaic.pallas_mosaic_tiles.default_mosaic_gmm_tiles(m, h, f)
+    tiles = mosaic_tiles.default_mosaic_gmm_tiles(m, h, f)
     tiles = dataclasses.replace(tiles, multicast_weights=True)
     got = fused_mosaic.fused_down_dgrad(
         out_bar, gate, up, down_w, jnp.asarray(sizes), activation="swiglu", tiles=tiles
@@ -409,7 +410,7 @@ def test_fused_down_dgrad_operands_on_the_ring_across_tiles_with_multicast():
 def test_fused_down_dgrad_names_the_tiles_its_ring_cannot_carry():
     # The epilogue operands ride split-rows ring tiles whose slots hold a [64, 128] part; other
     # tiles are refused before anything is traced, so the backend takes the unfused dgrad.
-    default = fused_mosaic.pallas_mosaic_tiles.default_mosaic_gmm_tiles(M, H, FF)
+    default = mosaic_tiles.default_mosaic_gmm_tiles(M, H, FF)
     split_columns = dataclasses.replace(default, split_rows=False)
     short_k = dataclasses.replace(default, block_n=64, block_k=32)
     shapes = dict(out_bar_shape=(M, H), rhs_down_shape=(4, FF, H), dtype=jnp.bfloat16)

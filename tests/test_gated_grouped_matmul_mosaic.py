@@ -23,8 +23,7 @@ from jaxmoe.ops.gated_grouped_matmul import gated_grouped_matmul
 from jaxmoe.ops.gated_grouped_matmul import pallas_mosaic as fused_mosaic
 from jaxmoe.ops.gated_grouped_matmul.pallas_mosaic import PallasMosaicGatedGroupedMatmul
 from jaxmoe.ops.grouped_matmul import ReferenceGroupedMatmul
-from jaxmoe.ops.grouped_matmul.pallas_mosaic import MosaicTileConfig
-from jaxmoe.ops.grouped_matmul.pallas_mosaic_tiles import check_tiles
+from jaxmoe.ops.mosaic.tiles import MosaicTileConfig, check_tiles
 
 M, K, F = 128, 128, 256
 SMALL = MosaicTileConfig(block_m=64, block_n=128, block_k=64, stages=2, group_swizzle=2)
@@ -138,10 +137,10 @@ def test_by_default_the_kernel_writes_the_residuals_under_differentiation(monkey
     lhs, gate_w, up_w, _ = _inputs(sizes, seed=6)
     gs = jnp.array(sizes, jnp.int32)
     asked = []
-    kernel_fn = fused_mosaic.fused_gmm
+    kernel_fn = fused_mosaic.launch_fused_gmm
     monkeypatch.setattr(
         fused_mosaic,
-        "fused_gmm",
+        "launch_fused_gmm",
         lambda *a, **k: asked.append(k["residuals"]) or kernel_fn(*a, **k),
     )
     fused = functools.partial(gated_grouped_matmul, activation="swiglu", backend=KERNEL)

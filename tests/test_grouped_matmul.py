@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from jaxmoe.ops.grouped_matmul import work_list
+from jaxmoe.ops import work_list
 from jaxmoe.ops.grouped_matmul.api import grouped_matmul, resolve_backend
 from jaxmoe.ops.grouped_matmul.pallas_triton import (
     PallasTritonGroupedMatmul,
@@ -410,8 +410,8 @@ def test_importing_the_triton_kernels_leaves_warning_filters_alone():
 def test_non_finite_values_stay_in_their_group_on_the_mosaic_kernel():
     # The Mosaic GPU forward in its interpreter (d lhs and d rhs on Triton, as on a GPU where
     # Mosaic refuses them), on block-aligned bf16 shapes.
-    from jaxmoe.ops.grouped_matmul.pallas_mosaic import MosaicTileConfig
-    from jaxmoe.ops.grouped_matmul.pallas_mosaic_backend import PallasMosaicGroupedMatmul
+    from jaxmoe.ops.grouped_matmul.pallas_mosaic import PallasMosaicGroupedMatmul
+    from jaxmoe.ops.mosaic.tiles import MosaicTileConfig
 
     backend = PallasMosaicGroupedMatmul(
         gmm_tiles=MosaicTileConfig(block_m=64, block_n=128, block_k=64, stages=2, group_swizzle=2),

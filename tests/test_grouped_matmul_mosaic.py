@@ -22,11 +22,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_grouped_matmul import check_all, np_gmm, random_inputs
 
-from jaxmoe.ops.grouped_matmul import pallas_mosaic, pallas_mosaic_tiles
 from jaxmoe.ops.grouped_matmul.api import resolve_backend
-from jaxmoe.ops.grouped_matmul.pallas_mosaic import MosaicTileConfig, default_mosaic_gmm_tiles
-from jaxmoe.ops.grouped_matmul.pallas_mosaic_backend import PallasMosaicGroupedMatmul
+from jaxmoe.ops.grouped_matmul.pallas_mosaic import PallasMosaicGroupedMatmul
 from jaxmoe.ops.grouped_matmul.pallas_triton import PallasTritonGroupedMatmul, TileConfig
+from jaxmoe.ops.mosaic import launch as pallas_mosaic
+from jaxmoe.ops.mosaic import tiles as pallas_mosaic_tiles
+from jaxmoe.ops.mosaic.tiles import MosaicTileConfig, default_mosaic_gmm_tiles
 
 M, K, N = 256, 128, 256
 SMALL = MosaicTileConfig(block_m=64, block_n=128, block_k=64, stages=2, group_swizzle=2)

@@ -20,11 +20,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from jaxmoe.ops.grouped_matmul import pallas_mosaic_wgrad as wgrad
-from jaxmoe.ops.grouped_matmul import pallas_triton
-from jaxmoe.ops.grouped_matmul.pallas_mosaic_backend import PallasMosaicGroupedMatmul
-from jaxmoe.ops.grouped_matmul.pallas_mosaic_wgrad import MosaicTgmmTileConfig
+from jaxmoe.ops import pallas_common
+from jaxmoe.ops.grouped_matmul.pallas_mosaic import PallasMosaicGroupedMatmul
 from jaxmoe.ops.grouped_matmul.pallas_triton import PallasTritonGroupedMatmul, TileConfig
+from jaxmoe.ops.mosaic import tgmm_kernel as wgrad
+from jaxmoe.ops.mosaic.tgmm_kernel import MosaicTgmmTileConfig
 
 M, K, N = 256, 64, 128
 TRITON_TILES = TileConfig(block_m=32, block_n=32, block_k=32, num_warps=4, num_stages=2)
@@ -146,7 +146,7 @@ def test_cluster_units_cover_every_tile_once_in_pairs_sharing_the_rhs_block(ctas
             assert (g0, n0) == (g1, n1) and k0 % 2 == 0 and k1 == k0 + 1
         else:
             tiles_per_group = num_k_tiles * num_n_tiles
-            k, n = pallas_triton.swizzle(
+            k, n = pallas_common.swizzle(
                 index % tiles_per_group, num_k_tiles, num_n_tiles, group_swizzle
             )
             assert tiles == [(index // tiles_per_group, int(k), int(n))]

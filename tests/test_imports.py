@@ -133,9 +133,15 @@ FOUNDATION = (
     "jaxmoe.forward_mode",
     "jaxmoe.multilinear",
 )
-# One file per backend of an op (``jaxmoe.ops.<op>.pallas_*``, ``jaxmoe.ops.<op>.xla``): only the
-# op itself and the benchmarks reach into them; everything else asks the op's API.
-BACKEND_FILE = re.compile(r"jaxmoe\.ops\.\w+\.(pallas\w*|xla)$")
+# One file per backend of an op (``jaxmoe.ops.<op>.pallas_*``, ``jaxmoe.ops.<op>.xla``) and the
+# kernel code the ops share (the Mosaic GPU engine ``jaxmoe.ops.mosaic``,
+# ``jaxmoe.ops.pallas_common``): only the ops and the benchmarks reach into them; everything
+# else asks an op's API.
+BACKEND_FILE = re.compile(r"jaxmoe\.ops\.(\w+\.(pallas\w*|xla)|mosaic(\.\w+)?|pallas_common)$")
+# The Mosaic GPU engine sits below the ops that share it: it imports no op, only the modules the
+# ops' kernels share.
+ENGINE = "jaxmoe.ops.mosaic"
+ENGINE_IMPORTS = (ENGINE, "jaxmoe.ops.pallas_common", "jaxmoe.ops.work_list")
 # The permutation's weight gather is XLA's gather of a 1-D vector, which XLA fuses with its
 # neighbours; it calls that backend's function directly rather than the op's dispatch.
 BACKEND_FILE_EXCEPTIONS = {("jaxmoe.permutation", "jaxmoe.ops.row_gather.xla")}
@@ -153,8 +159,11 @@ def layering_violations(graph: dict[str, set[str]]) -> list[tuple[str, str, str]
       bench);
     * nothing but ``jaxmoe.cli``, ``jaxmoe.bench`` and ``jaxmoe.__main__`` imports the command
       line or the benchmarks;
-    * outside ``jaxmoe.ops`` only ``jaxmoe.bench`` imports an op's backend file (so the layer
-      body asks the op, e.g. :func:`jaxmoe.ops.grouped_matmul.preferred_alignment`).
+    * outside ``jaxmoe.ops`` only ``jaxmoe.bench`` imports an op's backend file or the kernels'
+      shared modules (so the layer body asks the op, e.g.
+      :func:`jaxmoe.ops.grouped_matmul.preferred_alignment`);
+    * the Mosaic engine (``jaxmoe.ops.mosaic``) imports no op, only itself, the kernels' shared
+      modules and the foundation.
     """
     found = []
     for importer, targets in sorted(graph.items()):
@@ -173,12 +182,17 @@ def layering_violations(graph: dict[str, set[str]]) -> list[tuple[str, str, str]
                 and (importer, imported) not in BACKEND_FILE_EXCEPTIONS
             ):
                 found.append((importer, imported, "backend file imported outside its op"))
+            if _within(importer, ENGINE) and not _within(imported, *ENGINE_IMPORTS, *FOUNDATION):
+                found.append((importer, imported, "engine imports an op"))
     return found
 
 
 def test_imports_follow_the_layering():
     graph = import_graph(PACKAGE_ROOT)
-    assert {"jaxmoe.layer_body", "jaxmoe.ops.grouped_matmul.pallas_mosaic_tiles"} <= set(graph)
+    assert {"jaxmoe.layer_body", "jaxmoe.ops.mosaic.tiles", "jaxmoe.ops.pallas_common"} <= set(
+        graph
+    )
+    assert "jaxmoe.ops.mosaic.tiles" in graph["jaxmoe.ops.grouped_matmul.pallas_mosaic"]
     assert "jaxmoe.ops.grouped_matmul" in graph["jaxmoe.layer_body"]
     assert layering_violations(graph) == []
 
@@ -190,20 +204,103 @@ def test_the_layer_body_imports_no_backend_file():
 
 def test_layering_rules_catch_each_break():
     graph = {
-        "jaxmoe.layer_body": {"jaxmoe.ops.grouped_matmul.pallas_mosaic_tiles"},
+        "jaxmoe.layer_body": {"jaxmoe.ops.grouped_matmul.pallas_mosaic"},
+        "jaxmoe.experts": {"jaxmoe.ops.mosaic.tiles", "jaxmoe.ops.pallas_common"},
         "jaxmoe.ops.grouped_matmul.api": {"jaxmoe.config", "jaxmoe.option_names"},
+        "jaxmoe.ops.mosaic.launch": {"jaxmoe.ops.mosaic.tiles", "jaxmoe.ops.work_list"},
+        "jaxmoe.ops.mosaic.tgmm_kernel": {"jaxmoe.ops.grouped_matmul.base", "jaxmoe.compat"},
         "jaxmoe.option_names": {"jaxmoe.config"},
         "jaxmoe.parallel.dispatch": {"jaxmoe.bench.timing"},
-        "jaxmoe.bench.gemm": {"jaxmoe.ops.grouped_matmul.pallas_mosaic_tiles"},
+        "jaxmoe.bench.gemm": {"jaxmoe.ops.mosaic.tiles"},
         "jaxmoe.permutation": {"jaxmoe.ops.row_gather.xla"},
     }
     assert layering_violations(graph) == [
+        ("jaxmoe.experts", "jaxmoe.ops.mosaic.tiles", "backend file imported outside its op"),
+        ("jaxmoe.experts", "jaxmoe.ops.pallas_common", "backend file imported outside its op"),
         (
             "jaxmoe.layer_body",
-            "jaxmoe.ops.grouped_matmul.pallas_mosaic_tiles",
+            "jaxmoe.ops.grouped_matmul.pallas_mosaic",
             "backend file imported outside its op",
         ),
         ("jaxmoe.ops.grouped_matmul.api", "jaxmoe.config", "ops import above themselves"),
+        ("jaxmoe.ops.mosaic.tgmm_kernel", "jaxmoe.ops.grouped_matmul.base", "engine imports an op"),
         ("jaxmoe.option_names", "jaxmoe.config", "foundation imports jaxmoe"),
         ("jaxmoe.parallel.dispatch", "jaxmoe.bench.timing", "library imports cli/bench"),
+    ]
+
+
+def private_name_uses(root: pathlib.Path) -> list[tuple[str, str]]:
+    """``(module, name)`` for each private name (``_name``, not a dunder) that a module of the
+    package ``root`` takes from another of its modules: ``from pkg.a import _name``, or
+    ``a._name`` where ``a`` is an imported module of the package (``import pkg.a as a``,
+    ``from pkg import a``, ``import pkg.a`` then ``pkg.a._name``)."""
+    modules = module_files(root)
+
+    def private(name: str) -> bool:
+        return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+    found = []
+    for module, path in sorted(modules.items()):
+        is_package = path.name == "__init__.py"
+        package = module if is_package else module.rpartition(".")[0]
+        tree = ast.parse(path.read_text(), filename=str(path))
+        aliases = {}  # local name -> the package's module it names
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                for alias in node.names:
+                    if alias.name in modules or alias.name.split(".")[0] == root.name:
+                        local = alias.asname or alias.name.split(".")[0]
+                        aliases[local] = alias.name if alias.asname else local
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    base = ".".join([*anchor, *([base] if base else [])])
+                if base not in modules:
+                    continue
+                for alias in node.names:
+                    if private(alias.name) and base != module:
+                        found.append((module, f"{base}.{alias.name}"))
+                    if f"{base}.{alias.name}" in modules:
+                        aliases[alias.asname or alias.name] = f"{base}.{alias.name}"
+        for node in ast.walk(tree):
+            if not (isinstance(node, ast.Attribute) and private(node.attr)):
+                continue
+            parts, value = [], node.value
+            while isinstance(value, ast.Attribute):
+                parts.append(value.attr)
+                value = value.value
+            if not isinstance(value, ast.Name) or value.id not in aliases:
+                continue
+            owner = ".".join([aliases[value.id], *reversed(parts)])
+            if owner in modules and owner != module:
+                found.append((module, f"{owner}.{node.attr}"))
+    return sorted(set(found))
+
+
+def test_no_module_uses_another_modules_private_name():
+    assert private_name_uses(PACKAGE_ROOT) == []
+
+
+def test_private_name_check_catches_each_form(tmp_path):
+    package = tmp_path / "pkg"
+    (package / "sub").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "sub" / "__init__.py").write_text("")
+    (package / "a.py").write_text(
+        "def _helper():\n    return 1\n\n\ndef helper():\n    return _helper()\n"
+    )
+    (package / "sub" / "b.py").write_text("from pkg.a import _helper, helper\n")
+    (package / "c.py").write_text("from pkg import a\n\n\ndef f():\n    return a._helper()\n")
+    (package / "d.py").write_text(
+        "import pkg.a as m\nimport pkg.a\n\nx = m._helper\ny = pkg.a._helper\n"
+    )
+    (package / "e.py").write_text(
+        "from . import a\nfrom .a import helper\n\nz = a.helper, a.__name__\n"
+    )
+    (package / "f.py").write_text("import os\n\nw = os._exit\n")  # not the package's
+    assert private_name_uses(package) == [
+        ("pkg.c", "pkg.a._helper"),
+        ("pkg.d", "pkg.a._helper"),
+        ("pkg.sub.b", "pkg.a._helper"),
     ]

@@ -1,5 +1,5 @@
 """The Mosaic ``gmm``'s last round cut into pieces of its K loop (``split_last_round``,
-:mod:`jaxmoe.ops.grouped_matmul.pallas_mosaic_schedule`): the schedule's arithmetic against a
+:mod:`jaxmoe.ops.mosaic.schedule`): the schedule's arithmetic against a
 plain count and a brute-force choice of pieces, then the kernel with it, in Mosaic GPU's
 interpreter, against the NumPy reference (the pieces' float32 partial sums and the fix-up that
 adds them): as a pair in thirds (two parts on a CTA, a piece across the pair's products),
@@ -23,13 +23,11 @@ from hypothesis import strategies as st
 from test_grouped_matmul import np_gmm, random_inputs
 
 from jaxmoe.ops.gated_grouped_matmul import pallas_mosaic as fused_mosaic
-from jaxmoe.ops.grouped_matmul import (
-    pallas_mosaic,
-    pallas_mosaic_common,
-    pallas_mosaic_schedule,
-    pallas_mosaic_tiles,
-)
-from jaxmoe.ops.grouped_matmul.pallas_mosaic import MosaicTileConfig, default_mosaic_gmm_tiles
+from jaxmoe.ops.mosaic import launch as pallas_mosaic
+from jaxmoe.ops.mosaic import persistent_loop as pallas_mosaic_common
+from jaxmoe.ops.mosaic import schedule as pallas_mosaic_schedule
+from jaxmoe.ops.mosaic import tiles as pallas_mosaic_tiles
+from jaxmoe.ops.mosaic.tiles import MosaicTileConfig, default_mosaic_gmm_tiles
 
 SIZES = [70, 0, 3, 100, 40]  # an empty group, groups cutting tiles, 43 tail rows (M = 256)
 

@@ -10,8 +10,9 @@ import jax.numpy as jnp
 import pytest
 
 from jaxmoe.ops import grouped_matmul
-from jaxmoe.ops.grouped_matmul import XlaGroupedMatmul, pallas_mosaic_tiles, preferred_alignment
-from jaxmoe.ops.grouped_matmul.pallas_mosaic_backend import PallasMosaicGroupedMatmul
+from jaxmoe.ops.grouped_matmul import XlaGroupedMatmul, preferred_alignment
+from jaxmoe.ops.grouped_matmul.pallas_mosaic import PallasMosaicGroupedMatmul
+from jaxmoe.ops.mosaic import tiles as pallas_mosaic_tiles
 
 BF16, FP8 = jnp.bfloat16, jnp.float8_e4m3fn
 

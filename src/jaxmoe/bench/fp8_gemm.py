@@ -53,7 +53,7 @@ from jaxmoe.ops.fp8 import (
 )
 from jaxmoe.ops.fp8.pallas_mosaic import default_fp8_tiles, pipeline_fp8_tiles, scaled_gmm_kn
 from jaxmoe.ops.grouped_matmul import grouped_matmul
-from jaxmoe.ops.grouped_matmul.pallas_mosaic_tiles import MosaicTileConfig
+from jaxmoe.ops.mosaic.tiles import MosaicTileConfig
 
 ROUNDS = 3
 SHAPES = ("mixtral-up", "mixtral-down", "dsv3-up", "dsv3-down", "qwen3-up", "qwen3-down")

@@ -24,7 +24,7 @@ from jaxmoe.bench import gemm_cases, timing
 from jaxmoe.bench.harness import fill_ratios, release_torch_memory
 from jaxmoe.bench.presets import GEMM_SHAPES, LAYER_PRESETS, GemmShape
 from jaxmoe.bench.timing import Timing
-from jaxmoe.ops.grouped_matmul.pallas_mosaic_tiles import MOSAIC_ALIGNMENT
+from jaxmoe.ops.mosaic.tiles import MOSAIC_ALIGNMENT
 
 IMPLS = ("torch", "jaxmoe", "jaxmoe_pallas", "jaxmoe_triton", "xla_ragged_dot", "jax_mosaic")
 IMPL_LABELS = {

@@ -19,24 +19,20 @@ import jax
 
 from jaxmoe.ops.gated_grouped_matmul import api as gated_api
 from jaxmoe.ops.gated_grouped_matmul import pallas_mosaic as gated_mosaic
-from jaxmoe.ops.grouped_matmul import (
-    pallas_mosaic,
-    pallas_mosaic_backend,
-    pallas_mosaic_tiles,
-    pallas_mosaic_wgrad,
-)
+from jaxmoe.ops.mosaic import tgmm_kernel
+from jaxmoe.ops.mosaic import tiles as mosaic_tiles
 
 # Every place the layer's forward and input-gradient kernels read their default tiles from
-# (one tile config type, ``MosaicTileConfig``).
+# (one tile config type, ``MosaicTileConfig``): every plan of a plain gmm reads
+# ``mosaic_tiles.default_mosaic_gmm_tiles`` through the module, the fused gated kernel's plan
+# its own default.
 DEFAULT_TILE_SITES = (
-    (pallas_mosaic_tiles, "default_mosaic_gmm_tiles"),
-    (pallas_mosaic, "default_mosaic_gmm_tiles"),
-    (pallas_mosaic_backend, "default_mosaic_gmm_tiles"),
+    (mosaic_tiles, "default_mosaic_gmm_tiles"),
     (gated_mosaic, "default_gated_tiles"),
 )
 # The wgrad's (``MosaicTgmmTileConfig``: its own fields, so never patched with the others
 # unless asked by name).
-WGRAD_TILE_SITES = ((pallas_mosaic_wgrad, "default_mosaic_tgmm_tiles"),)
+WGRAD_TILE_SITES = ((tgmm_kernel, "default_mosaic_tgmm_tiles"),)
 # The sites by kernel: the plain gmm's (``gmm``), the fused gated kernel's (``gated``), the
 # wgrad's (``wgrad``).
 SITE_NAMES = {
@@ -62,9 +58,7 @@ def check_variant_fields(kernels: str, tile_variants: dict, backend_variants: di
     ``tile_variants`` (name -> ``MosaicTileConfig`` changes, ``MosaicTgmmTileConfig`` for the
     wgrad) of the ``kernels`` sites, ``backend_variants`` (name -> gated backend fields)."""
     tile_types = [
-        pallas_mosaic_wgrad.MosaicTgmmTileConfig
-        if kernel == "wgrad"
-        else pallas_mosaic_tiles.MosaicTileConfig
+        tgmm_kernel.MosaicTgmmTileConfig if kernel == "wgrad" else mosaic_tiles.MosaicTileConfig
         for kernel in kernels.split(",")
     ]
     _check_fields("--tile-variants", tile_variants, tile_types)
@@ -110,14 +104,14 @@ def default_tiles_with(calls: list, sites=DEFAULT_TILE_SITES, **changes):
 def gated_backend_with(**fields):
     """The layer's ``auto`` gated FFN backend (on a Hopper GPU the fused Mosaic one,
     :class:`.PallasMosaicGatedGroupedMatmul`) with ``fields`` set, while inside."""
-    saved = gated_api._auto_fused_backend
-    gated_api._auto_fused_backend = lambda grouped: gated_mosaic.PallasMosaicGatedGroupedMatmul(
+    saved = gated_api.auto_fused_backend
+    gated_api.auto_fused_backend = lambda grouped: gated_mosaic.PallasMosaicGatedGroupedMatmul(
         grouped=grouped, **fields
     )
     try:
         yield
     finally:
-        gated_api._auto_fused_backend = saved
+        gated_api.auto_fused_backend = saved
 
 
 def compile_variant(

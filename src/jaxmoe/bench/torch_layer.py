@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 
-def _to_torch(array, dtype: torch.dtype, device) -> torch.Tensor:
+def to_torch(array, dtype: torch.dtype, device) -> torch.Tensor:
     # numpy has no bfloat16 that torch can read: go through float32 (exact for bf16 values).
     return torch.from_numpy(np.asarray(array, dtype=np.float32)).to(device=device, dtype=dtype)
 
@@ -61,14 +61,14 @@ class TorchMoELayer(torch.nn.Module):
         self.top_k = top_k
         self.ffn_size = int(np.shape(experts["w_up"])[-1])
         self.router = torch.nn.Parameter(
-            _to_torch(params["router"]["kernel"], torch.float32, device)
+            to_torch(params["router"]["kernel"], torch.float32, device)
         )
         # Stored [E, N, K] contiguous; used transposed as [E, K, N].
         self.w_gate_up_nk = torch.nn.Parameter(
-            _to_torch(gate_up, dtype, device).transpose(-2, -1).contiguous()
+            to_torch(gate_up, dtype, device).transpose(-2, -1).contiguous()
         )
         self.w_down_nk = torch.nn.Parameter(
-            _to_torch(experts["w_down"], dtype, device).transpose(-2, -1).contiguous()
+            to_torch(experts["w_down"], dtype, device).transpose(-2, -1).contiguous()
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [T, H]
@@ -92,4 +92,4 @@ class TorchMoELayer(torch.nn.Module):
 
 def to_torch_input(x, dtype: torch.dtype, device) -> torch.Tensor:
     """A JAX/NumPy array as a torch tensor of ``dtype`` on ``device``."""
-    return _to_torch(x, dtype, device)
+    return to_torch(x, dtype, device)

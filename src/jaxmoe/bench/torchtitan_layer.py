@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 from jaxmoe.bench.harness import package_version
-from jaxmoe.bench.torch_layer import _to_torch, grouped_mm_available
+from jaxmoe.bench.torch_layer import grouped_mm_available, to_torch
 
 MOE_MODULE = "torchtitan.models.common.moe"
 
@@ -109,10 +109,10 @@ class TorchTitanMoELayer(torch.nn.Module):
         self.moe = build_moe(num_experts, top_k, hidden_size, ffn_size)
 
         def transposed(array):
-            return _to_torch(array, torch.bfloat16, device).transpose(-2, -1).contiguous()
+            return to_torch(array, torch.bfloat16, device).transpose(-2, -1).contiguous()
 
         state = {
-            "router.gate.weight": _to_torch(params["router"]["kernel"], torch.float32, device)
+            "router.gate.weight": to_torch(params["router"]["kernel"], torch.float32, device)
             .transpose(0, 1)
             .contiguous(),
             "routed_experts.inner_experts.w1_EFD": transposed(experts["w_gate"]),

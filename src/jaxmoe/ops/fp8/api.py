@@ -29,7 +29,7 @@ from jaxmoe.option_names import GROUPED_MATMUL_BACKENDS
 # Imported lazily, as the bf16 grouped matmul does: Pallas pulls in Mosaic GPU lowering code that
 # a CPU user never needs.
 def _pallas_backend(fallback: ScaledGroupedMatmulBackend | None = None):
-    from jaxmoe.ops.fp8.pallas_mosaic_backend import PallasMosaicScaledGroupedMatmul
+    from jaxmoe.ops.fp8.pallas_mosaic import PallasMosaicScaledGroupedMatmul
 
     return PallasMosaicScaledGroupedMatmul(fallback=fallback)
 

@@ -40,7 +40,7 @@ from jaxmoe.compat import quiet_triton_deprecation
 from jaxmoe.ops.fp8.columnwise import ALIGN, block_tables, quantize_columnwise
 from jaxmoe.ops.fp8.quantize import E4M3, cast_scaled, scale_from_amax
 from jaxmoe.ops.fp8.weight_quantize_pallas import fit_block
-from jaxmoe.ops.grouped_matmul.pallas_triton import _use_interpret
+from jaxmoe.ops.pallas_common import use_interpret
 
 Array = jax.Array
 
@@ -93,7 +93,7 @@ def quantize_columnwise_pallas(
     num_groups = group_sizes.shape[0]
     if num_rows == 0 or num_groups == 0:  # nothing to load: the XLA path's zeros
         return quantize_columnwise(x, group_sizes, E4M3)
-    interpret = _use_interpret(interpret)
+    interpret = use_interpret(interpret)
     block_k = fit_block(width, BLOCK_K, "K")
     starts, source, count, group = block_tables(group_sizes, num_rows)
     num_blocks = source.shape[0]

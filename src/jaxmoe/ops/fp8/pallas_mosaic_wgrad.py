@@ -1,61 +1,12 @@
 """The FP8 wgrad on Hopper in Pallas Mosaic GPU: a persistent, warp-specialized ``tgmm`` on e4m3.
 
-``out[g] = (lhs_t_q[:, cols of g] @ rhs_t_q[:, cols of g].T) * lhs_scale[g][:, None]
-* rhs_scale[g][None, :]`` (``[G, K, N]``): a contraction over each group's tokens, both operands
-transposed (``lhs_t_q [K, Mp]``, the activations; ``rhs_t_q [N, Mp]``, the output gradient), with
-one float32 scale per (group, row of K) and per (group, column of N). The schedule is the bf16
-wgrad's (:mod:`jaxmoe.ops.grouped_matmul.pallas_mosaic_wgrad`); what differs is the layout of
-the operands, the absence of masking and the scale epilogue::
-
-    layout       padded by the caller: group ``g``'s tokens are columns ``[start_g, start_g +
-                 size_g)`` of both operands, ``start_g`` a multiple of 128 (:data:`ALIGN`), the
-                 columns after them up to ``start_g + round_up(size_g, 128)`` are zero, groups do
-                 not overlap, and ``Mp % 128 == 0``. So a group's steps are the
-                 ``ceil(size_g / 128)`` blocks of 128 columns from ``start_g``, and no step ever
-                 reads a neighbour's tokens.
-    output tiles one per (group, K tile, N tile), group-major, largest group first, one CTA per
-                 SM taking every ``num_sms``-th (round-robin), ``group_swizzle`` K tiles along N
-                 inside a group: the bf16 wgrad's order (longest first against stragglers).
-    one ring     the memory warpgroup loads the ``[bk, 128]`` block of ``lhs_t_q`` and the
-                 ``[bn, 128]`` block of ``rhs_t_q`` of each step into slot ``step % stages`` by
-                 TMA; one ring across all of the CTA's tiles
-                 (:func:`~jaxmoe.ops.grouped_matmul.pallas_mosaic_common.ring_produce`).
-    the mma      FP8 ``wgmma`` reads both operands K-major (the contraction contiguous; only
-                 16-bit types have a transposed operand): here the contraction, the tokens, is
-                 already the minor dimension of both, so the ``lhs_t_q`` block is the A operand as
-                 it is and the ``rhs_t_q`` block goes in as B through ``transpose_ref`` (no copy),
-                 as the FP8 forward passes its ``[G, N, K]`` weights. 128 FP8 tokens are one
-                 128-byte swizzled row. Two compute warpgroups each own ``bn / 2`` columns and a
-                 float32 ``[bk, bn / 2]`` accumulator, one ``wgmma`` in flight.
-    empty groups a group of no tokens has no block to load: its tiles take no step (the memory
-                 warpgroup loads nothing for them) and store the untouched, zero-initialized
-                 accumulator, unscaled (so a NaN or Inf scale of an empty group stays out).
-    epilogue     ``acc[r, c] * lhs_scale[g, k0 + r] * rhs_scale[g, c0 + c]`` in float32, then the
-                 cast (:func:`~jaxmoe.ops.fp8.pallas_mosaic.rowwise_scale_epilogue`, the
-                 forward's: the scales read from GPU memory in the accumulator's row and column
-                 layouts), staged in swizzled shared memory and stored by TMA without waiting.
-
-Why padding instead of masking: the bf16 wgrad reads ``[M, K]`` operands and masks a boundary
-block by zeroing rows of it in shared memory. Here the tokens are the minor, contiguous dimension
-(what FP8 ``wgmma`` needs), so masking would zero columns of a swizzled tile of 1-byte elements
-(four to a 32-bit word: sub-word writes across the swizzle) before every boundary step. A caller
-that lays out the transposed FP8 operands anyway (the quantization pass writes them) can place
-each group at a 128-aligned column and write zeros after it for free; then every block is whole
-and every step is the same ``wgmma``.
-
-Precision: FP8 products are exact in float32, summed in the ``wgmma`` accumulator (on the GPU,
-narrower than float32 for FP8 products, as the FP8 forward's; Mosaic GPU's interpreter sums in
-float32), then the two scale multiplies round in float32 and the cast to the 2-byte result.
-
-Limits: e4m3 operands, a 2-byte result, ``block_m`` (the contraction block) 128, ``K % bk == 0``,
-``N % bn == 0``, ``Mp`` a positive multiple of 128, and a Hopper GPU. On a CPU the kernel runs in
-Mosaic GPU's interpreter, which has no transposed ``wgmma`` operand: there ``rhs_t_q`` is
-transposed back to ``[Mp, N]`` before the kernel and its ``[128, bn]`` blocks go in as B as they
-are (the same schedule, ring, empty-group path and epilogue run); the K-major path is proven by
-lowering for CUDA (tests) and on the device.
-
-Within bf16 rounding of the float32 contract; speed against the bf16 Mosaic wgrad:
-docs/kernels.md, 'FP8 wgrad (Mosaic)'.
+``out[g] = (lhs_t_q[:, cols of g] @ rhs_t_q[:, cols of g].T) * lhs_scale[g][:, None] *
+rhs_scale[g][None, :]`` (``[G, K, N]``): both operands transposed (``lhs_t_q [K, Mp]``, the
+activations; ``rhs_t_q [N, Mp]``, the output gradient), the tokens contiguous, each group padded
+by the caller to a 128-aligned column (:data:`ALIGN`) with zeros after it, so that every block is
+whole and nothing is masked. The bf16 wgrad's tile order, ring and stores
+(:mod:`jaxmoe.ops.mosaic.tgmm_kernel`), the forward's rowwise scale epilogue. How it is built
+and measured: docs/kernels.md, 'The FP8 kernels' and 'FP8 wgrad (Mosaic)'.
 """
 
 from __future__ import annotations
@@ -69,11 +20,15 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from jaxmoe.ops.fp8.pallas_mosaic import rowwise_scale_epilogue
 from jaxmoe.ops.fp8.quantize import E4M3
-from jaxmoe.ops.grouped_matmul import pallas_mosaic_common as common
-from jaxmoe.ops.grouped_matmul import pallas_mosaic_wgrad
-from jaxmoe.ops.grouped_matmul.pallas_mosaic_tiles import tile_shape_reasons
+from jaxmoe.ops.mosaic import persistent_loop, tgmm_kernel
+from jaxmoe.ops.mosaic.persistent_loop import cta_tile_count, cta_tile_index, persistent_kernel
+from jaxmoe.ops.mosaic.ring import ring_barriers, ring_consume, ring_produce
+from jaxmoe.ops.mosaic.scale_epilogues import rowwise_scale_epilogue
+from jaxmoe.ops.mosaic.tgmm_kernel import TgmmPlan
+from jaxmoe.ops.mosaic.tiles import tile_shape_reasons
+from jaxmoe.ops.mosaic.warpgroups import NUM_COMPUTE_WARPGROUPS, split_warpgroups
+from jaxmoe.ops.pallas_common import swizzle
 
 Array = jax.Array
 
@@ -112,7 +67,7 @@ def default_fp8_tgmm_tiles(k: int, n: int) -> Fp8TgmmTileConfig:
 
 def check_fp8_tgmm_tiles(cfg: Fp8TgmmTileConfig) -> None:
     """Raises ``ValueError`` for block sizes the kernel cannot lower or fit in shared memory."""
-    pallas_mosaic_wgrad.check_tgmm_tiles(cfg, operand_bytes=1, block_ms=(ALIGN,))
+    tgmm_kernel.check_tgmm_tiles(cfg, operand_bytes=1, block_ms=(ALIGN,))
 
 
 def unsupported_reason(
@@ -150,11 +105,11 @@ def _jaxmoe_mosaic_fp8_tgmm(
     """The kernel (see the module docstring). ``rhs_gmem`` is ``rhs_t_q [N, Mp]`` on the GPU and
     ``[Mp, N]`` in the interpreter; ``lhs_scale_gmem`` is ``lhs_scale`` flattened, ``[G * K]``."""
     bm, bk, bn, stages = cfg.block_m, cfg.block_k, cfg.block_n, cfg.stages
-    wg_n = bn // common.NUM_COMPUTE_WARPGROUPS
+    wg_n = bn // NUM_COMPUTE_WARPGROUPS
     num_groups, k, n = out_gmem.shape
     num_k_tiles, num_n_tiles = k // bk, n // bn
     tiles_per_group = num_k_tiles * num_n_tiles
-    my_tiles = common.cta_tile_count(num_groups * tiles_per_group)
+    my_tiles = cta_tile_count(num_groups * tiles_per_group)
     out_dtype = out_gmem.dtype
 
     def swizzled(row_bytes: int, itemsize: int):
@@ -171,9 +126,9 @@ def _jaxmoe_mosaic_fp8_tgmm(
     out_transforms = swizzled(wg_n * out_itemsize, out_itemsize)
 
     def tile_info(local_tile):
-        index = common.cta_tile_index(local_tile)
+        index = cta_tile_index(local_tile)
         group = group_order_gmem[index // tiles_per_group]
-        k_tile, n_tile = common.swizzle(
+        k_tile, n_tile = swizzle(
             index % tiles_per_group, num_k_tiles, num_n_tiles, cfg.group_swizzle
         )
         # No step for an empty group: there is no block of its to load.
@@ -185,11 +140,11 @@ def _jaxmoe_mosaic_fp8_tgmm(
         lhs_ring=plgpu.SMEM((stages, bk, bm), lhs_gmem.dtype, transforms=transforms),
         rhs_ring=plgpu.SMEM((stages, *rhs_block), rhs_gmem.dtype, transforms=rhs_transforms),
         out_smem=plgpu.SMEM(
-            (common.NUM_COMPUTE_WARPGROUPS, pallas_mosaic_wgrad.epilogue_rows(cfg), wg_n),
+            (NUM_COMPUTE_WARPGROUPS, tgmm_kernel.epilogue_rows(cfg), wg_n),
             out_dtype,
             transforms=out_transforms,
         ),
-        **common.ring_barriers(stages, copies_per_step=2),
+        **ring_barriers(stages, copies_per_step=2),
         collective_axes="wg",
     )
     def _scope(lhs_ring, rhs_ring, out_smem, loaded, released):
@@ -206,7 +161,7 @@ def _jaxmoe_mosaic_fp8_tgmm(
                 rhs_src = rhs_gmem.at[tokens, cols] if interpreted else rhs_gmem.at[cols, tokens]
                 plgpu.copy_gmem_to_smem(rhs_src, rhs_ring.at[slot], barrier)
 
-            common.ring_produce(my_tiles, tile_info, load, stages=stages, released=released)
+            ring_produce(my_tiles, tile_info, load, stages=stages, released=released)
 
         def compute_warpgroup(wg):
             wg_cols = pl.ds(wg * wg_n, wg_n)
@@ -226,7 +181,7 @@ def _jaxmoe_mosaic_fp8_tgmm(
                         return carry
 
                     def store(acc):
-                        pallas_mosaic_wgrad.store_tile(
+                        tgmm_kernel.store_tile(
                             acc.astype(out_dtype),
                             out_smem.at[wg],
                             out_gmem.at[group, pl.ds(k0, bk), pl.ds(wg_col0, wg_n)],
@@ -234,7 +189,7 @@ def _jaxmoe_mosaic_fp8_tgmm(
 
                     @pl.when(count > 0)
                     def _contract_and_scale():
-                        common.ring_consume(
+                        ring_consume(
                             step, count, mma, None, stages=stages, loaded=loaded, released=released
                         )
                         store(
@@ -259,7 +214,7 @@ def _jaxmoe_mosaic_fp8_tgmm(
             lax.fori_loop(0, my_tiles, tile, jnp.int32(0))
             plgpu.wait_smem_to_gmem(0)
 
-        common.split_warpgroups(memory_warpgroup, compute_warpgroup)
+        split_warpgroups(memory_warpgroup, compute_warpgroup)
 
 
 def _check_shapes(lhs_t_q, lhs_scale, rhs_t_q, rhs_scale, group_starts, group_sizes) -> None:
@@ -311,27 +266,57 @@ def scaled_tgmm(
       NotImplementedError: operands the kernel cannot take (see :func:`unsupported_reason`).
     """
     _check_shapes(lhs_t_q, lhs_scale, rhs_t_q, rhs_scale, group_starts, group_sizes)
-    k, n, num_groups = lhs_t_q.shape[0], rhs_t_q.shape[0], group_sizes.shape[0]
+    plan = plan_scaled_tgmm(
+        lhs_t_q.shape,
+        rhs_t_q.shape,
+        lhs_t_q.dtype,
+        rhs_t_q.dtype,
+        out_dtype=out_dtype,
+        tiles=tiles,
+        interpret=interpret,
+    )
+    if plan.unsupported is not None:
+        raise NotImplementedError(
+            f"FP8 mosaic tgmm: lhs_t_q {lhs_t_q.shape} {lhs_t_q.dtype}, rhs_t_q {rhs_t_q.shape} "
+            f"{rhs_t_q.dtype}, out {plan.out_dtype}: {plan.unsupported}."
+        )
+    return launch_scaled_tgmm(
+        lhs_t_q, lhs_scale, rhs_t_q, rhs_scale, group_starts, group_sizes, plan
+    )
+
+
+def plan_scaled_tgmm(
+    lhs_t_shape, rhs_t_shape, lhs_dtype, rhs_dtype, *, out_dtype, tiles, interpret
+) -> TgmmPlan:
+    """The plan of the FP8 wgrad of ``lhs_t_q [K, Mp]`` and ``rhs_t_q [N, Mp]``: ``tiles`` or
+    :func:`default_fp8_tgmm_tiles`, checked; the interpreter or not; and
+    :func:`unsupported_reason`."""
+    k, n = lhs_t_shape[0], rhs_t_shape[0]
     out_dtype = jnp.dtype(out_dtype)
     cfg = tiles or default_fp8_tgmm_tiles(k, n)
     check_fp8_tgmm_tiles(cfg)
-    interpret_params = common.interpret_params(interpret)
-    interpreted = interpret_params is not None
+    interpret_params = persistent_loop.interpret_params(interpret)
     reason = unsupported_reason(
-        lhs_t_q.shape, rhs_t_q.shape, lhs_t_q.dtype, rhs_t_q.dtype, out_dtype, cfg, interpreted
+        lhs_t_shape, rhs_t_shape, lhs_dtype, rhs_dtype, out_dtype, cfg, interpret_params is not None
     )
-    if reason is not None:
-        raise NotImplementedError(
-            f"FP8 mosaic tgmm: lhs_t_q {lhs_t_q.shape} {lhs_t_q.dtype}, rhs_t_q {rhs_t_q.shape} "
-            f"{rhs_t_q.dtype}, out {out_dtype}: {reason}."
-        )
+    return TgmmPlan(cfg, out_dtype, interpret_params, reason)
+
+
+def launch_scaled_tgmm(
+    lhs_t_q, lhs_scale, rhs_t_q, rhs_scale, group_starts, group_sizes, plan: TgmmPlan
+) -> Array:
+    """The FP8 wgrad kernel on checked operands, as ``plan`` says: one CTA per SM."""
+    plan.refuse()
+    k, n, num_groups = lhs_t_q.shape[0], rhs_t_q.shape[0], group_sizes.shape[0]
+    cfg, out_dtype, interpret_params = plan.tiles, plan.out_dtype, plan.interpret_params
+    interpreted = plan.interpreted
     if num_groups == 0:
         return jnp.zeros((0, k, n), out_dtype)
     sizes = group_sizes.astype(jnp.int32)
-    group_order = pallas_mosaic_wgrad.largest_first(sizes)
+    group_order = tgmm_kernel.largest_first(sizes)
     # The interpreter has no transposed wgmma operand: B goes in [Mp, N] there.
     rhs = rhs_t_q.T if interpreted else rhs_t_q
-    kernel = common.persistent_kernel(
+    kernel = persistent_kernel(
         functools.partial(_jaxmoe_mosaic_fp8_tgmm, cfg=cfg, interpreted=interpreted),
         jax.ShapeDtypeStruct((num_groups, k, n), out_dtype),
         interpret_params,

@@ -60,7 +60,7 @@ from jax.experimental.pallas import triton as plgpu
 
 from jaxmoe.compat import quiet_triton_deprecation
 from jaxmoe.ops.fp8.quantize import E4M3, cast_scaled, quantize, scale_from_amax
-from jaxmoe.ops.grouped_matmul.pallas_triton import _use_interpret
+from jaxmoe.ops.pallas_common import use_interpret
 
 Array = jax.Array
 
@@ -283,7 +283,7 @@ def quantize_weights_rowwise_pallas(
     """
     check_weight(w)
     tiles = tiles or WeightQuantizeTiles()
-    interpret = _use_interpret(interpret)
+    interpret = use_interpret(interpret)
     groups, k, n = w.shape
     k_what, n_what = "w.shape[1] (K)", "w.shape[2] (N)"
     amax_bk = fit_block(k, tiles.amax_block_k, k_what)

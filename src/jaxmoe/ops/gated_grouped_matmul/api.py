@@ -19,7 +19,7 @@ from jaxmoe.ops.grouped_matmul.base import GroupedMatmulBackend, clip_group_size
 
 
 # Imported lazily: Pallas pulls in Mosaic lowering code that a CPU user never needs.
-def _auto_fused_backend(grouped: GroupedMatmulBackend) -> GatedGroupedMatmulBackend:
+def auto_fused_backend(grouped: GroupedMatmulBackend) -> GatedGroupedMatmulBackend:
     from jaxmoe.ops.gated_grouped_matmul.pallas_mosaic import PallasMosaicGatedGroupedMatmul
 
     return PallasMosaicGatedGroupedMatmul(grouped=grouped)
@@ -192,5 +192,5 @@ def _fused_backend(backend, lhs, rhs_gate, group_sizes) -> GatedGroupedMatmulBac
         return None  # a named grouped matmul backend stays what it is; no fused kernel off GPU
     if lhs.shape[1] > AUTO_FUSED_MAX_K:
         return None
-    kernel = _auto_fused_backend(resolve_backend("auto"))
+    kernel = auto_fused_backend(resolve_backend("auto"))
     return kernel if kernel.unsupported_reason(lhs, rhs_gate, group_sizes) is None else None

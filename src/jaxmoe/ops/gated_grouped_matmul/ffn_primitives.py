@@ -150,16 +150,16 @@ def _glu_dgrad_call(out_bar, gate, up, rhs_down, group_sizes, *, kernel, activat
 
 def _ffn_abstract(lhs, rhs_gate, rhs_up, rhs_down, group_sizes, **params):
     shape = (lhs.shape[0], rhs_down.shape[2])
-    return gmm_primitives._out_aval(lhs, shape, lhs.dtype, leading_from_like=True)
+    return gmm_primitives.out_aval(lhs, shape, lhs.dtype, leading_from_like=True)
 
 
 def _glu_down_abstract(gate_dot, up_dot, gate, up, rhs_down, group_sizes, **params):
     shape = (gate.shape[0], rhs_down.shape[2])
-    return gmm_primitives._out_aval(gate, shape, gate.dtype, leading_from_like=True)
+    return gmm_primitives.out_aval(gate, shape, gate.dtype, leading_from_like=True)
 
 
 def _glu_dgrad_abstract(out_bar, gate, up, rhs_down, group_sizes, **params):
-    aval = gmm_primitives._out_aval(gate, gate.shape, gate.dtype, leading_from_like=True)
+    aval = gmm_primitives.out_aval(gate, gate.shape, gate.dtype, leading_from_like=True)
     return [aval, aval]
 
 
@@ -168,7 +168,7 @@ for _primitive, _abstract, _call, _multiple in (
     (glu_down_p, _glu_down_abstract, unfused_glu_down, False),
     (glu_dgrad_p, _glu_dgrad_abstract, _glu_dgrad_call, True),
 ):
-    _primitive.def_effectful_abstract_eval(gmm_primitives._with_kernel_effects(_abstract, _call))
+    _primitive.def_effectful_abstract_eval(gmm_primitives.with_kernel_effects(_abstract, _call))
     _primitive.def_impl(_call)
     mlir.register_lowering(_primitive, mlir.lower_fun(_call, multiple_results=_multiple))
 

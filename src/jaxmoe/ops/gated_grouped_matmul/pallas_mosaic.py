@@ -1,32 +1,14 @@
-"""The fused gated grouped matmul on Hopper: one Mosaic GPU kernel writes ``act(x Wg) * (x Wu)``.
+"""The fused gated grouped matmul on Hopper: one Mosaic GPU kernel writes ``act(x Wg) * (x Wu)``
+(:func:`fused_gmm`), one runs the gated FFN's backward through its down projection
+(:func:`fused_down_dgrad`), and the backend class :class:`PallasMosaicGatedGroupedMatmul` that
+decides once per call which of them runs (:func:`plan_fused_gmm`, :func:`plan_down_dgrad`).
 
-It is the persistent, warp-specialized ``gmm`` of :mod:`jaxmoe.ops.grouped_matmul.pallas_mosaic`
-(same work list, tile schedule, TMA ring and run-by-run epilogue stores) with two weights::
-
-    per K step   the memory warpgroup loads one [bm, bk] block of lhs and two [bk, bn] blocks,
-                 rhs_gate[g] and rhs_up[g] at the same columns, into one ring slot
-    per tile     each compute warpgroup runs two wgmma chains into two float32 accumulators
-                 (gate, up) from the same lhs block in shared memory: [bm / 2, bn] each with
-                 split_rows (the default), [bm, bn / 2] with the column split
-    epilogue     act(acc_gate) * acc_up in float32, cast, stored by TMA; with ``residuals`` the
-                 cast gate and up are stored too (the derivative's inputs)
-
-Against the unfused path (two ``gmm`` launches and an elementwise pass) this reads ``lhs`` once
-instead of twice and never writes or re-reads ``gate`` and ``up`` to compute the product: the
-primal writes one ``[M, F]`` array where the unfused path writes two, reads two and writes one.
-
-Register budget: two accumulators per warpgroup, so ``block_n`` is 128 (``[64, 128]`` float32
-per warpgroup and accumulator with split rows, 128 registers a thread for both) where the single
-``gmm`` takes 256.
-Shared memory: a ring slot is ``bm * bk + 2 * bk * bn`` elements (48 KiB at 128 x 128 x 64 in
-bf16): four slots and a 64-row epilogue slab fit in the H100's 227 KiB.
-
-Accuracy: ``h`` is rounded once, from the float32 product, so it is closer to a float32
-reference than the unfused path, which rounds ``gate`` and ``up`` to bf16 first (measured:
-docs/kernels.md, 'Fused gated kernel').
-
-Limits: those of the Mosaic ``gmm`` (bf16/fp16, ``M % bm == K % bk == F % bn == 0``, a Hopper
-GPU or Mosaic GPU's interpreter on a CPU).
+The forward is the Mosaic ``gmm`` with two weights: per K step one ``lhs`` block and the two
+weight blocks at the same columns, two ``wgmma`` chains into a gate and an up accumulator (so
+``block_n`` is 128), ``act(gate) * up`` in the epilogue; it reads ``lhs`` once and never writes
+``gate`` and ``up`` to compute the product, and rounds ``h`` once from float32. Limits: those of
+the Mosaic ``gmm``. How it is built and measured: docs/kernels.md, 'The fused gated kernel and
+the fused SwiGLU backward' and 'Fused gated kernel'.
 """
 
 from __future__ import annotations
@@ -40,10 +22,11 @@ import numpy as np
 from jax import lax
 
 from jaxmoe.ops.gated_grouped_matmul.base import GatedGroupedMatmulBackend
-from jaxmoe.ops.grouped_matmul import pallas_mosaic, pallas_mosaic_tiles, pallas_triton
-from jaxmoe.ops.grouped_matmul import pallas_mosaic_common as common
-from jaxmoe.ops.grouped_matmul.pallas_mosaic_ring_operands import ring_operands_unsupported_reason
-from jaxmoe.ops.grouped_matmul.pallas_mosaic_tiles import MosaicTileConfig, check_tiles
+from jaxmoe.ops.mosaic import launch, persistent_loop
+from jaxmoe.ops.mosaic import tiles as mosaic_tiles
+from jaxmoe.ops.mosaic.ring_operands import ring_operands_unsupported_reason
+from jaxmoe.ops.mosaic.tiles import MosaicTileConfig, check_tiles
+from jaxmoe.ops.pallas_common import check_gmm_operands, use_interpret
 
 Array = jax.Array
 
@@ -131,15 +114,13 @@ def default_down_dgrad_tiles(m: int, h: int, f: int) -> MosaicTileConfig:
     """Block sizes of :func:`fused_down_dgrad` (``[M, H] x [G, F, H]^T``): the Mosaic ``gmm``'s
     default, with the activation's derivative on approximate instructions (``approx_math``;
     measured: docs/kernels.md, 'Fused gated kernel')."""
-    return dataclasses.replace(
-        pallas_mosaic_tiles.default_mosaic_gmm_tiles(m, h, f), approx_math=True
-    )
+    return dataclasses.replace(mosaic_tiles.default_mosaic_gmm_tiles(m, h, f), approx_math=True)
 
 
 def unsupported_reason(lhs_shape, rhs_shape, dtype, cfg, interpret: bool) -> str | None:
     """Why the fused kernel cannot take these operands, or ``None`` if it can: the Mosaic
     ``gmm``'s rules for one ``[M, K] x [G, K, F]`` product (each weight is one)."""
-    return pallas_mosaic_tiles.unsupported_reason(
+    return mosaic_tiles.unsupported_reason(
         lhs_shape, rhs_shape, dtype, dtype, False, cfg, interpret
     )
 
@@ -170,33 +151,47 @@ def fused_gmm(
     Raises:
       NotImplementedError: operands the kernel cannot take (:func:`unsupported_reason`).
     """
-    pallas_triton._check(lhs, rhs_gate, group_sizes, False, "fused gated gmm")
-    pallas_triton._check(lhs, rhs_up, group_sizes, False, "fused gated gmm")
-    m, k = lhs.shape
-    cfg = tiles or default_gated_tiles(m, k, rhs_gate.shape[2])
-    check_tiles(cfg, num_rhs=2)
-    interpret_params = common.interpret_params(interpret)
-    reason = unsupported_reason(
-        lhs.shape, rhs_gate.shape, lhs.dtype, cfg, interpret_params is not None
+    check_gmm_operands(lhs, rhs_gate, group_sizes, False, "fused gated gmm")
+    check_gmm_operands(lhs, rhs_up, group_sizes, False, "fused gated gmm")
+    plan = plan_fused_gmm(lhs.shape, rhs_gate.shape, lhs.dtype, tiles=tiles, interpret=interpret)
+    return launch_fused_gmm(
+        lhs, rhs_gate, rhs_up, group_sizes, plan, activation=activation, residuals=residuals
     )
-    if reason is not None:
+
+
+def plan_fused_gmm(lhs_shape, rhs_shape, dtype, *, tiles, interpret) -> launch.GmmPlan:
+    """The plan of :func:`fused_gmm` on ``lhs [M, K]`` and weights ``[G, K, F]``: ``tiles`` or
+    :func:`default_gated_tiles`, checked for two weights; the interpreter or not; and
+    :func:`unsupported_reason`."""
+    m, k = lhs_shape
+    cfg = tiles or default_gated_tiles(m, k, rhs_shape[2])
+    check_tiles(cfg, num_rhs=2)
+    interpret_params = persistent_loop.interpret_params(interpret)
+    reason = unsupported_reason(lhs_shape, rhs_shape, dtype, cfg, interpret_params is not None)
+    return launch.GmmPlan(cfg, False, jnp.dtype(dtype), interpret_params, reason)
+
+
+def launch_fused_gmm(
+    lhs, rhs_gate, rhs_up, group_sizes, plan: launch.GmmPlan, *, activation, residuals
+) -> tuple[Array, ...]:
+    """The fused kernel on checked operands, as ``plan`` says; ``NotImplementedError`` for a
+    plan that says why it cannot run."""
+    if plan.unsupported is not None:
         raise NotImplementedError(
-            f"fused gated gmm: lhs {lhs.shape} {lhs.dtype}, rhs {rhs_gate.shape}: {reason}."
+            f"fused gated gmm: lhs {lhs.shape} {lhs.dtype}, rhs {rhs_gate.shape}: "
+            f"{plan.unsupported}."
         )
-    act = functools.partial(_KERNEL_ACTIVATIONS[activation], approx=cfg.approx_math)
+    act = functools.partial(_KERNEL_ACTIVATIONS[activation], approx=plan.tiles.approx_math)
 
     def combine(gate, up):
         hidden = act(gate) * up
         return (hidden, gate, up) if residuals else (hidden,)
 
-    outs = pallas_mosaic.launch_gmm(
+    outs = launch.launch_gmm(
         lhs,
         rhs_gate,
         group_sizes,
-        transpose_rhs=False,
-        out_dtype=lhs.dtype,
-        cfg=cfg,
-        interpret_params=interpret_params,
+        plan,
         more_rhs=(rhs_up,),
         combine=combine,
         num_outputs=3 if residuals else 1,
@@ -209,7 +204,7 @@ def down_dgrad_epilogue(
 ):
     """``(gate_bar, up_bar) = (h_bar * up * act'(gate), h_bar * act(gate))`` for one column part
     of a compute warpgroup's float32 ``h_bar`` accumulator, ``gate`` and ``up`` its blocks in
-    registers (carried to shared memory by the ring: ``pallas_mosaic_ring_operands``);
+    registers (carried to shared memory by the ring: :mod:`jaxmoe.ops.mosaic.ring_operands`);
     ``approx``: the kernel's ``approx_math``."""
     del group, row0, col0
     activated, slope = _KERNEL_ACTIVATION_SLOPES[activation](gate.astype(jnp.float32), approx)
@@ -225,7 +220,7 @@ def down_dgrad_unsupported_reason(
     num_groups, f, h = rhs_down_shape
     rhs_shape = (num_groups, h, f) if interpret else rhs_down_shape
     reasons = [
-        pallas_mosaic_tiles.unsupported_reason(
+        mosaic_tiles.unsupported_reason(
             out_bar_shape, rhs_shape, dtype, dtype, not interpret, cfg, interpret
         ),
         ring_operands_unsupported_reason(cfg, 2, jnp.dtype(dtype).itemsize),
@@ -251,8 +246,8 @@ def fused_down_dgrad(
 
     per group, zeros past the groups. ``h_bar`` never leaves the registers: the activation's
     derivative runs in the dgrad's epilogue (:func:`down_dgrad_epilogue`; ``gate`` and ``up``
-    reach it through the kernel's shared-memory ring: ``pallas_mosaic_ring_operands``), so the
-    separate elementwise pass (read ``h_bar``, ``gate``, ``up``; write two) and ``h_bar``'s
+    reach it through the kernel's shared-memory ring: :mod:`jaxmoe.ops.mosaic.ring_operands`),
+    so the separate elementwise pass (read ``h_bar``, ``gate``, ``up``; write two) and ``h_bar``'s
     store and load are gone. More accurate than the unfused path, which rounds ``h_bar`` and each
     elementwise step to ``out_bar``'s dtype.
 
@@ -268,33 +263,55 @@ def fused_down_dgrad(
     Raises:
       NotImplementedError: operands the kernel cannot take (:func:`down_dgrad_unsupported_reason`).
     """
-    pallas_triton._check(out_bar, rhs_down, group_sizes, True, "fused down dgrad")
-    m, h = out_bar.shape
-    f = rhs_down.shape[1]
+    check_gmm_operands(out_bar, rhs_down, group_sizes, True, "fused down dgrad")
+    plan = plan_down_dgrad(
+        out_bar.shape,
+        rhs_down.shape,
+        out_bar.dtype,
+        out_dtype=gate.dtype,
+        tiles=tiles,
+        interpret=interpret,
+    )
+    return launch_down_dgrad(out_bar, gate, up, rhs_down, group_sizes, plan, activation=activation)
+
+
+def plan_down_dgrad(
+    out_bar_shape, rhs_down_shape, dtype, *, out_dtype, tiles, interpret
+) -> launch.GmmPlan:
+    """The plan of :func:`fused_down_dgrad` on ``out_bar [M, H]`` and ``rhs_down [G, F, H]``
+    (``gate``, ``up`` and the results in ``out_dtype``): ``tiles`` or
+    :func:`default_down_dgrad_tiles`, checked; the interpreter or not (the GPU reads
+    ``rhs_down`` transposed, the interpreter a transposed copy); and
+    :func:`down_dgrad_unsupported_reason`."""
+    m, h = out_bar_shape
+    f = rhs_down_shape[1]
     cfg = tiles or default_down_dgrad_tiles(m, h, f)
     check_tiles(cfg)
-    interpret_params = common.interpret_params(interpret)
+    interpret_params = persistent_loop.interpret_params(interpret)
     interpreted = interpret_params is not None
-    reason = down_dgrad_unsupported_reason(
-        out_bar.shape, rhs_down.shape, out_bar.dtype, cfg, interpreted
-    )
-    if reason is not None:
+    reason = down_dgrad_unsupported_reason(out_bar_shape, rhs_down_shape, dtype, cfg, interpreted)
+    return launch.GmmPlan(cfg, not interpreted, jnp.dtype(out_dtype), interpret_params, reason)
+
+
+def launch_down_dgrad(
+    out_bar, gate, up, rhs_down, group_sizes, plan: launch.GmmPlan, *, activation
+) -> tuple[Array, Array]:
+    """The fused down dgrad on checked operands, as ``plan`` says; ``NotImplementedError`` for
+    a plan that says why it cannot run."""
+    if plan.unsupported is not None:
         raise NotImplementedError(
             f"fused down dgrad: out_bar {out_bar.shape} {out_bar.dtype}, rhs_down "
-            f"{rhs_down.shape}: {reason}."
+            f"{rhs_down.shape}: {plan.unsupported}."
         )
     # The interpreter cannot read a transposed wgmma operand: it gets a transposed copy.
-    rhs = jnp.swapaxes(rhs_down, 1, 2) if interpreted else rhs_down
-    outs = pallas_mosaic.launch_gmm(
+    rhs = jnp.swapaxes(rhs_down, 1, 2) if plan.interpreted else rhs_down
+    outs = launch.launch_gmm(
         out_bar,
         rhs,
         group_sizes,
-        transpose_rhs=not interpreted,
-        out_dtype=gate.dtype,
-        cfg=cfg,
-        interpret_params=interpret_params,
+        plan,
         epilogue=functools.partial(
-            down_dgrad_epilogue, activation=activation, approx=cfg.approx_math
+            down_dgrad_epilogue, activation=activation, approx=plan.tiles.approx_math
         ),
         epilogue_operands=(gate, up),
         num_outputs=2,
@@ -316,11 +333,11 @@ class PallasMosaicGatedGroupedMatmul(GatedGroupedMatmulBackend):
         elsewhere. The kernel is closer to a float32 reference (1.7e-3 against the unfused
         path's 3.3-3.7e-3, Mixtral and Qwen3, balanced and skewed) and never writes ``h_bar``;
         its epilogue operands ride the ring
-        (:mod:`jaxmoe.ops.grouped_matmul.pallas_mosaic_ring_operands`). On by the layer's
+        (:mod:`jaxmoe.ops.mosaic.ring_operands`). On by the layer's
         fwd+bwd (measured: docs/kernels.md, 'Fused gated kernel').
       down_dgrad_tiles: that kernel's block sizes; ``None``: :func:`default_down_dgrad_tiles`.
       fused_input_dgrad: the projections' input gradient ``gate_bar Wg^T + up_bar Wu^T`` as one
-        kernel (:func:`jaxmoe.ops.grouped_matmul.pallas_mosaic.gmm_pair`: one K loop over both
+        kernel (:func:`jaxmoe.ops.mosaic.launch.gmm_pair`: one K loop over both
         products, one ``[M, K]`` result) where the Mosaic ``gmm`` takes the operands: it saves
         one launch and its last wave, one ``[M, K]`` store and the sum's read of it (measured:
         docs/kernels.md, 'Fused gated kernel').
@@ -347,87 +364,76 @@ class PallasMosaicGatedGroupedMatmul(GatedGroupedMatmulBackend):
         if self.down_dgrad_tiles is not None:
             check_tiles(self.down_dgrad_tiles)
 
-    def _down_dgrad_tiles(self, out_bar_shape, rhs_down_shape):
-        m, h = out_bar_shape
-        return self.down_dgrad_tiles or default_down_dgrad_tiles(m, h, rhs_down_shape[1])
+    def _down_dgrad_plan(self, out_bar, gate_dtype, rhs_down) -> launch.GmmPlan:
+        return plan_down_dgrad(
+            out_bar.shape,
+            rhs_down.shape,
+            out_bar.dtype,
+            out_dtype=gate_dtype,
+            tiles=self.down_dgrad_tiles,
+            interpret=self.interpret,
+        )
 
     def down_dgrad_unsupported_reason(self, out_bar, rhs_down, group_sizes):
         if not self.fused_backward:
             return "fused_backward=False"
-        cfg = self._down_dgrad_tiles(out_bar.shape, rhs_down.shape)
-        interpreted = pallas_triton._use_interpret(self.interpret)
-        return down_dgrad_unsupported_reason(
-            out_bar.shape, rhs_down.shape, out_bar.dtype, cfg, interpreted
-        )
+        return self._down_dgrad_plan(out_bar, out_bar.dtype, rhs_down).unsupported
 
     def down_dgrad(self, out_bar, gate, up, rhs_down, group_sizes, *, activation):
-        return fused_down_dgrad(
-            out_bar,
-            gate,
-            up,
-            rhs_down,
-            group_sizes,
-            activation=activation,
-            tiles=self._down_dgrad_tiles(out_bar.shape, rhs_down.shape),
-            interpret=self.interpret,
+        plan = self._down_dgrad_plan(out_bar, gate.dtype, rhs_down)
+        return launch_down_dgrad(
+            out_bar, gate, up, rhs_down, group_sizes, plan, activation=activation
         )
 
-    def _input_dgrad_operands(self, gate_bar, rhs_gate):
-        """``(tiles, interpreted, rhs shape the kernel reads)``: on a GPU the weights ``[G, K,
-        F]`` are read transposed; Mosaic GPU's interpreter, which cannot, gets ``[G, F, K]``
-        copies."""
-        m, f = gate_bar.shape
-        num_groups, k, _ = rhs_gate.shape
-        cfg = pallas_mosaic_tiles.default_mosaic_gmm_tiles(m, f, k)
-        interpreted = pallas_triton._use_interpret(self.interpret)
-        return cfg, interpreted, ((num_groups, f, k) if interpreted else rhs_gate.shape)
+    def _input_dgrad_plan(self, gate_bar, rhs_gate) -> launch.GmmPlan:
+        """On a GPU the weights ``[G, K, F]`` are read transposed; Mosaic GPU's interpreter,
+        which cannot, gets ``[G, F, K]`` copies (:meth:`input_dgrad`)."""
+        num_groups, k, f = rhs_gate.shape
+        interpreted = use_interpret(self.interpret)
+        return launch.plan_gmm(
+            gate_bar.shape,
+            (num_groups, f, k) if interpreted else rhs_gate.shape,
+            rhs_gate.dtype,
+            transpose_rhs=not interpreted,
+            out_dtype=None,
+            tiles=None,
+            interpret=self.interpret,
+        )
 
     def input_dgrad_unsupported_reason(self, gate_bar, rhs_gate, group_sizes):
         if not self.fused_input_dgrad:
             return "fused_input_dgrad=False"
-        cfg, interpreted, rhs_shape = self._input_dgrad_operands(gate_bar, rhs_gate)
-        return pallas_mosaic_tiles.unsupported_reason(
-            gate_bar.shape,
-            rhs_shape,
-            rhs_gate.dtype,
-            rhs_gate.dtype,
-            not interpreted,
-            cfg,
-            interpreted,
-        )
+        return self._input_dgrad_plan(gate_bar, rhs_gate).unsupported
 
     def input_dgrad(self, gate_bar, up_bar, rhs_gate, rhs_up, group_sizes):
-        cfg, interpreted, _ = self._input_dgrad_operands(gate_bar, rhs_gate)
-        if interpreted:
+        plan = self._input_dgrad_plan(gate_bar, rhs_gate)
+        launch.check_pair_tiles(plan.tiles)
+        if plan.interpreted:
             rhs_gate, rhs_up = (jnp.swapaxes(rhs, 1, 2) for rhs in (rhs_gate, rhs_up))
         dtype = rhs_gate.dtype
-        return pallas_mosaic.gmm_pair(
+        return launch.launch_gmm(
             gate_bar.astype(dtype),
             rhs_gate,
-            up_bar.astype(dtype),
-            rhs_up,
             group_sizes,
-            transpose_rhs=not interpreted,
-            tiles=cfg,
-            interpret=self.interpret,
+            plan,
+            second_pair=(up_bar.astype(dtype), rhs_up),
         )
 
-    def _tiles(self, lhs_shape, rhs_shape):
-        return self.tiles or default_gated_tiles(lhs_shape[0], lhs_shape[1], rhs_shape[2])
+    def _plan(self, lhs, rhs_gate) -> launch.GmmPlan:
+        return plan_fused_gmm(
+            lhs.shape, rhs_gate.shape, lhs.dtype, tiles=self.tiles, interpret=self.interpret
+        )
 
     def unsupported_reason(self, lhs, rhs_gate, group_sizes):
-        cfg = self._tiles(lhs.shape, rhs_gate.shape)
-        interpreted = pallas_triton._use_interpret(self.interpret)
-        return unsupported_reason(lhs.shape, rhs_gate.shape, lhs.dtype, cfg, interpreted)
+        return self._plan(lhs, rhs_gate).unsupported
 
     def fused(self, lhs, rhs_gate, rhs_up, group_sizes, *, activation, residuals):
-        return fused_gmm(
+        return launch_fused_gmm(
             lhs,
             rhs_gate,
             rhs_up,
             group_sizes,
+            self._plan(lhs, rhs_gate),
             activation=activation,
             residuals=residuals,
-            tiles=self._tiles(lhs.shape, rhs_gate.shape),
-            interpret=self.interpret,
         )

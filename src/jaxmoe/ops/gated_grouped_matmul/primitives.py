@@ -86,13 +86,11 @@ def _kernel_call(lhs, rhs_gate, rhs_up, group_sizes, *, kernel, activation, resi
 
 def _abstract(lhs, rhs_gate, rhs_up, group_sizes, *, kernel, activation, residuals):
     shape = (lhs.shape[0], rhs_gate.shape[2])
-    out = gmm_primitives._out_aval(lhs, shape, lhs.dtype, leading_from_like=True)
+    out = gmm_primitives.out_aval(lhs, shape, lhs.dtype, leading_from_like=True)
     return [out] * (3 if residuals else 1)
 
 
-gated_gmm_p.def_effectful_abstract_eval(
-    gmm_primitives._with_kernel_effects(_abstract, _kernel_call)
-)
+gated_gmm_p.def_effectful_abstract_eval(gmm_primitives.with_kernel_effects(_abstract, _kernel_call))
 gated_gmm_p.def_impl(_kernel_call)
 mlir.register_lowering(gated_gmm_p, mlir.lower_fun(_kernel_call, multiple_results=True))
 
@@ -236,20 +234,20 @@ def _input_dgrad_call(gate_bar, up_bar, rhs_gate, rhs_up, group_sizes, *, kernel
 
 def _input_tangent_abstract(lhs_dot, rhs_gate, rhs_up, group_sizes, **params):
     shape = (lhs_dot.shape[0], rhs_gate.shape[2])
-    out = gmm_primitives._out_aval(lhs_dot, shape, lhs_dot.dtype, leading_from_like=True)
+    out = gmm_primitives.out_aval(lhs_dot, shape, lhs_dot.dtype, leading_from_like=True)
     return [out, out]
 
 
 def _input_dgrad_abstract(gate_bar, up_bar, rhs_gate, rhs_up, group_sizes, **params):
     shape = (gate_bar.shape[0], rhs_gate.shape[1])
-    return gmm_primitives._out_aval(gate_bar, shape, rhs_gate.dtype, leading_from_like=True)
+    return gmm_primitives.out_aval(gate_bar, shape, rhs_gate.dtype, leading_from_like=True)
 
 
 for _primitive, _abstract, _call, _multiple in (
     (input_tangent_p, _input_tangent_abstract, unfused_input_tangent, True),
     (input_dgrad_p, _input_dgrad_abstract, _input_dgrad_call, False),
 ):
-    _primitive.def_effectful_abstract_eval(gmm_primitives._with_kernel_effects(_abstract, _call))
+    _primitive.def_effectful_abstract_eval(gmm_primitives.with_kernel_effects(_abstract, _call))
     _primitive.def_impl(_call)
     mlir.register_lowering(_primitive, mlir.lower_fun(_call, multiple_results=_multiple))
 

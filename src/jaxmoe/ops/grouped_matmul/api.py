@@ -19,7 +19,7 @@ from jaxmoe.option_names import GROUPED_MATMUL_BACKENDS, check_registry
 
 # Imported lazily: Pallas pulls in Triton/Mosaic lowering code that a CPU user never needs.
 def _pallas_backend(triton_fallback: bool = False) -> GroupedMatmulBackend:
-    from jaxmoe.ops.grouped_matmul.pallas_mosaic_backend import PallasMosaicGroupedMatmul
+    from jaxmoe.ops.grouped_matmul.pallas_mosaic import PallasMosaicGroupedMatmul
 
     return PallasMosaicGroupedMatmul(triton_fallback=triton_fallback)
 

@@ -79,19 +79,6 @@ def check_grouped_matmul_args(lhs, rhs, group_sizes, preferred_element_type=None
         )
 
 
-def check_tgmm_operands(lhs, rhs, group_sizes) -> None:
-    """Raises ValueError unless ``tgmm`` can take ``lhs [M, K]``, ``rhs [M, N]``, ``group_sizes
-    [G]`` (every backend's kernel entry point checks this before launching)."""
-    if lhs.ndim != 2 or rhs.ndim != 2 or lhs.shape[0] != rhs.shape[0]:
-        raise ValueError(
-            f"tgmm: `lhs` [M, K] and `rhs` [M, N] expected; got {lhs.shape}, {rhs.shape}."
-        )
-    if lhs.dtype != rhs.dtype:
-        raise ValueError(f"tgmm: `lhs` ({lhs.dtype}) and `rhs` ({rhs.dtype}) dtypes differ.")
-    if group_sizes.ndim != 1:
-        raise ValueError(f"tgmm: `group_sizes` must be 1-D; got shape {group_sizes.shape}.")
-
-
 def clip_group_sizes(group_sizes: Array, num_rows: int) -> Array:
     """Truncates groups so that they end by row ``num_rows`` (sum(result) <= num_rows)."""
     group_sizes = jnp.maximum(group_sizes.astype(jnp.int32), 0)

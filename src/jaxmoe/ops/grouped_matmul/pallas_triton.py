@@ -38,8 +38,14 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 from jaxmoe import compat
-from jaxmoe.ops.grouped_matmul import work_list
-from jaxmoe.ops.grouped_matmul.base import GroupedMatmulBackend, check_tgmm_operands
+from jaxmoe.ops import work_list
+from jaxmoe.ops.grouped_matmul.base import GroupedMatmulBackend
+from jaxmoe.ops.pallas_common import (
+    check_gmm_operands,
+    check_tgmm_operands,
+    swizzle,
+    use_interpret,
+)
 
 Array = jax.Array
 
@@ -116,17 +122,6 @@ def default_tgmm_tiles(m: int, k: int, n: int, num_groups: int, dtype) -> TileCo
 # --------------------------------------------------------------------------------------------------
 # Kernel bodies.
 # --------------------------------------------------------------------------------------------------
-
-
-def swizzle(pid, num_rows: int, num_cols: int, group: int):
-    """Maps a 1-D program id onto (row, col), walking ``group`` rows at a time along the cols
-    (the tile order of every Pallas kernel here, Triton and Mosaic: neighbours share L2)."""
-    per_band = group * num_cols
-    band = pid // per_band
-    first_row = band * group
-    rows_in_band = jnp.minimum(num_rows - first_row, group)
-    inner = pid % per_band
-    return first_row + inner % rows_in_band, inner // rows_in_band
 
 
 def _dot_precision(dtype):
@@ -272,12 +267,6 @@ def _tgmm_kernel(
 # --------------------------------------------------------------------------------------------------
 
 
-def _use_interpret(interpret: bool | None) -> bool:
-    if interpret is not None:
-        return interpret
-    return jax.default_backend() != "gpu"
-
-
 # The operand dtypes the kernels take: Triton's dot with float32 accumulation. (A float64
 # accumulator, under jax_enable_x64, does not lower.)
 KERNEL_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16), jnp.dtype(jnp.float32))
@@ -290,20 +279,6 @@ def unsupported_reason(dtype) -> str | None:
         names = ", ".join(str(d) for d in KERNEL_DTYPES)
         return f"operands are {jnp.dtype(dtype)}, not one of {names}"
     return None
-
-
-def _check(lhs, rhs, group_sizes, transpose_rhs, what):
-    if lhs.ndim != 2 or rhs.ndim != 3:
-        raise ValueError(f"{what}: `lhs` must be 2-D and `rhs` 3-D; got {lhs.shape}, {rhs.shape}.")
-    if group_sizes.shape != (rhs.shape[0],):
-        raise ValueError(
-            f"{what}: `group_sizes` must have shape ({rhs.shape[0]},); got {group_sizes.shape}."
-        )
-    contract = rhs.shape[2] if transpose_rhs else rhs.shape[1]
-    if lhs.shape[1] != contract:
-        raise ValueError(f"{what}: contracting dims differ: `lhs` {lhs.shape}, `rhs` {rhs.shape}.")
-    if lhs.dtype != rhs.dtype:
-        raise ValueError(f"{what}: `lhs` ({lhs.dtype}) and `rhs` ({rhs.dtype}) dtypes differ.")
 
 
 def gmm(
@@ -330,7 +305,7 @@ def gmm(
     Returns:
       ``[M, N]``.
     """
-    _check(lhs, rhs, group_sizes, transpose_rhs, "gmm")
+    check_gmm_operands(lhs, rhs, group_sizes, transpose_rhs, "gmm")
     m, k = lhs.shape
     num_groups = rhs.shape[0]
     n = rhs.shape[1] if transpose_rhs else rhs.shape[2]
@@ -355,7 +330,7 @@ def gmm(
         out_shape=jax.ShapeDtypeStruct((m, n), out_dtype),
         grid=(num_work * num_n_tiles,),
         compiler_params=plgpu.CompilerParams(num_warps=cfg.num_warps, num_stages=cfg.num_stages),
-        interpret=_use_interpret(interpret),
+        interpret=use_interpret(interpret),
         name="jaxmoe_gmm",
     )
     with compat.quiet_triton_deprecation():
@@ -405,7 +380,7 @@ def tgmm(
         out_shape=jax.ShapeDtypeStruct((num_groups, k, n), out_dtype),
         grid=(num_groups * num_k_tiles * num_n_tiles,),
         compiler_params=plgpu.CompilerParams(num_warps=cfg.num_warps, num_stages=cfg.num_stages),
-        interpret=_use_interpret(interpret),
+        interpret=use_interpret(interpret),
         name="jaxmoe_tgmm",
     )
     with compat.quiet_triton_deprecation():

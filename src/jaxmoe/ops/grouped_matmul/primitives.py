@@ -86,7 +86,7 @@ def tgmm(lhs, rhs, group_sizes, *, impl: GroupedMatmulBackend, out_dtype):
 # --- evaluation: shapes, the kernel call, its lowering ----------------------------------------
 
 
-def _out_aval(like, shape, dtype, leading_from_like: bool):
+def out_aval(like, shape, dtype, leading_from_like: bool):
     """An aval of ``shape``/``dtype`` with ``like``'s manual axes; its sharding keeps ``like``'s
     leading (row) dimension when ``leading_from_like``, and replicates the rest."""
     sharding = like.sharding
@@ -100,12 +100,12 @@ def _out_aval(like, shape, dtype, leading_from_like: bool):
 
 def _gmm_abstract(lhs, rhs, group_sizes, *, impl, transpose_rhs, out_dtype):
     num_out = rhs.shape[1] if transpose_rhs else rhs.shape[2]
-    return _out_aval(lhs, (lhs.shape[0], num_out), out_dtype, leading_from_like=True)
+    return out_aval(lhs, (lhs.shape[0], num_out), out_dtype, leading_from_like=True)
 
 
 def _tgmm_abstract(lhs, rhs, group_sizes, *, impl, out_dtype):
     shape = (group_sizes.shape[0], lhs.shape[1], rhs.shape[1])
-    return _out_aval(lhs, shape, out_dtype, leading_from_like=False)
+    return out_aval(lhs, shape, out_dtype, leading_from_like=False)
 
 
 def _gmm_kernel(lhs, rhs, group_sizes, *, impl, transpose_rhs, out_dtype):
@@ -116,7 +116,7 @@ def _tgmm_kernel(lhs, rhs, group_sizes, *, impl, out_dtype):
     return impl.tgmm(lhs, rhs, group_sizes, out_dtype=out_dtype)
 
 
-def _with_kernel_effects(abstract, kernel):
+def with_kernel_effects(abstract, kernel):
     """An abstract eval that also declares the kernel's effects: none on a GPU, but Mosaic GPU's
     interpreter (the CPU tests) runs through ordered host callbacks, which the lowering must
     thread tokens through."""
@@ -136,8 +136,8 @@ def _kernel_effects(kernel, shapes, params):
     return jax.make_jaxpr(functools.partial(kernel, **dict(params)))(*avals).effects
 
 
-gmm_p.def_effectful_abstract_eval(_with_kernel_effects(_gmm_abstract, _gmm_kernel))
-tgmm_p.def_effectful_abstract_eval(_with_kernel_effects(_tgmm_abstract, _tgmm_kernel))
+gmm_p.def_effectful_abstract_eval(with_kernel_effects(_gmm_abstract, _gmm_kernel))
+tgmm_p.def_effectful_abstract_eval(with_kernel_effects(_tgmm_abstract, _tgmm_kernel))
 gmm_p.def_impl(_gmm_kernel)
 tgmm_p.def_impl(_tgmm_kernel)
 mlir.register_lowering(gmm_p, mlir.lower_fun(_gmm_kernel, multiple_results=False))

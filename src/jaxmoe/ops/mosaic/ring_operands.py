@@ -35,12 +35,12 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from jaxmoe.ops.grouped_matmul import pallas_mosaic_common as common
-from jaxmoe.ops.grouped_matmul.pallas_mosaic_tiles import (
+from jaxmoe.ops.mosaic.tiles import (
     SWIZZLE_BYTES,
     MosaicTileConfig,
     warpgroup_tile,
 )
+from jaxmoe.ops.mosaic.warpgroups import NUM_COMPUTE_WARPGROUPS, STAGE_MAX_COLS
 
 # The operands a step carries: one per copy of a K step (the lhs block and one weight block).
 NUM_RING_OPERANDS = 2
@@ -49,7 +49,7 @@ NUM_RING_OPERANDS = 2
 def ring_operands_unsupported_reason(cfg: MosaicTileConfig, num_operands: int, itemsize: int):
     """Why the epilogue's operands cannot ride the ring of ``cfg``, or ``None``
     (``split_last_round`` aside: a kernel with an epilogue runs its units whole,
-    :func:`.pallas_mosaic.launch_gmm`)."""
+    :func:`.launch.launch_gmm`)."""
     reasons = []
     if not (cfg.ring and cfg.split_rows):
         reasons.append("epilogue operands ride the hand-written ring with split_rows tiles only")
@@ -71,7 +71,7 @@ def ring_operands_unsupported_reason(cfg: MosaicTileConfig, num_operands: int, i
 
 def part_columns(cfg: MosaicTileConfig) -> int:
     """Columns of one step's part of a warpgroup's tile (the epilogue's slab width)."""
-    return min(warpgroup_tile(cfg)[1], common.STAGE_MAX_COLS)
+    return min(warpgroup_tile(cfg)[1], STAGE_MAX_COLS)
 
 
 def apply_columns(cfg: MosaicTileConfig, itemsize: int) -> int:
@@ -106,7 +106,7 @@ class RingOperands:
         self.wg_m, wg_n = warpgroup_tile(cfg)
         self.part_cols = part_columns(cfg)
         self.parts = wg_n // self.part_cols
-        self.steps = common.NUM_COMPUTE_WARPGROUPS * self.parts
+        self.steps = NUM_COMPUTE_WARPGROUPS * self.parts
         self.apply_cols = apply_columns(cfg, operands_gmem[0].dtype.itemsize)
 
     def _view(self, slot_elements: int, dtype):
@@ -144,8 +144,8 @@ class RingOperands:
     def load(self, views, row0, col0, step, slot, barrier):
         """The memory warpgroup's copies of the tile's epilogue step ``step`` (dynamic, from 0)
         into ring slot ``slot``."""
-        warpgroup = lax.rem(step, common.NUM_COMPUTE_WARPGROUPS)
-        part = lax.div(step, common.NUM_COMPUTE_WARPGROUPS)
+        warpgroup = lax.rem(step, NUM_COMPUTE_WARPGROUPS)
+        part = lax.div(step, NUM_COMPUTE_WARPGROUPS)
         rows = pl.ds(row0 + warpgroup * self.wg_m, self.wg_m)
         cols = pl.ds(col0 + part * self.part_cols, self.part_cols)
         for operand, view in zip(self.operands_gmem, views, strict=True):
@@ -156,7 +156,7 @@ class RingOperands:
         """:meth:`epilogue`'s ``apply`` for a tile (``group``, its first row and column, its rows
         ``[lo, hi)``): ``epilogue(acc_columns, *operand_blocks, group=, row0=, col0=)`` (the
         columns' first row and column in the result), its results stored through ``stores``
-        (an :class:`.pallas_mosaic_epilogue.EpilogueStores`)."""
+        (an :class:`.epilogue.EpilogueStores`)."""
 
         def apply(first_col, acc_columns, *operand_blocks):
             # Scopes name the epilogue's pieces in Mosaic GPU's on-device profiler; without a
@@ -195,7 +195,7 @@ class RingOperands:
         time, so that few operand registers are live beside the accumulator (ptxas spilled
         with whole parts). Measured: docs/kernels.md, 'Mosaic epilogue: operands carried
         through the ring'."""
-        num_wgs = common.NUM_COMPUTE_WARPGROUPS
+        num_wgs = NUM_COMPUTE_WARPGROUPS
         for part in range(self.parts):
             part_step = first_step + part * num_wgs
             mine = lax.rem(part_step + wg, self.cfg.stages)

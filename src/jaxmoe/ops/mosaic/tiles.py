@@ -1,4 +1,4 @@
-"""Which operands and block sizes the Mosaic GPU ``gmm`` (:mod:`.pallas_mosaic`) takes.
+"""Which operands and block sizes the Mosaic GPU ``gmm`` (:mod:`.launch`) takes.
 
 :class:`MosaicTileConfig` (its block sizes and pipeline knobs), the measured default
 (:func:`default_mosaic_gmm_tiles`), and the checks that decide, before anything is traced,
@@ -13,7 +13,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from jaxmoe.ops.grouped_matmul.pallas_mosaic_common import (
+from jaxmoe.ops.mosaic.warpgroups import (
     MULTICAST_CLUSTER_CTAS,
     NUM_COMPUTE_WARPGROUPS,
     STAGE_MAX_COLS,
@@ -23,71 +23,19 @@ from jaxmoe.ops.grouped_matmul.pallas_mosaic_common import (
 
 @dataclasses.dataclass(frozen=True)
 class MosaicTileConfig:
-    """Block sizes of the Mosaic GPU ``gmm``.
+    """Block sizes and pipeline knobs of the Mosaic GPU ``gmm`` (:func:`check_tiles` says what
+    lowers; docs/kernels.md, 'Tiles and shared memory', what each knob does and why).
 
-    ``block_n`` is the CTA's N tile; each of the two compute warpgroups owns half of it, or,
-    with ``split_rows``, half of the ``block_m`` rows.
-    ``stages`` is the depth of the shared-memory ring. ``pipelined_tiles`` keeps one pipeline
-    alive across all of a CTA's tiles (jax's ``PipelinePipeline`` states), so the memory
-    warpgroup never drains between tiles; it applies when ``K / block_k`` is a multiple of
-    ``stages``. ``epilogue_rows`` (default ``block_m``) is the height of the shared-memory slab
-    that stages the result for its TMA store: half of ``block_m`` frees shared memory for a
-    deeper ring.
-
-    ``ring``: one hand-written shared-memory ring for all of a CTA's tiles
-    (:func:`.pallas_mosaic_common.ring_produce`), each compute warpgroup keeping one ``wgmma`` in
-    flight, instead of jax's warp-specialized pipeline per tile (``pipelined_tiles`` is then
-    moot: the ring never drains between tiles).
-
-    ``swizzled_epilogue`` stages a slab whose rows all belong to the tile's group (every slab of
-    the MoE layer, whose groups are padded to the alignment) through a 128-byte-swizzled buffer
-    instead: ``[epilogue_rows, 64]`` column chunks, two slots per compute warpgroup, one TMA
-    store left in flight while the next chunk is written (bank-conflict-free writes of the
-    ``wgmma`` registers; jax's ``hopper_matmul_mgpu`` epilogue). Slabs cut by a group boundary
-    keep the unswizzled slab and its row runs; the two buffers share the same shared memory
-    (a ``plgpu.RefUnion``), so the epilogue costs no more of it than the unswizzled one when
-    ``block_n = 256``.
-
-    ``split_rows``: the two compute warpgroups split each tile's rows (``[block_m / 2,
-    block_n]`` each, ``block_m`` 128) instead of its columns. Each ``wgmma`` is then ``m64`` by
-    the whole ``block_n``: it reads the weight block once per warpgroup and half the ``lhs``
-    block, where split columns read the whole ``lhs`` block in each warpgroup; per FLOP, 17%
-    fewer shared-memory reads at ``block_n`` 256, 25% fewer for the fused gated kernel (two
-    ``n64`` products per warpgroup become two ``n128``). The epilogue slab is then at most
-    ``block_m / 2`` rows.
-
-    ``group_start_tiles``: each group's tiles start at its first row instead of on the global
-    ``block_m`` grid (:mod:`.work_list`), so a group of ``n`` rows takes ``cdiv(n, block_m)``
-    tiles, where the grid takes one more whenever the group's rows cross one more grid line
-    (DeepSeek's 32 Dirichlet(0.3) groups: 275 row tiles against 285; balanced groups on
-    ``block_m`` multiples: no change). Each tile multiplies the same K loop either way, so the
-    work drops by that ratio. On in the default tiles (:func:`default_mosaic_gmm_tiles`, the
-    fused gated kernel's); the field's own default stays the grid, which the FP8 tiles keep.
-
-    ``multicast_weights`` (on the ``ring`` only): CTAs run in clusters of two, and the two CTAs of
-    a cluster take neighbouring work items of one column tile (items ``2p`` and ``2p + 1``).
-    When both items belong to one group they need the same weight block at every K step: each
-    CTA loads half of it and TMA multicasts that half into both shared memories, so the
-    weights' L2 reads per tile halve (CUTLASS's 2x1 cluster). A pair whose items differ in
-    group loads each its own weights; an odd last item's partner recomputes it (the same
-    values stored twice). A slot is reused only when both CTAs have released it. torch's grouped
-    GEMM is this arrangement (CUTLASS's cooperative ``128 x 256 x 64`` kernel, a 2x1x1 cluster).
-    On in :func:`default_mosaic_gmm_tiles` where an expert's weight matrix is large (the plain
-    ``gmm`` and its input gradients), off in the fused gated kernel's tiles and the field's own
-    default.
-
-    ``split_last_round`` (on the ``ring``, in the plain ``gmm`` and ``gmm_pair``; kernels with
-    an epilogue or several weights run without it): the last round's units are cut into two to
-    four pieces of their K loop, run by more CTAs (:mod:`.pallas_mosaic_schedule`), where that
-    shortens the round; the pieces' float32 partial sums go to a workspace and one XLA scatter
-    after the kernel adds and stores them.
-
-    ``approx_math``: the kernel compiled with Mosaic GPU's ``approx_math``, and an epilogue that
-    asks for it (the fused gated kernels' activations) built on ``exp2`` and ``rsqrt``: each is
-    then one special-function instruction (``ex2.approx``, ``rsqrt.approx``, relative error
-    ~2^-22, float32's order and far below a bf16 result's rounding) instead of an exact
-    ``expf`` and an IEEE division of a dozen instructions each, run while the tensor cores
-    wait for the epilogue. Kernels without transcendental math are unchanged by it.
+    ``block_m x block_n`` is a CTA's tile, stepping over K by ``block_k``; ``stages``: the ring's
+    depth; ``group_swizzle``: work items walked together along N (L2 reuse). ``ring``: one
+    hand-written ring across a CTA's tiles, else jax's pipeline per tile (chained across tiles
+    with ``pipelined_tiles``). ``epilogue_rows``: the staging slab's height (``None``:
+    ``block_m``); ``swizzled_epilogue``: whole slabs through 128-byte-swizzled slots.
+    ``split_rows``: the compute warpgroups split the tile's rows, not its columns.
+    ``group_start_tiles``: each group's tiles start at its first row, not on the ``block_m``
+    grid. ``multicast_weights``: clusters of two CTAs share a weight block by TMA multicast.
+    ``split_last_round``: the last round's units cut along K. ``approx_math``: Mosaic GPU's
+    approximate transcendental instructions.
     """
 
     block_m: int = 128

@@ -37,9 +37,11 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from jaxmoe.ops.grouped_matmul import pallas_mosaic_common as common
-from jaxmoe.ops.grouped_matmul import work_list
-from jaxmoe.ops.grouped_matmul.pallas_mosaic_tiles import MosaicTileConfig, tile_align
+from jaxmoe.ops import work_list
+from jaxmoe.ops.mosaic.persistent_loop import round_robin_count, round_robin_index
+from jaxmoe.ops.mosaic.tiles import MosaicTileConfig, tile_align
+from jaxmoe.ops.mosaic.warpgroups import MULTICAST_CLUSTER_CTAS
+from jaxmoe.ops.pallas_common import swizzle
 
 Array = jax.Array
 
@@ -89,15 +91,13 @@ def unit_tile(work: WorkList, unit, cta, num_n_tiles: int, cfg: MosaicTileConfig
     operands in L2); with ``multicast_weights`` the cluster's unit is items ``2p`` (CTA 0) and
     ``2p + 1`` (CTA 1), an odd last item's partner recomputing it."""
     if cfg.multicast_weights:
-        pair, n_tile = common.swizzle(
-            unit, (work.num_work + 1) // 2, num_n_tiles, cfg.group_swizzle
-        )
+        pair, n_tile = swizzle(unit, (work.num_work + 1) // 2, num_n_tiles, cfg.group_swizzle)
         first = 2 * pair
         second = jnp.minimum(first + 1, work.num_work - 1)
         item = jnp.where(cta == 0, first, second)
         shared = work.group[first] == work.group[second]
     else:
-        item, n_tile = common.swizzle(unit, work.num_work, num_n_tiles, cfg.group_swizzle)
+        item, n_tile = swizzle(unit, work.num_work, num_n_tiles, cfg.group_swizzle)
         shared = False
     return *item_rows(work, item, cfg), n_tile * cfg.block_n, shared
 
@@ -155,14 +155,14 @@ class LastRound:
     def parts_of(self, worker):
         """How many parts worker ``worker`` runs: parts ``worker``, ``worker + workers``, ...
         of the ``pieces * cut_units``."""
-        return common.round_robin_count(self.pieces * self.cut_units, worker, self.workers)
+        return round_robin_count(self.pieces * self.cut_units, worker, self.workers)
 
     def part(self, worker, index):
         """``worker``'s ``index``-th part (``index < parts_of(worker)``): ``(unit, first_step,
         count, slot)``, K steps ``[first_step, first_step + count)`` of ``unit``, its float32
         partial sum to workspace slot ``slot`` (the part's number: piece ``slot // cut_units``
         of cut unit ``slot % cut_units``)."""
-        slot = common.round_robin_index(index, worker, self.workers)
+        slot = round_robin_index(index, worker, self.workers)
         cut = jnp.maximum(self.cut_units, 1)
         piece = slot // cut
         first_step = piece * self.steps // self.pieces
@@ -190,7 +190,7 @@ def last_round_fixup(
     its pieces, workspace slots ``t``, ``t + r``, ... (per CTA of a cluster: ``workspace[slot *
     ctas + cta]``, ``[block_m, block_n]``) added and the owned rows of its tile stored (rows
     ``[lo, hi)``, as the kernel stores a tile)."""
-    ctas = common.MULTICAST_CLUSTER_CTAS if cfg.multicast_weights else 1
+    ctas = MULTICAST_CLUSTER_CTAS if cfg.multicast_weights else 1
     bm, bn = cfg.block_m, cfg.block_n
     split = LastRound.of(num_units(work, num_n_tiles, cfg), workers, steps)
     most = max((MAX_PIECES - 1) * workers // MAX_PIECES, 1)  # the most units cut

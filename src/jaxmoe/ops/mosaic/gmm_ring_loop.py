@@ -1,18 +1,10 @@
 """The Mosaic ``gmm``'s loop over a CTA's tiles on the hand-written ring (``cfg.ring``).
 
-:func:`.pallas_mosaic_kernel.mosaic_gmm_body` lays out the kernel (buffers, work list, each
-tile's ``wgmma`` step and epilogue) and, with ``ring``, hands its scope (:class:`KernelScope`) to
-:func:`ring_tiles`, which runs the CTA's units over one ring of ``stages`` shared-memory slots
-(:func:`.pallas_mosaic_common.ring_produce` / ``ring_consume``)::
-
-    memory warpgroup     for each unit (then each part of a cut unit, ``split_last_round``):
-                         its K steps' ``lhs`` and weight blocks (the second pair's after the
-                         first's with ``paired``; the weights multicast with
-                         ``multicast_weights``), then the epilogue operands' steps
-                         (``ring_operands``), each into the next free slot
-    compute warpgroups   the same units in the same order: one ``wgmma`` per K step on its slot
-                         (one kept in flight), then the tile's epilogue; the ring never drains
-                         between tiles
+:func:`.gmm_kernel.mosaic_gmm_body` lays out the kernel (buffers, work list, each tile's
+``wgmma`` step and epilogue) and, with ``ring``, hands its scope (:class:`KernelScope`) to
+:func:`ring_tiles`: the memory warpgroup loads each unit's K steps (then a cut unit's parts, then
+the epilogue operands' steps) into the next free slot of :mod:`.ring`; the compute warpgroups
+walk the same units in the same order (docs/kernels.md, 'The operand ring').
 """
 
 from __future__ import annotations
@@ -27,10 +19,12 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from jaxmoe.ops.grouped_matmul import pallas_mosaic_common as common
-from jaxmoe.ops.grouped_matmul import pallas_mosaic_schedule as schedule
-from jaxmoe.ops.grouped_matmul.pallas_mosaic_ring_operands import RingOperands
-from jaxmoe.ops.grouped_matmul.pallas_mosaic_tiles import MosaicTileConfig
+from jaxmoe.ops.mosaic import schedule
+from jaxmoe.ops.mosaic.persistent_loop import cta_tile_count, cta_tile_index
+from jaxmoe.ops.mosaic.ring import ring_consume, ring_produce
+from jaxmoe.ops.mosaic.ring_operands import RingOperands
+from jaxmoe.ops.mosaic.tiles import MosaicTileConfig
+from jaxmoe.ops.mosaic.warpgroups import CLUSTER_AXIS, COMPUTE_REGISTERS, NUM_COMPUTE_WARPGROUPS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,7 +70,7 @@ def copy_weights(cfg: MosaicTileConfig, block, slot_ref, barrier, shared) -> Non
     # each slot's barrier expects one copy of the whole block either way.
     @pl.when(shared)
     def _multicast():
-        plgpu.copy_gmem_to_smem(block, slot_ref, barrier, collective_axes=common.CLUSTER_AXIS)
+        plgpu.copy_gmem_to_smem(block, slot_ref, barrier, collective_axes=CLUSTER_AXIS)
 
     @pl.when(jnp.logical_not(shared))
     def _own():
@@ -84,10 +78,10 @@ def copy_weights(cfg: MosaicTileConfig, block, slot_ref, barrier, shared) -> Non
 
 
 def ring_tiles(ring, scope: KernelScope) -> None:
-    """The CTA's units on :mod:`.pallas_mosaic_common`'s ring: ``k / bk`` steps each
+    """The CTA's units on :mod:`.ring`'s ring: ``k / bk`` steps each
     (per pair: ``paired`` runs the second pair's steps after the first's), or with
     ``split_last_round`` the whole units, then this CTA's parts of cut units, if any
-    (:mod:`.pallas_mosaic_schedule`)."""
+    (:mod:`.schedule`)."""
     cfg, k, wg, pairs, on_ring = scope.cfg, scope.k, scope.wg, scope.pairs, scope.on_ring
     bm, bk = cfg.block_m, cfg.block_k
     work, num_n_tiles, transpose_rhs = scope.work, scope.num_n_tiles, scope.transpose_rhs
@@ -103,16 +97,16 @@ def ring_tiles(ring, scope: KernelScope) -> None:
     units = schedule.num_units(work, num_n_tiles, cfg)
     if cfg.split_last_round:
         split = schedule.LastRound.of(units, lax.axis_size("sm"), unit_steps)
-        my_whole = common.cta_tile_count(split.whole_units)
+        my_whole = cta_tile_count(split.whole_units)
         my_parts = split.parts_of(lax.axis_index("sm"))
     else:
-        my_whole = common.cta_tile_count(units)
+        my_whole = cta_tile_count(units)
 
     # The whole units (a static K loop), then this CTA's parts of cut units (a dynamic
     # one). Each gives ``(tile, first K step, K steps, workspace slot of a partial
     # sum)``.
     def whole_parts(local_tile):
-        return unit_tile(common.cta_tile_index(local_tile)), 0, unit_steps, None
+        return unit_tile(cta_tile_index(local_tile)), 0, unit_steps, None
 
     def cut_parts(index):
         unit, first_step, count, slot = split.part(lax.axis_index("sm"), index)
@@ -125,7 +119,7 @@ def ring_tiles(ring, scope: KernelScope) -> None:
 
         return tile_steps
 
-    @pl.when(wg == common.NUM_COMPUTE_WARPGROUPS)
+    @pl.when(wg == NUM_COMPUTE_WARPGROUPS)
     def _memory_warpgroup():
         def load_blocks(pair_lhs, pair_rhs, info, i, slot):
             group, row0, _, _, col0, shared = info
@@ -163,7 +157,7 @@ def ring_tiles(ring, scope: KernelScope) -> None:
                 def _load_pair(pair_lhs=pair_lhs, pair_rhs=pair_rhs, index=index):
                     load_blocks(pair_lhs, pair_rhs, info, i - index * steps, slot)
 
-        common.ring_produce(
+        ring_produce(
             my_whole,
             producer_steps(whole_parts),
             load,
@@ -172,9 +166,9 @@ def ring_tiles(ring, scope: KernelScope) -> None:
             then=(my_parts, producer_steps(cut_parts)) if cfg.split_last_round else None,
         )
 
-    @pl.when(wg < common.NUM_COMPUTE_WARPGROUPS)
+    @pl.when(wg < NUM_COMPUTE_WARPGROUPS)
     def _compute_warpgroups():
-        plgpu.set_max_registers(common.COMPUTE_REGISTERS, action="increase")
+        plgpu.set_max_registers(COMPUTE_REGISTERS, action="increase")
 
         def tiles(parts):
             def tile(local_tile, step):
@@ -189,7 +183,7 @@ def ring_tiles(ring, scope: KernelScope) -> None:
                         lhs_smem = ring["lhs"].at[ring_slot]
                         return mma((first_step + i,), lhs_smem, *rhs_smems, acc)
 
-                    return common.ring_consume(
+                    return ring_consume(
                         step,
                         count,
                         one_step,

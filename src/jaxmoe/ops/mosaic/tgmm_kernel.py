@@ -1,58 +1,17 @@
 """Grouped wgrad on Hopper in Pallas Mosaic GPU: a persistent, warp-specialized ``tgmm``.
 
-``out[g] = lhs[rows of g].T @ rhs[rows of g]`` (``[G, K, N]``): a contraction over each group's
-rows, whose count is only known on the device. Layout of the work (``bm`` rows per step, output
-tiles of ``bk x bn``)::
-
-    output tiles one per (group, K tile, N tile); one CTA per SM takes every ``num_sms``-th
-                 (round-robin), group-major so that the CTAs working on one group at a time
-                 share its rows in L2, walking ``group_swizzle`` K tiles along N inside a group.
-                 Groups go largest first (an order sorted on the device): a tile's cost is its
-                 group's row count and the CTAs take tiles round-robin, so this is the
-                 longest-first rule against stragglers (skewed routing: H100 numbers below).
-    one ring     three warpgroups and one ring of ``stages`` shared-memory slots for all of the
-                 CTA's tiles. The memory warpgroup walks (tile, row block) in the order the
-                 compute warpgroups consume them and loads ``[bm, bk]`` of ``lhs`` and ``[bm, bn]``
-                 of ``rhs`` into slot ``step % stages`` by TMA (``step`` counts the CTA's row
-                 blocks over all its tiles), once both compute warpgroups have released the slot:
-                 so the next tile's first blocks arrive while this tile computes and stores (no
-                 drain between tiles). A tile's row-block count is its group's, read on the device;
-                 an empty group's tile takes one fully masked step (zeros). Row blocks are aligned
-                 to ``bm`` (they never cross the array's end, since ``M % bm == 0``), so a group's
-                 first and last block may hold rows of its neighbours or rows past
-                 ``sum(group_sizes)``.
-    the mma      the two compute warpgroups each own ``bk / 2`` rows of the tile and a
-                 ``[bk / 2, bn]`` float32 accumulator from their half of the ``lhs`` block
-                 (``split_rows``, the default; without it ``bn / 2`` columns each, a ``[bk,
-                 bn / 2]`` accumulator from the whole ``lhs`` block); ``wgmma`` reads the ``lhs``
-                 block transposed in place (``transpose_ref``: the A operand is M-major in
-                 shared memory), no copy. Each keeps one ``wgmma`` in flight and releases a
-                 slot one step late.
-    masking      in a boundary block the rows outside the group are set to zero in shared memory,
-                 in both operands (so NaN or Inf in the other rows cannot leak: ``0 * NaN``), before
-                 the ``wgmma``. Each compute warpgroup zeroes the blocks it reads: its own
-                 columns of one operand and the whole block of the other (``rhs`` with split
-                 rows, ``lhs`` without). Both write the same values (the original or zero) to
-                 the shared block, so the overlap is harmless and needs no barrier.
-    epilogue     the accumulator is cast, staged in (swizzled) shared memory and stored by TMA
-                 without waiting; the next tile waits only until the stage has been read. The
-                 default stages a warpgroup's result in two halves: the 32 KiB this frees holds
-                 a fourth ring slot (``default_mosaic_tgmm_tiles``).
-
-Why: the Triton wgrad (``pallas_triton.tgmm``) is not persistent, has no warp specialization and
-overlaps nothing with its epilogue. Why a hand-written ring rather than jax's
-``emit_pipeline_warp_specialized``: that pipeline drains at the end of each tile, and its
-pipeline of pipelines (``PipelinePipeline``) does not take a dynamic grid (here the row-block
-count is the group's, known on the device only).
-
-Measured against ``torch._grouped_mm``'s wgrad, the per-tile pipeline and the Triton wgrad:
-docs/kernels.md, 'Mosaic wgrad'.
+``out[g] = lhs[rows of g].T @ rhs[rows of g]`` (``[G, K, N]``), a contraction over each group's
+rows, whose count is only known on the device: its tiles (:class:`MosaicTgmmTileConfig`), the
+checks, the kernel body, its plan (:class:`TgmmPlan`) and launch. The FP8 wgrad shares the tile
+order, the stores and :class:`TgmmPlan`. How it is built and measured: docs/kernels.md, 'The
+wgrad' and 'Mosaic wgrad'.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -60,40 +19,36 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from jaxmoe.ops.grouped_matmul import pallas_mosaic_common as common
-from jaxmoe.ops.grouped_matmul.base import check_tgmm_operands
-from jaxmoe.ops.grouped_matmul.pallas_mosaic_tiles import tile_shape_reasons
+from jaxmoe.ops.mosaic import persistent_loop
+from jaxmoe.ops.mosaic.persistent_loop import cta_tile_count, cta_tile_index, persistent_kernel
+from jaxmoe.ops.mosaic.ring import ring_barriers, ring_consume, ring_produce
+from jaxmoe.ops.mosaic.tiles import tile_shape_reasons
+from jaxmoe.ops.mosaic.warpgroups import (
+    CLUSTER_AXIS,
+    MULTICAST_CLUSTER_CTAS,
+    NUM_COMPUTE_WARPGROUPS,
+    STAGE_MAX_COLS,
+    split_warpgroups,
+    warpgroup_share,
+)
+from jaxmoe.ops.pallas_common import check_tgmm_operands, swizzle
 
 Array = jax.Array
 
 
 @dataclasses.dataclass(frozen=True)
 class MosaicTgmmTileConfig:
-    """Block sizes of the Mosaic GPU ``tgmm``.
+    """Block sizes of the Mosaic GPU ``tgmm`` (docs/kernels.md, 'The wgrad').
 
-    ``block_m`` rows of the contraction per pipeline step; the output tile is
-    ``block_k x block_n`` (``block_k`` is ``wgmma``'s M: 64 or 128), each compute warpgroup owning
-    half of ``block_n``. ``stages`` is the depth of the shared-memory ring, one ring for all of
-    a CTA's tiles. ``epilogue_rows`` (default ``block_k``) is the height of the shared-memory
-    slab that stages a warpgroup's result for its TMA store: ``block_k // 2`` stores it in two
-    halves and frees 32 KiB at the default tiles, room for a fourth ring slot.
-
-    ``split_rows`` (``block_k`` 128): the two compute warpgroups split the output tile's rows
-    (``[block_k / 2, block_n]`` each, one ``m64 x n(block_n)`` product per step) instead of its
-    columns, as the ``gmm``'s option of that name: fewer shared-memory reads per FLOP. A
-    warpgroup's result is then staged 128 columns at a time. On in
-    :func:`default_mosaic_tgmm_tiles`; off here, so that a config naming ``block_k`` 64 stays
-    valid.
-
-    ``multicast_rhs``: CTAs run in clusters of two, and the two CTAs of a cluster take
-    neighbouring K tiles (``2p``, ``2p + 1``) of one (group, N tile). Both then contract the
-    same rows of ``rhs`` at every step: each CTA loads half of the ``[block_m, block_n]`` block
-    and TMA multicasts it into both shared memories, so the ``rhs`` reads from L2 halve (the
-    ``gmm``'s ``multicast_weights`` for the wgrad, where the shared operand is the wider one).
-    The two tiles always share their group, so both CTAs take the same number of steps and
-    mask the same rows; a slot is reused only when both CTAs have released it. Needs an even
-    ``K / block_k``. Off by default: exact, but no faster (measured: docs/kernels.md, 'Mosaic
-    wgrad').
+    ``block_m`` rows of the contraction per ring step; the output tile is ``block_k x block_n``
+    (``block_k`` is ``wgmma``'s M: 64 or 128); ``stages``: the ring's depth; ``epilogue_rows``:
+    the slab that stages a warpgroup's result (``None``: ``block_k``; ``block_k // 2`` stores it
+    in halves and frees room for a fourth slot). ``split_rows`` (``block_k`` 128): the compute
+    warpgroups split the tile's rows, as the ``gmm``'s option of that name; on in
+    :func:`default_mosaic_tgmm_tiles`, off here so that a config naming ``block_k`` 64 stays
+    valid. ``multicast_rhs``: clusters of two CTAs take neighbouring K tiles of one (group, N
+    tile) and share each ``rhs`` block by TMA multicast; needs an even ``K / block_k``; off by
+    default (exact, no faster).
     """
 
     block_m: int = 64
@@ -161,19 +116,19 @@ def epilogue_rows(cfg) -> int:
 def warpgroup_tile(cfg) -> tuple[int, int]:
     """The ``(rows, columns)`` of an output tile one compute warpgroup multiplies: half the rows
     with ``split_rows``, otherwise half the columns (the FP8 wgrad's configs: always)."""
-    return common.warpgroup_share(cfg.block_k, cfg.block_n, getattr(cfg, "split_rows", False))
+    return warpgroup_share(cfg.block_k, cfg.block_n, getattr(cfg, "split_rows", False))
 
 
 def epilogue_cols(cfg) -> int:
     """The columns of a warpgroup's epilogue slab: its tile's, at most
-    ``common.STAGE_MAX_COLS`` (a wider tile is staged in parts)."""
-    return min(warpgroup_tile(cfg)[1], common.STAGE_MAX_COLS)
+    ``STAGE_MAX_COLS`` (a wider tile is staged in parts)."""
+    return min(warpgroup_tile(cfg)[1], STAGE_MAX_COLS)
 
 
 def smem_bytes(cfg: MosaicTgmmTileConfig, operand_bytes: int = 2) -> int:
     """The ring (``operand_bytes`` per element) and both warpgroups' 2-byte epilogue slabs."""
     ring = cfg.stages * cfg.block_m * (cfg.block_k + cfg.block_n) * operand_bytes
-    return ring + common.NUM_COMPUTE_WARPGROUPS * epilogue_rows(cfg) * epilogue_cols(cfg) * 2
+    return ring + NUM_COMPUTE_WARPGROUPS * epilogue_rows(cfg) * epilogue_cols(cfg) * 2
 
 
 def unsupported_tgmm_reason(
@@ -198,7 +153,7 @@ def unsupported_tgmm_reason(
 
 def cluster_ctas(cfg: MosaicTgmmTileConfig) -> int:
     """CTAs per cluster: two with ``multicast_rhs``, else one."""
-    return common.MULTICAST_CLUSTER_CTAS if cfg.multicast_rhs else 1
+    return MULTICAST_CLUSTER_CTAS if cfg.multicast_rhs else 1
 
 
 def unit_tile(
@@ -211,7 +166,7 @@ def unit_tile(
     are swizzled as its tiles are without clusters (``ctas`` 1: the tile order itself)."""
     k_units = num_k_tiles // ctas
     units_per_group = k_units * num_n_tiles
-    k_unit, n_tile = common.swizzle(index % units_per_group, k_units, num_n_tiles, group_swizzle)
+    k_unit, n_tile = swizzle(index % units_per_group, k_units, num_n_tiles, group_swizzle)
     return index // units_per_group, k_unit * ctas + cluster_cta, n_tile
 
 
@@ -230,7 +185,7 @@ def rows_in_group(start, end, row0, block_m: int):
 def _jaxmoe_mosaic_tgmm(
     group_order_gmem, offsets_gmem, lhs_gmem, rhs_gmem, out_gmem, *, cfg: MosaicTgmmTileConfig
 ):
-    """The kernel (see the module docstring), on the ring of :mod:`.pallas_mosaic_common`: a
+    """The kernel (see the module docstring), on the ring of :mod:`.ring`: a
     tile's steps are its group's row blocks; an empty group's tile takes one fully masked step
     (zeros, like every other tile's path)."""
     bm, bk, bn, stages = cfg.block_m, cfg.block_k, cfg.block_n, cfg.stages
@@ -240,8 +195,8 @@ def _jaxmoe_mosaic_tgmm(
     num_k_tiles, num_n_tiles = k // bk, n // bn
     ctas = cluster_ctas(cfg)
     # The cluster's units of work (one tile each without clusters), round-robin over the grid.
-    my_tiles = common.cta_tile_count(num_groups * (num_k_tiles // ctas) * num_n_tiles)
-    cluster_cta = lax.axis_index(common.CLUSTER_AXIS) if ctas > 1 else 0
+    my_tiles = cta_tile_count(num_groups * (num_k_tiles // ctas) * num_n_tiles)
+    cluster_cta = lax.axis_index(CLUSTER_AXIS) if ctas > 1 else 0
     out_dtype = out_gmem.dtype
     dtype = lhs_gmem.dtype
     itemsize = jnp.dtype(dtype).itemsize
@@ -253,7 +208,7 @@ def _jaxmoe_mosaic_tgmm(
 
     def tile_info(local_tile):
         group_slot, k_tile, n_tile = unit_tile(
-            common.cta_tile_index(local_tile),
+            cta_tile_index(local_tile),
             cluster_cta,
             num_k_tiles,
             num_n_tiles,
@@ -273,11 +228,11 @@ def _jaxmoe_mosaic_tgmm(
         lhs_ring=plgpu.SMEM((stages, bm, bk), dtype, transforms=transforms),
         rhs_ring=plgpu.SMEM((stages, bm, bn), dtype, transforms=transforms),
         out_smem=plgpu.SMEM(
-            (common.NUM_COMPUTE_WARPGROUPS, epilogue_rows(cfg), epilogue_cols(cfg)),
+            (NUM_COMPUTE_WARPGROUPS, epilogue_rows(cfg), epilogue_cols(cfg)),
             out_dtype,
             transforms=transforms,
         ),
-        **common.ring_barriers(stages, copies_per_step=2, cluster_wide=ctas > 1),
+        **ring_barriers(stages, copies_per_step=2, cluster_wide=ctas > 1),
         collective_axes="wg",
     )
     def _scope(lhs_ring, rhs_ring, out_smem, loaded, released):
@@ -295,10 +250,10 @@ def _jaxmoe_mosaic_tgmm(
                     rhs_gmem.at[rows, pl.ds(col0, bn)],
                     rhs_ring.at[slot],
                     barrier,
-                    collective_axes=common.CLUSTER_AXIS if ctas > 1 else None,
+                    collective_axes=CLUSTER_AXIS if ctas > 1 else None,
                 )
 
-            common.ring_produce(my_tiles, tile_info, load, stages=stages, released=released)
+            ring_produce(my_tiles, tile_info, load, stages=stages, released=released)
 
         def compute_warpgroup(wg):
             # The warpgroup's first output row (a column of lhs) and column in a tile.
@@ -329,7 +284,7 @@ def _jaxmoe_mosaic_tgmm(
                         plgpu.wgmma(acc_ref, plgpu.transpose_ref(lhs_block, (1, 0)), rhs_block)
                         return carry
 
-                    common.ring_consume(
+                    ring_consume(
                         step, count, mma, None, stages=stages, loaded=loaded, released=released
                     )
                     values = acc_ref[...].astype(out_dtype)
@@ -349,7 +304,7 @@ def _jaxmoe_mosaic_tgmm(
             lax.fori_loop(0, my_tiles, tile, jnp.int32(0))
             plgpu.wait_smem_to_gmem(0)
 
-        common.split_warpgroups(memory_warpgroup, compute_warpgroup)
+        split_warpgroups(memory_warpgroup, compute_warpgroup)
 
 
 def _zero_rows_outside(refs_and_widths, lo, hi, block_m: int) -> None:
@@ -383,6 +338,45 @@ def largest_first(group_sizes) -> jax.Array:
     return jnp.argsort(-group_sizes, stable=True).astype(jnp.int32)
 
 
+@dataclasses.dataclass(frozen=True)
+class TgmmPlan:
+    """How a Mosaic ``tgmm`` (this one or the FP8 wgrad) runs one call, decided once, before
+    tracing: its ``tiles`` (checked), ``out_dtype``, ``interpret_params`` (``None`` on a GPU)
+    and ``unsupported``, why the kernel cannot take the operands (``None`` if it can; such a
+    plan is never launched)."""
+
+    tiles: Any
+    out_dtype: jnp.dtype
+    interpret_params: Any
+    unsupported: str | None = None
+
+    @property
+    def interpreted(self) -> bool:
+        return self.interpret_params is not None
+
+    def refuse(self) -> None:
+        """``NotImplementedError`` for a plan that says the kernel cannot run."""
+        if self.unsupported is not None:
+            raise NotImplementedError(
+                f"mosaic tgmm: the plan refuses the operands: {self.unsupported}"
+            )
+
+
+def plan_tgmm(lhs_shape, rhs_shape, dtype, *, out_dtype, tiles, interpret) -> TgmmPlan:
+    """The plan of ``tgmm(lhs [M, K], rhs [M, N])``: ``tiles`` or the default, checked; whether
+    it runs in the interpreter; and :func:`unsupported_tgmm_reason`."""
+    m, k = lhs_shape
+    n = rhs_shape[1]
+    out_dtype = jnp.dtype(out_dtype or dtype)
+    cfg = tiles or default_mosaic_tgmm_tiles(m, k, n)
+    check_tgmm_tiles(cfg)
+    interpret_params = persistent_loop.interpret_params(interpret)
+    reason = unsupported_tgmm_reason(
+        lhs_shape, rhs_shape, dtype, out_dtype, cfg, interpret_params is not None
+    )
+    return TgmmPlan(cfg, out_dtype, interpret_params, reason)
+
+
 def tgmm(
     lhs: Array,
     rhs: Array,
@@ -396,28 +390,34 @@ def tgmm(
 
     Same contract as :func:`jaxmoe.ops.grouped_matmul.pallas_triton.tgmm`; the operands must pass
     :func:`unsupported_tgmm_reason` (bf16/fp16, dims divisible by the blocks, a Hopper GPU).
+    Checks its arguments (``ValueError``) and refuses what the kernel cannot take
+    (``NotImplementedError``, why).
     """
     check_tgmm_operands(lhs, rhs, group_sizes)
+    plan = plan_tgmm(
+        lhs.shape, rhs.shape, lhs.dtype, out_dtype=out_dtype, tiles=tiles, interpret=interpret
+    )
+    if plan.unsupported is not None:
+        raise NotImplementedError(
+            f"mosaic tgmm: lhs {lhs.shape} {lhs.dtype}, rhs {rhs.shape}, out {plan.out_dtype}: "
+            f"{plan.unsupported}. Use backend='pallas_triton', or 'auto', which picks the "
+            "Triton kernel."
+        )
+    return launch_tgmm(lhs, rhs, group_sizes, plan)
+
+
+def launch_tgmm(lhs: Array, rhs: Array, group_sizes: Array, plan: TgmmPlan) -> Array:
+    """The kernel on checked operands, as ``plan`` says: one CTA per SM."""
+    plan.refuse()
     m, k = lhs.shape
     n = rhs.shape[1]
     num_groups = group_sizes.shape[0]
-    out_dtype = jnp.dtype(out_dtype or lhs.dtype)
-    cfg = tiles or default_mosaic_tgmm_tiles(m, k, n)
-    check_tgmm_tiles(cfg)
-    interpret_params = common.interpret_params(interpret)
-    reason = unsupported_tgmm_reason(
-        lhs.shape, rhs.shape, lhs.dtype, out_dtype, cfg, interpret_params is not None
-    )
-    if reason is not None:
-        raise NotImplementedError(
-            f"mosaic tgmm: lhs {lhs.shape} {lhs.dtype}, rhs {rhs.shape}, out {out_dtype}: "
-            f"{reason}. Use backend='pallas_triton', or 'auto', which picks the Triton kernel."
-        )
+    cfg, out_dtype, interpret_params = plan.tiles, plan.out_dtype, plan.interpret_params
     if num_groups == 0:
         return jnp.zeros((0, k, n), out_dtype)
     offsets = _offsets(group_sizes, m)
     group_order = largest_first(offsets[1:] - offsets[:-1])
-    kernel = common.persistent_kernel(
+    kernel = persistent_kernel(
         functools.partial(_jaxmoe_mosaic_tgmm, cfg=cfg),
         jax.ShapeDtypeStruct((num_groups, k, n), out_dtype),
         interpret_params,

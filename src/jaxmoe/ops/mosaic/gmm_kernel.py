@@ -1,42 +1,8 @@
 """The Mosaic GPU ``gmm`` kernel body: a persistent, warp-specialized grouped matmul on Hopper.
 
-Launched by :func:`.pallas_mosaic.launch_gmm`, which builds the work list. Layout of the work
-(``bm, bn, bk`` are the block sizes)::
-
-    work items   one per (``bm``-row tile, group whose rows it holds), plus the "tail" group G
-                 for rows at or past sum(group_sizes) (written as zeros), computed on the device
-                 (:mod:`.work_list`): tiles on the global ``bm`` grid, or with
-                 ``group_start_tiles`` from each group's first row (fewer tiles).
-    schedule     one CTA per SM loops over (work item, N tile) pairs (``plgpu.nd_loop``), walking
-                 ``group_swizzle`` neighbouring work items along N for L2 reuse. With
-                 ``multicast_weights`` the loop is per cluster of two CTAs, over (pair of
-                 neighbouring work items, N tile): the pair's weight block is loaded once,
-                 half by each CTA, multicast into both when the two items share a group.
-                 With ``split_last_round`` the last round's units run in pieces of their K
-                 loop on more workers, their float32 partial sums fixed up after the kernel
-                 (:mod:`.pallas_mosaic_schedule`).
-    one pair     three warpgroups. The memory warpgroup streams ``[bm, bk]`` blocks of ``lhs``
-                 and ``[bk, bn]`` blocks of ``rhs[g]`` (``[bn, bk]`` when transposed) into a ring
-                 of ``stages`` shared-memory slots by TMA; the two compute warpgroups each
-                 multiply into a ``[bm, bn / 2]`` float32 accumulator with ``wgmma``, or with
-                 ``split_rows`` (the default tiles) into a ``[bm / 2, bn]`` one from their half
-                 of the ``lhs`` block (fewer shared-memory reads per FLOP). Because the
-                 memory warpgroup runs ahead, the next pair's loads overlap this pair's epilogue.
-                 With ``ring`` (the default tiles) the ring is hand-written and spans all of the
-                 CTA's pairs (:mod:`.pallas_mosaic_ring_loop`): it never drains between
-                 pairs, and each compute warpgroup keeps one ``wgmma`` in flight.
-                 Otherwise jax's ``emit_pipeline_warp_specialized`` runs per pair (chained
-                 across pairs with ``pipelined_tiles``); the FP8 and fused gated kernels' default
-                 tiles still take it (the ring is not measured with them yet).
-    epilogue     the accumulator is cast and staged in shared memory, then stored by TMA without
-                 waiting for completion (the next pair waits only until the stage has been read;
-                 :mod:`.pallas_mosaic_epilogue`). A tile whose rows all belong to its group is
-                 one store; a tile cut by a group boundary stores its rows ``[lo, hi)`` as
-                 power-of-two runs (a TMA box has a static shape). With ``swizzled_epilogue`` a
-                 whole slab is instead written in 64-column chunks to a 128-byte-swizzled
-                 buffer, one store left in flight. With ``ring_operands`` the epilogue's
-                 ``[M, N]`` inputs arrive through the ring as a few more steps per tile
-                 (:mod:`.pallas_mosaic_ring_operands`).
+Launched by :func:`.launch.launch_gmm`, which builds the work list. How it is built (work list,
+persistent loop, warpgroups, ring, epilogue, the hooks the gated and FP8 kernels use):
+docs/kernels.md, 'How the kernels are built'.
 """
 
 from __future__ import annotations
@@ -49,12 +15,18 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from jaxmoe.ops.grouped_matmul import pallas_mosaic_common as common
-from jaxmoe.ops.grouped_matmul import pallas_mosaic_ring_loop as ring_loop
-from jaxmoe.ops.grouped_matmul import pallas_mosaic_schedule as schedule
-from jaxmoe.ops.grouped_matmul.pallas_mosaic_epilogue import EpilogueStores, epilogue_allocation
-from jaxmoe.ops.grouped_matmul.pallas_mosaic_ring_operands import RingOperands
-from jaxmoe.ops.grouped_matmul.pallas_mosaic_tiles import MosaicTileConfig, warpgroup_tile
+from jaxmoe.ops.mosaic import gmm_ring_loop, schedule
+from jaxmoe.ops.mosaic.epilogue import EpilogueStores, epilogue_allocation
+from jaxmoe.ops.mosaic.persistent_loop import cta_tile_count, cta_tile_index
+from jaxmoe.ops.mosaic.ring import ring_barriers
+from jaxmoe.ops.mosaic.ring_operands import RingOperands
+from jaxmoe.ops.mosaic.tiles import MosaicTileConfig, warpgroup_tile
+from jaxmoe.ops.mosaic.warpgroups import (
+    CLUSTER_AXIS,
+    MEMORY_REGISTERS,
+    MULTICAST_CLUSTER_CTAS,
+    NUM_COMPUTE_WARPGROUPS,
+)
 
 
 def mosaic_gmm_body(
@@ -92,11 +64,11 @@ def mosaic_gmm_body(
     # goes into a fresh float32 ``wgmma`` accumulator; the main accumulator (a register value
     # carried by the pipeline) adds ``k_step_scale(partial)``. One rhs, no ``combine``.
     # ``ring_operands``: the epilogue's operands (two ``[M, N]`` refs) ride the ring as a few
-    # more steps per tile (:mod:`.pallas_mosaic_ring_operands`), and ``epilogue(acc_part,
+    # more steps per tile (:mod:`.ring_operands`), and ``epilogue(acc_part,
     # *operand_blocks, group=, row0=, col0=)`` gets their blocks in registers, a column part of
     # the warpgroup's accumulator at a time.
     # ``cfg.split_last_round``: the last round's units may be cut into pieces of their K loop
-    # (:mod:`.pallas_mosaic_schedule`); a workspace ref (``[workspace_slots(workers) * cluster
+    # (:mod:`.schedule`); a workspace ref (``[workspace_slots(workers) * cluster
     # CTAs, bm, bn]`` float32) follows the outputs.
     assert k_step_scale is None or (num_rhs == 1 and combine is None)
     assert not paired or (cfg.ring and num_rhs == 1 and epilogue is None and combine is None)
@@ -141,10 +113,10 @@ def mosaic_gmm_body(
         return plgpu.emit_pipeline_warp_specialized(
             body,
             grid=(k // bk,),
-            memory_registers=common.MEMORY_REGISTERS,
+            memory_registers=MEMORY_REGISTERS,
             in_specs=[lhs_spec] + [rhs_spec] * num_rhs,
             wg_axis="wg",
-            num_compute_wgs=common.NUM_COMPUTE_WARPGROUPS,
+            num_compute_wgs=NUM_COMPUTE_WARPGROUPS,
             max_concurrent_steps=cfg.stages,
             compute_context=context,
             pipeline_state=state,
@@ -173,7 +145,7 @@ def mosaic_gmm_body(
             "rhs": rhs_allocs,
             # The interpreter has no cluster barriers (and runs a multicast copy as a local
             # copy of the whole block, so a CTA's own releases suffice there).
-            **common.ring_barriers(
+            **ring_barriers(
                 cfg.stages,
                 copies_per_step=1 + num_rhs,
                 cluster_wide=cfg.multicast_weights and not interpreted,
@@ -207,7 +179,7 @@ def mosaic_gmm_body(
         num_compute_work = work_counts_gmem[0]
         # Read here, not in the loops: Mosaic GPU's interpreter (jax 0.10) resolves a cluster
         # axis index only outside them.
-        cluster_cta = lax.axis_index(common.CLUSTER_AXIS) if cfg.multicast_weights else 0
+        cluster_cta = lax.axis_index(CLUSTER_AXIS) if cfg.multicast_weights else 0
         num_tail_work = work_counts_gmem[1]
 
         work = schedule.WorkList(
@@ -219,14 +191,14 @@ def mosaic_gmm_body(
             num_rows=lhs_gmem.shape[0],
         )
 
-        @pl.when(wg < common.NUM_COMPUTE_WARPGROUPS)
+        @pl.when(wg < NUM_COMPUTE_WARPGROUPS)
         def _zero_tail():  # rows at or past sum(group_sizes): GPU memory is uninitialised.
             # Every CTA takes its own tail tiles, also the two of a cluster.
             per_cta = cfg.multicast_weights
 
-            @pl.loop(0, common.cta_tile_count(num_tail_work * num_n_tiles, per_cta=per_cta))
+            @pl.loop(0, cta_tile_count(num_tail_work * num_n_tiles, per_cta=per_cta))
             def _tail_loop(local_tile):
-                index = common.cta_tile_index(local_tile, per_cta=per_cta)
+                index = cta_tile_index(local_tile, per_cta=per_cta)
                 _, row0, lo, hi = schedule.item_rows(
                     work, num_compute_work + index // num_n_tiles, cfg
                 )
@@ -277,7 +249,7 @@ def mosaic_gmm_body(
                         if partial_slot is None:
                             store_result()
                             return
-                        ctas = common.MULTICAST_CLUSTER_CTAS if cfg.multicast_weights else 1
+                        ctas = MULTICAST_CLUSTER_CTAS if cfg.multicast_weights else 1
                         workspace_tile = workspace_gmem.at[partial_slot * ctas + cluster_cta]
                         stores.store_partial(acc, workspace_tile)
 
@@ -329,9 +301,9 @@ def mosaic_gmm_body(
             return schedule.unit_tile(work, unit, cluster_cta, num_n_tiles, cfg)
 
         if cfg.ring:
-            ring_loop.ring_tiles(
+            gmm_ring_loop.ring_tiles(
                 pipeline_allocs,
-                ring_loop.KernelScope(
+                gmm_ring_loop.KernelScope(
                     cfg=cfg,
                     k=k,
                     wg=wg,
@@ -379,7 +351,7 @@ def mosaic_gmm_body(
                 def _chain():
                     make_pipeline(mma, context, state)(*operands, allocations=pipeline_allocs)
 
-        @pl.when(wg < common.NUM_COMPUTE_WARPGROUPS)
+        @pl.when(wg < NUM_COMPUTE_WARPGROUPS)
         def _drain():
             plgpu.wait_smem_to_gmem(0)
 

@@ -1,4 +1,4 @@
-"""The Mosaic GPU ``gmm``'s epilogue (:mod:`.pallas_mosaic`): how a compute warpgroup's results
+"""The Mosaic GPU ``gmm``'s epilogue (:mod:`.gmm_kernel`): how a compute warpgroup's results
 are staged in shared memory and stored by TMA.
 
 Each result of a tile is cast and written a slab (``epilogue_rows`` rows of the warpgroup's
@@ -18,7 +18,7 @@ store has read it), so the next tile's main loop overlaps them. Two ways to stag
 
 On the GPU the two buffers share one region of shared memory (``plgpu.RefUnion``: the ring
 leaves no room for both), so a warpgroup switching between them first waits until its stores
-have read the region; :func:`.pallas_mosaic_tiles.epilogue_layout` pads the slab so that each
+have read the region; :func:`.tiles.epilogue_layout` pads the slab so that each
 warpgroup's covers exactly its own slots. The interpreter has no aliased refs: two buffers there.
 With ``split_last_round`` a third buffer in the same region stages the float32 partial sums of
 the parts of cut units (:meth:`EpilogueStores.store_partial`).
@@ -30,8 +30,8 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from jaxmoe.ops.grouped_matmul import pallas_mosaic_common as common
-from jaxmoe.ops.grouped_matmul.pallas_mosaic_tiles import MosaicTileConfig, epilogue_layout
+from jaxmoe.ops.mosaic.tiles import MosaicTileConfig, epilogue_layout
+from jaxmoe.ops.mosaic.warpgroups import NUM_COMPUTE_WARPGROUPS
 
 
 def epilogue_allocation(cfg: MosaicTileConfig, out_dtype, interpreted: bool, slab_cols=None):
@@ -43,7 +43,7 @@ def epilogue_allocation(cfg: MosaicTileConfig, out_dtype, interpreted: bool, sla
     # warpgroup's slab is its first stage_rows rows of slab_rows (see epilogue_layout).
     layout = epilogue_layout(cfg, jnp.dtype(out_dtype).itemsize, slab_cols)
     runs_alloc = plgpu.SMEM(
-        (common.NUM_COMPUTE_WARPGROUPS, layout["slab_rows"], layout["slab_cols"]), out_dtype
+        (NUM_COMPUTE_WARPGROUPS, layout["slab_rows"], layout["slab_cols"]), out_dtype
     )
     buffers = [runs_alloc]
     if cfg.swizzled_epilogue:
@@ -51,7 +51,7 @@ def epilogue_allocation(cfg: MosaicTileConfig, out_dtype, interpreted: bool, sla
     if cfg.split_last_round:
         buffers.append(
             plgpu.SMEM(
-                (common.NUM_COMPUTE_WARPGROUPS, layout["rows"], layout["partial_cols"]),
+                (NUM_COMPUTE_WARPGROUPS, layout["rows"], layout["partial_cols"]),
                 jnp.float32,
             )
         )
@@ -69,7 +69,7 @@ def _swizzled_allocation(layout, out_dtype):
     chunk_cols = layout["chunk_cols"]
     out_swizzle = plgpu.find_swizzle(chunk_cols * jnp.dtype(out_dtype).itemsize * 8)
     return plgpu.SMEM(
-        (common.NUM_COMPUTE_WARPGROUPS, layout["slots"], layout["rows"], chunk_cols),
+        (NUM_COMPUTE_WARPGROUPS, layout["slots"], layout["rows"], chunk_cols),
         out_dtype,
         transforms=(
             plgpu.TilingTransform((8, out_swizzle // jnp.dtype(out_dtype).itemsize)),
@@ -82,7 +82,7 @@ class EpilogueStores:
     """One compute warpgroup's stores of its tiles' results, through the buffers of
     :func:`epilogue_allocation` (``out_smem``, as the scope gives them) into ``out_gmems`` (one
     ``[M, N]`` ref per output). ``wg`` is the warpgroup's index, ``wg_row`` and ``wg_col`` its
-    first row and column in a tile; ``slab_cols``: :func:`.pallas_mosaic_tiles.epilogue_layout`'s
+    first row and column in a tile; ``slab_cols``: :func:`.tiles.epilogue_layout`'s
     (``epilogue_allocation`` must be given the same)."""
 
     def __init__(
@@ -109,7 +109,7 @@ class EpilogueStores:
         return lambda first_row: tuple(r[first_row : first_row + rows] for r in results)
 
     def epilogue_slabs(self, epilogue, epilogue_gmem, acc, group, row0, col0):
-        """``slab_results`` for :meth:`store`: ``epilogue`` (see :mod:`.pallas_mosaic`'s kernel;
+        """``slab_results`` for :meth:`store`: ``epilogue`` (see :mod:`.gmm_kernel`;
         ``None`` for none) applied to one slab of ``acc`` at a time (its rows from ``row0 +
         wg_row + first_row``); it returns one value or a tuple of outputs."""
         if epilogue is None:
