@@ -151,7 +151,7 @@ def test_backend_matches_reference_backend_through_the_api_with_k_major_weights(
     # K-major read itself is proven by the lowering tests below).
     launched = []
 
-    def recording_launch(lhs, rhs, group_sizes, plan, **kwargs):
+    def recording_launch(lhs, rhs, group_sizes, plan, *variant, **kwargs):
         launched.append(rhs)
         return jnp.zeros((lhs.shape[0], rhs.shape[2]), plan.out_dtype)
 

@@ -32,6 +32,7 @@ from jaxmoe.ops.mosaic import tiles as mosaic_tiles
 from jaxmoe.ops.mosaic.launch import GmmPlan, launch_gmm
 from jaxmoe.ops.mosaic.scale_epilogues import blockwise_k_step_scale, rowwise_scale_epilogue
 from jaxmoe.ops.mosaic.tiles import MosaicTileConfig, check_tiles
+from jaxmoe.ops.mosaic.variant import GmmVariant
 from jaxmoe.ops.pallas_common import use_interpret
 
 Array = jax.Array
@@ -215,7 +216,9 @@ def launch_scaled_gmm(
     launch = functools.partial(launch_gmm, lhs_q, rhs_q, group_sizes.astype(jnp.int32), plan)
     if recipe.name == "blockwise":
         return launch(
-            k_step_scale=functools.partial(blockwise_k_step_scale, interpreted=interpreted),
+            GmmVariant(
+                k_step_scale=functools.partial(blockwise_k_step_scale, interpreted=interpreted)
+            ),
             epilogue_operands=(
                 jnp.swapaxes(lhs_scale.reshape(m, k // FP8_BLOCK_K), 0, 1).astype(jnp.float32),
                 rhs_scale.reshape(num_groups, k // FP8_BLOCK_K, n // FP8_BLOCK_K).astype(
@@ -224,7 +227,7 @@ def launch_scaled_gmm(
             ),
         )
     return launch(
-        epilogue=functools.partial(rowwise_scale_epilogue, interpreted=interpreted),
+        GmmVariant(epilogue=functools.partial(rowwise_scale_epilogue, interpreted=interpreted)),
         epilogue_operands=(
             lhs_scale.reshape(m).astype(jnp.float32),
             rhs_scale.reshape(num_groups, n).astype(jnp.float32),

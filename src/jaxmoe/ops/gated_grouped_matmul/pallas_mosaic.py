@@ -26,6 +26,7 @@ from jaxmoe.ops.mosaic import launch, persistent_loop
 from jaxmoe.ops.mosaic import tiles as mosaic_tiles
 from jaxmoe.ops.mosaic.ring_operands import ring_operands_unsupported_reason
 from jaxmoe.ops.mosaic.tiles import MosaicTileConfig, check_tiles
+from jaxmoe.ops.mosaic.variant import GmmVariant
 from jaxmoe.ops.pallas_common import check_gmm_operands, use_interpret
 
 Array = jax.Array
@@ -187,15 +188,8 @@ def launch_fused_gmm(
         hidden = act(gate) * up
         return (hidden, gate, up) if residuals else (hidden,)
 
-    outs = launch.launch_gmm(
-        lhs,
-        rhs_gate,
-        group_sizes,
-        plan,
-        more_rhs=(rhs_up,),
-        combine=combine,
-        num_outputs=3 if residuals else 1,
-    )
+    variant = GmmVariant(num_rhs=2, combine=combine, num_outputs=3 if residuals else 1)
+    outs = launch.launch_gmm(lhs, rhs_gate, group_sizes, plan, variant, more_rhs=(rhs_up,))
     return tuple(outs) if residuals else (outs,)
 
 
@@ -305,18 +299,14 @@ def launch_down_dgrad(
         )
     # The interpreter cannot read a transposed wgmma operand: it gets a transposed copy.
     rhs = jnp.swapaxes(rhs_down, 1, 2) if plan.interpreted else rhs_down
-    outs = launch.launch_gmm(
-        out_bar,
-        rhs,
-        group_sizes,
-        plan,
+    variant = GmmVariant(
         epilogue=functools.partial(
             down_dgrad_epilogue, activation=activation, approx=plan.tiles.approx_math
         ),
-        epilogue_operands=(gate, up),
         num_outputs=2,
         ring_operands=True,
     )
+    outs = launch.launch_gmm(out_bar, rhs, group_sizes, plan, variant, epilogue_operands=(gate, up))
     return tuple(outs)
 
 
@@ -416,6 +406,7 @@ class PallasMosaicGatedGroupedMatmul(GatedGroupedMatmulBackend):
             rhs_gate,
             group_sizes,
             plan,
+            launch.PAIRED,
             second_pair=(up_bar.astype(dtype), rhs_up),
         )
 

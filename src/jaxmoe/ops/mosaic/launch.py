@@ -27,9 +27,11 @@ from jaxmoe.ops.mosaic.tiles import (
     cluster_ctas,
     unsupported_reason,
 )
+from jaxmoe.ops.mosaic.variant import PLAIN, GmmVariant
 from jaxmoe.ops.pallas_common import check_gmm_operands
 
 Array = jax.Array
+PAIRED = GmmVariant(paired=True)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -139,7 +141,7 @@ def gmm_pair(
         lhs, rhs, group_sizes, transpose_rhs, out_dtype, tiles, interpret, "gmm_pair"
     )
     check_pair_tiles(plan.tiles)
-    return launch_gmm(lhs, rhs, group_sizes, plan, second_pair=(lhs2, rhs2))
+    return launch_gmm(lhs, rhs, group_sizes, plan, PAIRED, second_pair=(lhs2, rhs2))
 
 
 def _checked_plan(lhs, rhs, group_sizes, transpose_rhs, out_dtype, tiles, interpret, name):
@@ -169,34 +171,33 @@ def launch_gmm(
     rhs,
     group_sizes,
     plan: GmmPlan,
+    variant: GmmVariant = PLAIN,
     *,
-    epilogue=None,
-    epilogue_operands=(),
     more_rhs=(),
-    combine=None,
-    num_outputs: int = 1,
-    k_step_scale=None,
     second_pair=(),
-    ring_operands: bool = False,
+    epilogue_operands=(),
 ):
-    """The kernel on checked operands, as ``plan`` says: builds the work list and launches one
-    CTA per SM. ``NotImplementedError`` for a plan that says the kernel cannot run.
+    """The kernel on checked operands, as ``plan`` says, computing ``variant``: builds the work
+    list and launches one CTA per SM. ``NotImplementedError`` for a plan that says the kernel
+    cannot run.
 
-    ``epilogue`` and ``epilogue_operands`` (GPU memory refs it reads): see the kernel body.
-    ``more_rhs`` (weights shaped like ``rhs``, multiplied by the same lhs blocks), ``combine``
-    and ``num_outputs`` (then a tuple of ``[M, N]`` results is returned), ``k_step_scale`` (per
-    K step scales, reading ``epilogue_operands`` too), ``second_pair`` (``(lhs2, rhs2)`` shaped
-    like ``(lhs, rhs)``: the result is ``lhs @ rhs + lhs2 @ rhs2`` per group, on the ring):
-    see the kernel body. ``ring_operands``: the ``epilogue_operands`` ride the ring
-    (:mod:`.ring_operands`). ``cfg.split_last_round`` applies to a plain product or pair only
-    (no ``epilogue``, ``more_rhs``, ``combine`` or ``k_step_scale``: its fix-up adds float32
-    partial sums of the accumulator itself); the others run without it.
+    ``more_rhs``: the variant's other ``num_rhs - 1`` weights, shaped like ``rhs``;
+    ``second_pair``: ``(lhs2, rhs2)`` shaped like ``(lhs, rhs)`` for a ``paired`` variant;
+    ``epilogue_operands``: the GPU memory operands its ``epilogue`` or ``k_step_scale`` reads.
+    Returns one ``[M, N]`` result, or a tuple of the variant's ``num_outputs``. The tiles'
+    ``split_last_round`` applies to a variant with a plain accumulator only
+    (:attr:`.variant.GmmVariant.plain_accumulator`); the others run without it.
     """
     if plan.unsupported is not None:
         raise NotImplementedError(f"mosaic gmm: the plan refuses the operands: {plan.unsupported}")
+    if len(more_rhs) != variant.num_rhs - 1 or bool(second_pair) != variant.paired:
+        raise ValueError(
+            f"mosaic gmm: {len(more_rhs)} `more_rhs` and second_pair={bool(second_pair)} do not "
+            f"match the variant's num_rhs={variant.num_rhs}, paired={variant.paired}."
+        )
     transpose_rhs, out_dtype, cfg = plan.transpose_rhs, plan.out_dtype, plan.tiles
     interpret_params = plan.interpret_params
-    split = cfg.split_last_round and not (epilogue or more_rhs or combine or k_step_scale)
+    split = cfg.split_last_round and variant.plain_accumulator
     cfg = dataclasses.replace(cfg, split_last_round=split)
     m, k = lhs.shape
     num_groups = rhs.shape[0]
@@ -209,16 +210,10 @@ def launch_gmm(
         cfg=cfg,
         num_groups=num_groups,
         transpose_rhs=transpose_rhs,
-        epilogue=epilogue,
-        num_rhs=1 + len(more_rhs),
-        combine=combine,
-        num_outputs=num_outputs,
-        k_step_scale=k_step_scale,
-        paired=bool(second_pair),
-        ring_operands=ring_operands,
+        variant=variant,
         interpreted=interpret_params is not None,
     )
-    out_types = (jax.ShapeDtypeStruct((m, n), out_dtype),) * num_outputs
+    out_types = (jax.ShapeDtypeStruct((m, n), out_dtype),) * variant.num_outputs
     workers = grid_size(interpret_params, cluster_ctas(cfg))
     if split:  # one slot per part of a cut unit, per CTA of a cluster
         workspace_rows = schedule.workspace_slots(workers) * cluster_ctas(cfg)
