@@ -10,7 +10,7 @@ from jaxmoe.bench import tile_variants
 from jaxmoe.ops.gated_grouped_matmul import api as gated_api
 from jaxmoe.ops.gated_grouped_matmul import pallas_mosaic as gated_mosaic
 from jaxmoe.ops.grouped_matmul import ReferenceGroupedMatmul
-from jaxmoe.ops.mosaic import tgmm_kernel as pallas_mosaic_wgrad
+from jaxmoe.ops.mosaic import tgmm_launch
 from jaxmoe.ops.mosaic import tiles as pallas_mosaic_tiles
 
 
@@ -60,19 +60,19 @@ def test_tile_sites_picks_the_kernels_asked_and_refuses_others():
 def test_the_wgrad_site_is_patched_only_by_name():
     # Its config type has fields of its own (multicast_rhs), which the gmm's lacks.
     wgrad_only = tile_variants.tile_sites("wgrad")
-    assert wgrad_only == [(pallas_mosaic_wgrad, "default_mosaic_tgmm_tiles")]
+    assert wgrad_only == [(tgmm_launch, "default_mosaic_tgmm_tiles")]
     assert wgrad_only[0] not in tile_variants.DEFAULT_TILE_SITES
     shape = (4096, 4096, 14336)
-    before = pallas_mosaic_wgrad.default_mosaic_tgmm_tiles(*shape)
+    before = tgmm_launch.default_mosaic_tgmm_tiles(*shape)
     gmm_before = pallas_mosaic_tiles.default_mosaic_gmm_tiles(*shape)
     calls = []
     with tile_variants.default_tiles_with(calls, wgrad_only, multicast_rhs=True):
-        assert pallas_mosaic_wgrad.default_mosaic_tgmm_tiles(*shape) == dataclasses.replace(
+        assert tgmm_launch.default_mosaic_tgmm_tiles(*shape) == dataclasses.replace(
             before, multicast_rhs=True
         )
         assert pallas_mosaic_tiles.default_mosaic_gmm_tiles(*shape) == gmm_before
     assert len(calls) == 1
-    assert pallas_mosaic_wgrad.default_mosaic_tgmm_tiles(*shape) == before
+    assert tgmm_launch.default_mosaic_tgmm_tiles(*shape) == before
 
 
 def test_compile_variant_keeps_its_tiles_after_the_next_variants_cache_clearing():

@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 
 from jaxmoe.cli.main import main as jaxmoe_main
 from jaxmoe.ops.fp8 import pallas_mosaic_wgrad as wgrad
-from jaxmoe.ops.mosaic import tgmm_kernel
+from jaxmoe.ops.mosaic import tgmm_ring
 from jaxmoe.ops.mosaic import tiles as pallas_mosaic_tiles
 
 K, N = 256, 256
@@ -198,14 +198,14 @@ def test_default_tiles_fit_shared_memory_with_the_deepest_ring():
     assert cfg == HALF_SLAB  # H100 run 13 call 6: 1.07-1.19x the 3-slot whole slab
     # 4 * 128 * (128 + 256) bytes of FP8 ring + 64 * 256 * 2 bytes of epilogue stage.
     wgrad.check_fp8_tgmm_tiles(cfg)
-    assert tgmm_kernel.smem_bytes(cfg, operand_bytes=1) == 224 * 1024
+    assert tgmm_ring.smem_bytes(cfg, operand_bytes=1) == 224 * 1024
     # A whole 128-row slab leaves room for three slots only.
     whole = dataclasses.replace(cfg, epilogue_rows=None)
     with pytest.raises(ValueError, match="shared memory"):
         wgrad.check_fp8_tgmm_tiles(whole)
     three = dataclasses.replace(whole, stages=3)
     wgrad.check_fp8_tgmm_tiles(three)
-    assert tgmm_kernel.smem_bytes(three, operand_bytes=1) == 208 * 1024
+    assert tgmm_ring.smem_bytes(three, operand_bytes=1) == 208 * 1024
 
 
 @pytest.mark.parametrize(

@@ -24,7 +24,8 @@ from jaxmoe.ops import pallas_common
 from jaxmoe.ops.grouped_matmul.pallas_mosaic import PallasMosaicGroupedMatmul
 from jaxmoe.ops.grouped_matmul.pallas_triton import PallasTritonGroupedMatmul, TileConfig
 from jaxmoe.ops.mosaic import tgmm_kernel as wgrad
-from jaxmoe.ops.mosaic.tgmm_kernel import MosaicTgmmTileConfig
+from jaxmoe.ops.mosaic import tgmm_launch, tgmm_ring
+from jaxmoe.ops.mosaic.tgmm_launch import MosaicTgmmTileConfig
 
 M, K, N = 256, 64, 128
 TRITON_TILES = TileConfig(block_m=32, block_n=32, block_k=32, num_warps=4, num_stages=2)
@@ -108,7 +109,7 @@ def test_lowers_for_cuda_through_mosaic_to_nvvm(cfg):
     # (the transposed lhs operand, the masks written back to shared memory, the TMA epilogue;
     # with multicast_rhs the cluster grid, the cluster-wide release barriers and the
     # multicast copies).
-    fn = jax.jit(functools.partial(wgrad.tgmm, tiles=cfg, interpret=False))
+    fn = jax.jit(functools.partial(tgmm_launch.tgmm, tiles=cfg, interpret=False))
     lowered = fn.trace(
         jax.ShapeDtypeStruct((1024, 256), jnp.bfloat16),
         jax.ShapeDtypeStruct((1024, 512), jnp.bfloat16),
@@ -159,10 +160,14 @@ def test_cluster_units_cover_every_tile_once_in_pairs_sharing_the_rhs_block(ctas
 def test_multicast_needs_an_even_number_of_k_tiles():
     cfg = MosaicTgmmTileConfig(split_rows=True, multicast_rhs=True)
     # K = 384: three 128-row K tiles, one left without a partner.
-    why = wgrad.unsupported_tgmm_reason((1024, 384), (1024, 512), jnp.bfloat16, jnp.bfloat16, cfg)
+    why = tgmm_launch.unsupported_tgmm_reason(
+        (1024, 384), (1024, 512), jnp.bfloat16, jnp.bfloat16, cfg
+    )
     assert "multicast_rhs" in why and "odd" in why
     assert (
-        wgrad.unsupported_tgmm_reason((1024, 256), (1024, 512), jnp.bfloat16, jnp.bfloat16, cfg)
+        tgmm_launch.unsupported_tgmm_reason(
+            (1024, 256), (1024, 512), jnp.bfloat16, jnp.bfloat16, cfg
+        )
         is None
     )
     backend = PallasMosaicGroupedMatmul(tgmm_tiles=cfg, interpret=False)
@@ -249,19 +254,19 @@ def test_split_rows_halves_the_rows_and_stages_its_result_in_two_parts():
     # block), staged [64, 128] at a time, so the epilogue takes the same 32 KiB as the column
     # split's two [64, 128] halves and four ring slots still fit.
     cfg = MosaicTgmmTileConfig(split_rows=True)
-    assert wgrad.default_mosaic_tgmm_tiles(1024, 256, 512) == cfg
-    assert wgrad.warpgroup_tile(cfg) == (64, 256) and wgrad.warpgroup_tile(
+    assert tgmm_launch.default_mosaic_tgmm_tiles(1024, 256, 512) == cfg
+    assert tgmm_ring.warpgroup_tile(cfg) == (64, 256) and tgmm_ring.warpgroup_tile(
         MosaicTgmmTileConfig()
     ) == (128, 128)
-    assert (wgrad.epilogue_rows(cfg), wgrad.epilogue_cols(cfg)) == (64, 128)
-    assert wgrad.smem_bytes(cfg) == wgrad.smem_bytes(MosaicTgmmTileConfig()) == 224 * 1024
-    wgrad.check_tgmm_tiles(cfg)
+    assert (tgmm_ring.epilogue_rows(cfg), tgmm_ring.epilogue_cols(cfg)) == (64, 128)
+    assert tgmm_ring.smem_bytes(cfg) == tgmm_ring.smem_bytes(MosaicTgmmTileConfig()) == 224 * 1024
+    tgmm_launch.check_tgmm_tiles(cfg)
     with pytest.raises(ValueError, match="split_rows"):
-        wgrad.check_tgmm_tiles(MosaicTgmmTileConfig(block_k=64, split_rows=True))
+        tgmm_launch.check_tgmm_tiles(MosaicTgmmTileConfig(block_k=64, split_rows=True))
 
 
 def test_groups_go_largest_first_keeping_ties_in_order():
     # Both wgrads (bf16 and FP8) walk their tiles in this order.
     sizes = jnp.array([3, 0, 7, 3, 7, 1], jnp.int32)
-    order = wgrad.largest_first(sizes)
+    order = tgmm_ring.largest_first(sizes)
     assert order.dtype == jnp.int32 and order.tolist() == [2, 4, 0, 3, 5, 1]

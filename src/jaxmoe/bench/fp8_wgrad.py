@@ -14,7 +14,7 @@ The kernel is :func:`jaxmoe.ops.fp8.pallas_mosaic_wgrad.scaled_tgmm`. Per shape 
   ``group_max_rel_err``, the non-finite count, and empty groups exactly 0, on an output buffer
   poisoned with NaN first;
 * time, in interleaved rounds (:func:`jaxmoe.bench.timing.time_interleaved`): ``fp8_mosaic``,
-  ``bf16_mosaic`` (``jaxmoe.ops.mosaic.tgmm_kernel.tgmm`` on the bf16 ``x``, ``dy``) and ``torch``
+  ``bf16_mosaic`` (``jaxmoe.ops.mosaic.tgmm_launch.tgmm`` on the bf16 ``x``, ``dy``) and ``torch``
   (``torch._grouped_mm(dy.t(), x, offs)``, torch's weight gradient) when torch is installed.
   Quantization and padding are not timed (the FP8 layer's caller makes them).
 
@@ -40,7 +40,7 @@ from jaxmoe.bench.presets import GemmShape
 from jaxmoe.bench.timing import jax_sync, time_interleaved, torch_sync, warm_up
 from jaxmoe.ops.fp8 import pallas_mosaic_wgrad as fp8_wgrad
 from jaxmoe.ops.fp8.columnwise import ALIGN, quantize_columnwise
-from jaxmoe.ops.mosaic import tgmm_kernel
+from jaxmoe.ops.mosaic import tgmm_launch
 
 ROUTINGS = ("balanced", "skewed")
 SHAPES = ("mixtral-up", "mixtral-down", "dsv3-up", "dsv3-down", "qwen3-up", "qwen3-down")
@@ -165,7 +165,7 @@ def run_case(
         impl: (lambda fn=fn: fn(*operands, starts, gs), jax_sync) for impl, fn in fp8_fns.items()
     }
     xb, dyb = x.astype(jnp.bfloat16), dy.astype(jnp.bfloat16)
-    bf16_fn = jax.jit(tgmm_kernel.tgmm)
+    bf16_fn = jax.jit(tgmm_launch.tgmm)
     contenders["bf16_mosaic"] = (lambda: bf16_fn(xb, dyb, gs), jax_sync)
     rows.append({**base, "impl": "bf16_mosaic"})
     if torch is not None:

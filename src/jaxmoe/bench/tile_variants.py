@@ -19,7 +19,7 @@ import jax
 
 from jaxmoe.ops.gated_grouped_matmul import api as gated_api
 from jaxmoe.ops.gated_grouped_matmul import pallas_mosaic as gated_mosaic
-from jaxmoe.ops.mosaic import tgmm_kernel
+from jaxmoe.ops.mosaic import tgmm_launch
 from jaxmoe.ops.mosaic import tiles as mosaic_tiles
 
 # Every place the layer's forward and input-gradient kernels read their default tiles from
@@ -32,7 +32,7 @@ DEFAULT_TILE_SITES = (
 )
 # The wgrad's (``MosaicTgmmTileConfig``: its own fields, so never patched with the others
 # unless asked by name).
-WGRAD_TILE_SITES = ((tgmm_kernel, "default_mosaic_tgmm_tiles"),)
+WGRAD_TILE_SITES = ((tgmm_launch, "default_mosaic_tgmm_tiles"),)
 # The sites by kernel: the plain gmm's (``gmm``), the fused gated kernel's (``gated``), the
 # wgrad's (``wgrad``).
 SITE_NAMES = {
@@ -58,7 +58,7 @@ def check_variant_fields(kernels: str, tile_variants: dict, backend_variants: di
     ``tile_variants`` (name -> ``MosaicTileConfig`` changes, ``MosaicTgmmTileConfig`` for the
     wgrad) of the ``kernels`` sites, ``backend_variants`` (name -> gated backend fields)."""
     tile_types = [
-        tgmm_kernel.MosaicTgmmTileConfig if kernel == "wgrad" else mosaic_tiles.MosaicTileConfig
+        tgmm_launch.MosaicTgmmTileConfig if kernel == "wgrad" else mosaic_tiles.MosaicTileConfig
         for kernel in kernels.split(",")
     ]
     _check_fields("--tile-variants", tile_variants, tile_types)

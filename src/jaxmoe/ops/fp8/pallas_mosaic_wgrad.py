@@ -4,9 +4,10 @@
 rhs_scale[g][None, :]`` (``[G, K, N]``): both operands transposed (``lhs_t_q [K, Mp]``, the
 activations; ``rhs_t_q [N, Mp]``, the output gradient), the tokens contiguous, each group padded
 by the caller to a 128-aligned column (:data:`ALIGN`) with zeros after it, so that every block is
-whole and nothing is masked. The bf16 wgrad's tile order, ring and stores
-(:mod:`jaxmoe.ops.mosaic.tgmm_kernel`), the forward's rowwise scale epilogue. How it is built
-and measured: docs/kernels.md, 'The FP8 kernels' and 'FP8 wgrad (Mosaic)'.
+whole and nothing is masked. It runs on the bf16 wgrad's ring, tile order, stores and plan
+(:mod:`jaxmoe.ops.mosaic.tgmm_ring`, :class:`~jaxmoe.ops.mosaic.tgmm_launch.TgmmPlan`) as a
+variant of its own (:class:`_TokenBlockWgrad`), with the forward's rowwise scale epilogue. How it
+is built and measured: docs/kernels.md, 'The wgrad', 'The FP8 kernels' and 'FP8 wgrad (Mosaic)'.
 """
 
 from __future__ import annotations
@@ -16,18 +17,23 @@ import functools
 
 import jax
 import jax.numpy as jnp
-from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from jaxmoe.ops.fp8.quantize import E4M3
-from jaxmoe.ops.mosaic import persistent_loop, tgmm_kernel
+from jaxmoe.ops.mosaic import persistent_loop
 from jaxmoe.ops.mosaic.persistent_loop import cta_tile_count, cta_tile_index, persistent_kernel
-from jaxmoe.ops.mosaic.ring import ring_barriers, ring_consume, ring_produce
 from jaxmoe.ops.mosaic.scale_epilogues import rowwise_scale_epilogue
-from jaxmoe.ops.mosaic.tgmm_kernel import TgmmPlan
+from jaxmoe.ops.mosaic.tgmm_launch import TgmmPlan, check_tgmm_tiles
+from jaxmoe.ops.mosaic.tgmm_ring import (
+    SlotBuffer,
+    largest_first,
+    run_wgrad_ring,
+    store_tile,
+    swizzled,
+)
 from jaxmoe.ops.mosaic.tiles import tile_shape_reasons
-from jaxmoe.ops.mosaic.warpgroups import NUM_COMPUTE_WARPGROUPS, split_warpgroups
+from jaxmoe.ops.mosaic.warpgroups import NUM_COMPUTE_WARPGROUPS
 from jaxmoe.ops.pallas_common import swizzle
 
 Array = jax.Array
@@ -67,7 +73,7 @@ def default_fp8_tgmm_tiles(k: int, n: int) -> Fp8TgmmTileConfig:
 
 def check_fp8_tgmm_tiles(cfg: Fp8TgmmTileConfig) -> None:
     """Raises ``ValueError`` for block sizes the kernel cannot lower or fit in shared memory."""
-    tgmm_kernel.check_tgmm_tiles(cfg, operand_bytes=1, block_ms=(ALIGN,))
+    check_tgmm_tiles(cfg, operand_bytes=1, block_ms=(ALIGN,))
 
 
 def unsupported_reason(
@@ -102,119 +108,111 @@ def _jaxmoe_mosaic_fp8_tgmm(
     cfg: Fp8TgmmTileConfig,
     interpreted: bool,
 ):
-    """The kernel (see the module docstring). ``rhs_gmem`` is ``rhs_t_q [N, Mp]`` on the GPU and
-    ``[Mp, N]`` in the interpreter; ``lhs_scale_gmem`` is ``lhs_scale`` flattened, ``[G * K]``."""
-    bm, bk, bn, stages = cfg.block_m, cfg.block_k, cfg.block_n, cfg.stages
-    wg_n = bn // NUM_COMPUTE_WARPGROUPS
-    num_groups, k, n = out_gmem.shape
-    num_k_tiles, num_n_tiles = k // bk, n // bn
-    tiles_per_group = num_k_tiles * num_n_tiles
-    my_tiles = cta_tile_count(num_groups * tiles_per_group)
-    out_dtype = out_gmem.dtype
+    """The kernel (see the module docstring) on the bf16 wgrad's ring
+    (:func:`~jaxmoe.ops.mosaic.tgmm_ring.run_wgrad_ring`). ``rhs_gmem`` is ``rhs_t_q [N, Mp]``
+    on the GPU and ``[Mp, N]`` in the interpreter; ``lhs_scale_gmem`` is ``lhs_scale``
+    flattened, ``[G * K]``."""
+    operands = (group_order_gmem, starts_gmem, sizes_gmem, lhs_gmem, rhs_gmem)
+    scales = (lhs_scale_gmem, rhs_scale_gmem)
+    run_wgrad_ring(_TokenBlockWgrad(cfg, interpreted, *operands, scales, out_gmem))
 
-    def swizzled(row_bytes: int, itemsize: int):
-        swizzle = plgpu.find_swizzle(row_bytes * 8)
-        return (plgpu.TilingTransform((8, swizzle // itemsize)), plgpu.SwizzleTransform(swizzle))
 
-    transforms = swizzled(bm, 1)  # 128 FP8 tokens a row (GPU)
-    rhs_block = (bm, bn) if interpreted else (bn, bm)
-    if interpreted:  # tokens by columns of N: rows of bn bytes
-        rhs_transforms = swizzled(bn, 1)
-    else:
-        rhs_transforms = transforms
-    out_itemsize = jnp.dtype(out_dtype).itemsize
-    out_transforms = swizzled(wg_n * out_itemsize, out_itemsize)
+class _TokenBlockWgrad:
+    """The FP8 wgrad as a :class:`~jaxmoe.ops.mosaic.tgmm_ring.WgradVariant`: both operands
+    K-major (``block_m`` tokens contiguous), every block whole (a group's tiles take
+    ``cdiv(size, block_m)`` steps, an empty group's none), the accumulator scaled by
+    :func:`~jaxmoe.ops.mosaic.scale_epilogues.rowwise_scale_epilogue`."""
 
-    def tile_info(local_tile):
+    cluster_wide = False
+
+    def __init__(self, cfg, interpreted, group_order, starts, sizes, lhs, rhs, scales, out_gmem):
+        self.cfg, self.interpreted = cfg, interpreted
+        self.group_order, self.starts, self.sizes = group_order, starts, sizes
+        self.lhs_gmem, self.rhs_gmem, self.scales, self.out_gmem = lhs, rhs, scales, out_gmem
+        bm, bk, bn = cfg.block_m, cfg.block_k, cfg.block_n
+        self.wg_n = bn // NUM_COMPUTE_WARPGROUPS
+        num_groups, self.k, n = out_gmem.shape
+        self.num_k_tiles, self.num_n_tiles = self.k // bk, n // bn
+        self.tiles_per_group = self.num_k_tiles * self.num_n_tiles
+        self.num_tiles = cta_tile_count(num_groups * self.tiles_per_group)
+        self.out_dtype = out_gmem.dtype
+        transforms = swizzled(bm, 1)  # 128 FP8 tokens a row (GPU)
+        self.lhs_slot = SlotBuffer((bk, bm), lhs.dtype, transforms)
+        if interpreted:  # tokens by columns of N: rows of bn bytes
+            self.rhs_slot = SlotBuffer((bm, bn), rhs.dtype, swizzled(bn, 1))
+        else:
+            self.rhs_slot = SlotBuffer((bn, bm), rhs.dtype, transforms)
+        out_itemsize = jnp.dtype(self.out_dtype).itemsize
+        self.out_transforms = swizzled(self.wg_n * out_itemsize, out_itemsize)
+
+    def tile_steps(self, local_tile):
+        bm = self.cfg.block_m
         index = cta_tile_index(local_tile)
-        group = group_order_gmem[index // tiles_per_group]
+        group = self.group_order[index // self.tiles_per_group]
         k_tile, n_tile = swizzle(
-            index % tiles_per_group, num_k_tiles, num_n_tiles, cfg.group_swizzle
+            index % self.tiles_per_group, self.num_k_tiles, self.num_n_tiles, self.cfg.group_swizzle
         )
         # No step for an empty group: there is no block of its to load.
-        count = pl.cdiv(sizes_gmem[group], bm)
-        return (group, k_tile * bk, n_tile * bn, starts_gmem[group] // bm), count
+        count = pl.cdiv(self.sizes[group], bm)
+        info = (
+            group,
+            k_tile * self.cfg.block_k,
+            n_tile * self.cfg.block_n,
+            self.starts[group] // bm,
+        )
+        return info, count
 
-    @functools.partial(
-        pl.run_scoped,
-        lhs_ring=plgpu.SMEM((stages, bk, bm), lhs_gmem.dtype, transforms=transforms),
-        rhs_ring=plgpu.SMEM((stages, *rhs_block), rhs_gmem.dtype, transforms=rhs_transforms),
-        out_smem=plgpu.SMEM(
-            (NUM_COMPUTE_WARPGROUPS, tgmm_kernel.epilogue_rows(cfg), wg_n),
-            out_dtype,
-            transforms=out_transforms,
-        ),
-        **ring_barriers(stages, copies_per_step=2),
-        collective_axes="wg",
-    )
-    def _scope(lhs_ring, rhs_ring, out_smem, loaded, released):
-        def memory_warpgroup():
-            def load(info, i, slot):
-                _, k0, col0, first_block = info
-                # A multiple of bm by construction: Mosaic's layout inference needs to see that
-                # the TMA box starts on a whole swizzled row (start_g + ... would not show it).
-                tokens, cols = pl.ds((first_block + i) * bm, bm), pl.ds(col0, bn)
-                barrier = loaded.at[slot]
-                plgpu.copy_gmem_to_smem(
-                    lhs_gmem.at[pl.ds(k0, bk), tokens], lhs_ring.at[slot], barrier
+    def load(self, info, i, lhs_slot, rhs_slot, barrier):
+        bm = self.cfg.block_m
+        _, k0, col0, first_block = info
+        # A multiple of bm by construction: Mosaic's layout inference needs to see that the TMA
+        # box starts on a whole swizzled row (start_g + ... would not show it).
+        tokens, cols = pl.ds((first_block + i) * bm, bm), pl.ds(col0, self.cfg.block_n)
+        plgpu.copy_gmem_to_smem(
+            self.lhs_gmem.at[pl.ds(k0, self.cfg.block_k), tokens], lhs_slot, barrier
+        )
+        rhs_src = (
+            self.rhs_gmem.at[tokens, cols] if self.interpreted else self.rhs_gmem.at[cols, tokens]
+        )
+        plgpu.copy_gmem_to_smem(rhs_src, rhs_slot, barrier)
+
+    def warpgroup(self, wg):
+        return wg, pl.ds(wg * self.wg_n, self.wg_n)
+
+    def mma(self, share, acc_ref, info, i, lhs_slot, rhs_slot):
+        _, wg_cols = share
+        if self.interpreted:
+            rhs = rhs_slot.at[:, wg_cols]
+        else:  # K-major B: the [wg_n, 128] block, transposed in place
+            rhs = plgpu.transpose_ref(rhs_slot.at[wg_cols, :], (1, 0))
+        plgpu.wgmma(acc_ref, lhs_slot, rhs)
+
+    def tile_epilogue(self, share, info, count, out_slab):
+        wg, _ = share
+        group, k0, col0, _ = info
+        wg_col0 = col0 + wg * self.wg_n
+        out_ref = self.out_gmem.at[group, pl.ds(k0, self.cfg.block_k), pl.ds(wg_col0, self.wg_n)]
+
+        def finish(acc_ref, contract):
+            @pl.when(count > 0)
+            def _contract_and_scale():
+                contract()
+                scaled = rowwise_scale_epilogue(
+                    acc_ref[...],
+                    *self.scales,
+                    group=group,
+                    row0=group * self.k + k0,
+                    col0=wg_col0,
+                    interpreted=self.interpreted,
                 )
-                rhs_src = rhs_gmem.at[tokens, cols] if interpreted else rhs_gmem.at[cols, tokens]
-                plgpu.copy_gmem_to_smem(rhs_src, rhs_ring.at[slot], barrier)
+                store_tile(scaled.astype(self.out_dtype), out_slab, out_ref)
 
-            ring_produce(my_tiles, tile_info, load, stages=stages, released=released)
+            @pl.when(count == 0)
+            def _empty_group():
+                # Zero-initialized, no wgmma: zeros, unscaled.
+                store_tile(acc_ref[...].astype(self.out_dtype), out_slab, out_ref)
 
-        def compute_warpgroup(wg):
-            wg_cols = pl.ds(wg * wg_n, wg_n)
-
-            def tile(local_tile, step):
-                (group, k0, col0, _), count = tile_info(local_tile)
-                wg_col0 = col0 + wg * wg_n
-
-                def acc_scope(acc_ref):
-                    def mma(i, slot, carry):
-                        rhs_smem = rhs_ring.at[slot]
-                        if interpreted:
-                            rhs = rhs_smem.at[:, wg_cols]
-                        else:  # K-major B: the [wg_n, 128] block, transposed in place
-                            rhs = plgpu.transpose_ref(rhs_smem.at[wg_cols, :], (1, 0))
-                        plgpu.wgmma(acc_ref, lhs_ring.at[slot], rhs)
-                        return carry
-
-                    def store(acc):
-                        tgmm_kernel.store_tile(
-                            acc.astype(out_dtype),
-                            out_smem.at[wg],
-                            out_gmem.at[group, pl.ds(k0, bk), pl.ds(wg_col0, wg_n)],
-                        )
-
-                    @pl.when(count > 0)
-                    def _contract_and_scale():
-                        ring_consume(
-                            step, count, mma, None, stages=stages, loaded=loaded, released=released
-                        )
-                        store(
-                            rowwise_scale_epilogue(
-                                acc_ref[...],
-                                lhs_scale_gmem,
-                                rhs_scale_gmem,
-                                group=group,
-                                row0=group * k + k0,
-                                col0=wg_col0,
-                                interpreted=interpreted,
-                            )
-                        )
-
-                    @pl.when(count == 0)
-                    def _empty_group():
-                        store(acc_ref[...])  # zero-initialized, no wgmma: zeros, unscaled
-
-                pl.run_scoped(acc_scope, plgpu.ACC((bk, wg_n), jnp.float32))
-                return step + count
-
-            lax.fori_loop(0, my_tiles, tile, jnp.int32(0))
-            plgpu.wait_smem_to_gmem(0)
-
-        split_warpgroups(memory_warpgroup, compute_warpgroup)
+        return finish
 
 
 def _check_shapes(lhs_t_q, lhs_scale, rhs_t_q, rhs_scale, group_starts, group_sizes) -> None:
@@ -313,7 +311,7 @@ def launch_scaled_tgmm(
     if num_groups == 0:
         return jnp.zeros((0, k, n), out_dtype)
     sizes = group_sizes.astype(jnp.int32)
-    group_order = tgmm_kernel.largest_first(sizes)
+    group_order = largest_first(sizes)
     # The interpreter has no transposed wgmma operand: B goes in [Mp, N] there.
     rhs = rhs_t_q.T if interpreted else rhs_t_q
     kernel = persistent_kernel(

@@ -1,6 +1,6 @@
 """The Mosaic GPU grouped-matmul backend (``backend="pallas"``, and ``"auto"`` on a Hopper): it
 plans each call once (:func:`jaxmoe.ops.mosaic.launch.plan_gmm`,
-:func:`jaxmoe.ops.mosaic.tgmm_kernel.plan_tgmm`) and launches the Mosaic kernel, or, where that
+:func:`jaxmoe.ops.mosaic.tgmm_launch.plan_tgmm`) and launches the Mosaic kernel, or, where that
 refuses the operands, raises or falls back to the Triton kernels of :mod:`.pallas_triton`."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import jax.numpy as jnp
 from jaxmoe.ops.grouped_matmul import pallas_triton
 from jaxmoe.ops.grouped_matmul.base import GroupedMatmulBackend
 from jaxmoe.ops.grouped_matmul.xla import XlaGroupedMatmul
-from jaxmoe.ops.mosaic import launch, tgmm_kernel
+from jaxmoe.ops.mosaic import launch, tgmm_launch
 from jaxmoe.ops.mosaic import tiles as mosaic_tiles
 from jaxmoe.ops.mosaic.tiles import MosaicTileConfig, check_tiles
 
@@ -32,7 +32,7 @@ class PallasMosaicGroupedMatmul(GroupedMatmulBackend):
     - ``triton_fallback=True`` (what ``backend="auto"`` builds on a GPU): the Triton kernel takes
       them. This is the measured rule of ``auto``: the Mosaic ``gmm`` wherever it applies,
       Triton elsewhere (docs/kernels.md, 'Grouped matmul: the auto backend').
-    - The wgrad (``tgmm``): the Mosaic kernel (:mod:`jaxmoe.ops.mosaic.tgmm_kernel`) wherever it
+    - The wgrad (``tgmm``): the Mosaic kernel (:mod:`jaxmoe.ops.mosaic.tgmm_launch`) wherever it
       applies, for both; ``auto`` takes the Triton wgrad only where it does not. No shape rule:
       where it is slower (skewed Qwen3) the fwd+bwd loses less than it gains balanced
       (docs/kernels.md, 'Mosaic wgrad').
@@ -49,7 +49,7 @@ class PallasMosaicGroupedMatmul(GroupedMatmulBackend):
     supports_check_vma: ClassVar[bool] = False  # Pallas outputs carry no vma types
     name: str = dataclasses.field(default="pallas", init=False)
     gmm_tiles: MosaicTileConfig | None = None
-    tgmm_tiles: tgmm_kernel.MosaicTgmmTileConfig | None = None
+    tgmm_tiles: tgmm_launch.MosaicTgmmTileConfig | None = None
     triton: pallas_triton.PallasTritonGroupedMatmul | None = None
     triton_fallback: bool = False
     interpret: bool | None = None
@@ -58,7 +58,7 @@ class PallasMosaicGroupedMatmul(GroupedMatmulBackend):
         if self.gmm_tiles is not None:
             check_tiles(self.gmm_tiles)
         if self.tgmm_tiles is not None:
-            tgmm_kernel.check_tgmm_tiles(self.tgmm_tiles)
+            tgmm_launch.check_tgmm_tiles(self.tgmm_tiles)
         if self.triton is None:  # frozen dataclass: fill the default in place
             triton = pallas_triton.PallasTritonGroupedMatmul(interpret=self.interpret)
             object.__setattr__(self, "triton", triton)
@@ -103,7 +103,7 @@ class PallasMosaicGroupedMatmul(GroupedMatmulBackend):
         )
 
     def tgmm(self, lhs, rhs, group_sizes, *, out_dtype):
-        plan = tgmm_kernel.plan_tgmm(
+        plan = tgmm_launch.plan_tgmm(
             lhs.shape,
             rhs.shape,
             lhs.dtype,
@@ -112,7 +112,7 @@ class PallasMosaicGroupedMatmul(GroupedMatmulBackend):
             interpret=self.interpret,
         )
         if plan.unsupported is None:
-            return tgmm_kernel.launch_tgmm(lhs, rhs, group_sizes, plan)
+            return tgmm_launch.launch_tgmm(lhs, rhs, group_sizes, plan)
         reason = plan.unsupported
         if self.triton_fallback:
             return self._fallback(lhs).tgmm(lhs, rhs, group_sizes, out_dtype=out_dtype)
