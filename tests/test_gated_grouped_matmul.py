@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from op_test_base import Backend, OpTestBase, Tol
+from op_test_base import Backend, OpTestBase, Tol, as64
 from test_grouped_matmul import np_gmm, np_grads
 
 import jaxmoe
@@ -78,7 +78,7 @@ def np_gated_grads(lhs, gate_w, up_w, group_sizes, cotangent, activation):
     """float64 d lhs, d gate_w, d up_w of act(lhs @ gate_w[g]) * (lhs @ up_w[g]); also the
     projections' cotangents (d gate, d up) for a caller that chains them."""
     gate, up = np_gmm(lhs, gate_w, group_sizes), np_gmm(lhs, up_w, group_sizes)
-    cotangent = np.asarray(jnp.asarray(cotangent, jnp.float32), np.float64)
+    cotangent = np.asarray(cotangent, np.float64)
     d_gate = cotangent * up * np_act_slope(gate, activation)
     d_up = cotangent * _np_act(gate, activation)
     d_lhs_g, d_gate_w = np_grads(lhs, gate_w, group_sizes, d_gate)
@@ -110,7 +110,7 @@ class GatedGroupedMatmulOp(OpTestBase):
         return _np_act(gate, self.current_activation) * up
 
     def reference_grads(self, operands, group_sizes, cotangent):
-        return np_gated_grads(*operands, group_sizes, cotangent, self.current_activation)
+        return np_gated_grads(*operands, group_sizes, as64(cotangent), self.current_activation)
 
     def check(self, spec, sizes, dtype, seed=0):
         self.current_activation = spec.impl[1]
