@@ -225,6 +225,7 @@ class TestFp8Backends(Fp8Op):
         f"{backend}-{name}": Backend((backend, recipe), (48, 40, 24), cases=("past_m", "no_rows"))
         for backend in BACKENDS
         for name, recipe in sorted(RECIPES.items())
+        if backend == "xla" or name == "rowwise"  # the reference's other recipes: drawn sizes
     }
 
     def group_sizes(self, case, m):
