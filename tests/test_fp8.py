@@ -18,8 +18,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from hypothesis import example, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
+from op_test_base import Backend, OpTestBase, Tol
 
 from jaxmoe.bench.harness import relative_error
 from jaxmoe.ops.fp8 import (
@@ -45,7 +46,7 @@ RECIPES = {
 }
 # dtype -> (relative half-ulp of a normal number, half the smallest subnormal, both scaled).
 ROUNDING = {E4M3: (2.0**-4, 2.0**-10), E5M2: (2.0**-3, 2.0**-17)}
-# 6 drawn examples (each eager, ~0.1-0.3 s) plus the explicit edges below (EDGE_EXAMPLES).
+# 6 drawn examples (each eager, ~0.1-0.3 s); the group sizes' edges: TestFp8Backends.
 PROPERTY = settings(max_examples=6, deadline=None)
 
 
@@ -69,14 +70,6 @@ def _operands(seed, m=48, k=40, n=24, groups=4, dtype=jnp.float32):
 
 
 group_sizes_strategy = st.lists(st.integers(0, 60), min_size=4, max_size=4)
-
-
-def edge_examples(test):
-    """The group sizes' edges the drawn examples may miss (M = 48): empty groups first and in
-    the middle, groups past M (clipped), every group empty, and short of M with one-row groups."""
-    for sizes in ([0, 30, 0, 25], [0, 0, 0, 0], [1, 1, 0, 3]):
-        test = example(sizes=sizes, seed=0)(test)
-    return test
 
 
 # ----------------------------------------------------------------------------- quantize
@@ -166,7 +159,8 @@ def test_quantize_rejects_bad_arguments(call, match):
 # ----------------------------------------------------------------------------- forward
 
 
-def _dequantized(lhs, rhs, recipe):
+def dequantized_operands(lhs, rhs, recipe):
+    """``(lhs_q, lhs_scale, rhs_q, rhs_scale)``, dequantized lhs, dequantized rhs."""
     lhs_q, lhs_scale = quantize(lhs, recipe.lhs_blocks, recipe.dtype)
     rhs_q, rhs_scale = quantize(rhs, recipe.rhs_blocks, recipe.dtype)
     return (
@@ -176,10 +170,74 @@ def _dequantized(lhs, rhs, recipe):
     )
 
 
+class Fp8Op(OpTestBase):
+    """The FP8 grouped matmul's hooks for ``OpTestBase``: a backend is ``(backend, recipe)``;
+    the reference is the float64 product of the dequantized operands (and of the dequantized
+    FP8 cotangent and weights for d lhs; the dequantized activations and the exact cotangent
+    for d rhs). (Not collected itself: each file's ``Test`` subclass names its backends.)"""
+
+    TOLERANCES = {"float32": Tol(1e-6, 1e-6, "frobenius")}
+
+    def make_inputs(self, m, k, n, groups, dtype, seed):
+        lhs, rhs = _operands(seed, m=m, k=k, n=n, groups=groups, dtype=jnp.dtype(dtype))
+        cotangent = np.random.default_rng(seed + 1).standard_normal((m, n))
+        return (lhs, rhs), jnp.asarray(cotangent, dtype)
+
+    def call(self, backend, operands, group_sizes):
+        kernel, recipe = backend
+        return fp8_grouped_matmul(*operands, group_sizes, recipe=recipe, backend=kernel)
+
+    def check(self, spec, sizes, dtype, seed=0):
+        self.recipe = spec.impl[1]
+        super().check(spec, sizes, dtype, seed)
+
+    def reference(self, operands, group_sizes):
+        _, lhs_deq, rhs_deq = dequantized_operands(*operands, self.recipe)
+        return _grouped64(lhs_deq, rhs_deq, group_sizes)
+
+    def reference_grads(self, operands, group_sizes, cotangent):
+        lhs, rhs = operands
+        recipe = self.recipe
+        grad_q, grad_scale = quantize(cotangent, recipe.lhs_blocks, recipe.grad_dtype)
+        rhs_t_q, rhs_t_scale = quantize(jnp.swapaxes(rhs, 1, 2), recipe.rhs_blocks, recipe.dtype)
+        d_lhs = _grouped64(
+            dequantize(grad_q, grad_scale, recipe.lhs_blocks),
+            dequantize(rhs_t_q, rhs_t_scale, recipe.rhs_blocks),
+            group_sizes,
+        )
+        _, lhs_deq, _ = dequantized_operands(lhs, rhs, recipe)
+        lhs_deq = np.asarray(lhs_deq, np.float64)
+        ct = np.asarray(jnp.asarray(cotangent, jnp.float32), np.float64)
+        d_rhs = np.zeros(rhs.shape)
+        start = 0
+        for g, size in enumerate(group_sizes):
+            size = min(size, lhs.shape[0] - start)
+            d_rhs[g] = lhs_deq[start : start + size].T @ ct[start : start + size]
+            start += size
+        return d_lhs, d_rhs
+
+
+class TestFp8Backends(Fp8Op):
+    """reference and xla, each recipe (small blocks: several K and N blocks, partial ones), on
+    the group sizes' edges at M = 48 (drawn sizes: the two property tests below)."""
+
+    BACKENDS = {
+        f"{backend}-{name}": Backend((backend, recipe), (48, 40, 24), cases=("past_m", "no_rows"))
+        for backend in BACKENDS
+        for name, recipe in sorted(RECIPES.items())
+        if backend == "xla" or name == "rowwise"  # the reference's other recipes: drawn sizes
+    }
+
+    def group_sizes(self, case, m):
+        # One-row groups and an empty one, short of M; empty groups first and in the middle
+        # with sizes past M (clipped); every group empty.
+        edges = {"empty_and_tail": [1, 1, 0, 3], "past_m": [0, 30, 0, 25], "no_rows": [0] * 4}
+        return edges[case]
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("recipe", sorted(RECIPES))
 @PROPERTY
-@edge_examples
 @given(sizes=group_sizes_strategy, seed=st.integers(0, 2**16))
 def test_forward_equals_the_float64_product_of_the_dequantized_operands(
     backend, recipe, sizes, seed
@@ -187,7 +245,7 @@ def test_forward_equals_the_float64_product_of_the_dequantized_operands(
     recipe = RECIPES[recipe]
     lhs, rhs = _operands(seed)
     group_sizes = jnp.asarray(sizes, jnp.int32)  # empty, skewed, short of or past M
-    quantized, lhs_deq, rhs_deq = _dequantized(lhs, rhs, recipe)
+    quantized, lhs_deq, rhs_deq = dequantized_operands(lhs, rhs, recipe)
     expected = _grouped64(lhs_deq, rhs_deq, sizes)
     out = fp8_grouped_matmul(lhs, rhs, group_sizes, recipe=recipe, backend=backend)
     assert out.dtype == jnp.float32
@@ -336,7 +394,6 @@ def test_bf16_wgrad_runs_on_bf16_operands():
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("recipe", sorted(RECIPES))
 @PROPERTY
-@edge_examples
 @given(sizes=group_sizes_strategy, seed=st.integers(0, 2**16))
 def test_gradients_equal_the_float64_vjp_of_the_dequantized_product(backend, recipe, sizes, seed):
     """dgrad: FP8 cotangent (quantized like an activation along N) times the weight quantized
@@ -362,7 +419,7 @@ def test_gradients_equal_the_float64_vjp_of_the_dequantized_product(backend, rec
     )
     assert relative_error(grad_lhs, expected_lhs) <= 1e-6
 
-    _, lhs_deq, _ = _dequantized(lhs, rhs, recipe)
+    _, lhs_deq, _ = dequantized_operands(lhs, rhs, recipe)
     lhs_deq, ct = np.asarray(lhs_deq, np.float64), np.asarray(cotangent, np.float64)
     expected_rhs = np.zeros(rhs.shape)
     start = 0
@@ -440,7 +497,7 @@ def test_fp8_grouped_matmul_rejects_bad_arguments(call, error, match):
 def test_scaled_grouped_matmul_rejects_unquantized_operands_and_wrong_scales():
     lhs, rhs = _operands(9)
     recipe = Fp8Recipe("blockwise", block_size=16)
-    lhs_q, lhs_scale, rhs_q, rhs_scale = _dequantized(lhs, rhs, recipe)[0]
+    lhs_q, lhs_scale, rhs_q, rhs_scale = dequantized_operands(lhs, rhs, recipe)[0]
     sizes = jnp.array([1, 2, 3, 4])
     with pytest.raises(ValueError, match="`lhs_q` must be FP8"):
         scaled_grouped_matmul(lhs, lhs_scale, rhs_q, rhs_scale, sizes, recipe=recipe)

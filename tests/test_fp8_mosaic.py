@@ -22,10 +22,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from op_test_base import Backend, Tol
+from test_fp8 import Fp8Op, dequantized_operands
 
 from jaxmoe.ops.fp8 import Fp8Recipe, dequantize, quantize, resolve_fp8_backend
 from jaxmoe.ops.fp8 import pallas_mosaic as fp8_mosaic
-from jaxmoe.ops.fp8.api import fp8_grouped_matmul, scaled_grouped_matmul
 from jaxmoe.ops.fp8.pallas_mosaic import PallasMosaicScaledGroupedMatmul
 from jaxmoe.ops.fp8.xla import XlaScaledGroupedMatmul
 from jaxmoe.ops.mosaic import gmm_kernel as pallas_mosaic_kernel
@@ -128,27 +129,59 @@ def test_forward_empty_groups_straddling_tiles_and_tail(cfg):
     assert np.all(np.asarray(got)[213:] == 0)
 
 
-def test_backend_matches_reference_backend_through_the_api_with_k_major_weights(monkeypatch):
-    # The API's backend="pallas" on the plain pipeline (SMALL) with the edge cases of the test
-    # above, against the reference backend and the float64 product.
-    sizes = [70, 0, 3, 100, 40]
-    lhs_q, lhs_scale, rhs_q, rhs_scale = _quantized(len(sizes), seed=1)
-    gs = jnp.asarray(sizes, jnp.int32)
-    want = np.asarray(
-        scaled_grouped_matmul(lhs_q, lhs_scale, rhs_q, rhs_scale, gs, backend="reference"),
-        np.float64,
-    )
-    backend = PallasMosaicScaledGroupedMatmul(tiles=SMALL)
-    got = scaled_grouped_matmul(lhs_q, lhs_scale, rhs_q, rhs_scale, gs, backend=backend)
-    operands = (lhs_q, lhs_scale, rhs_q, rhs_scale)
-    # With the float32 rounding of a sum that cancels (seed 1: -0.0020 in a row of magnitude 4679).
-    magnitude = _reference64(*operands, sizes, absolute=True)
-    _check_within_one_bf16_ulp(got, _reference64(*operands, sizes), magnitude)
-    assert np.max(np.abs(np.asarray(got, np.float64) - want)) <= 2.0**-8 * np.max(np.abs(want))
-    assert np.all(np.asarray(got)[213:] == 0)
+class TestFp8MosaicBackends(Fp8Op):
+    """backend="pallas" through the API in the interpreter, against the float64 product of the
+    dequantized operands (an empty group, a 3-row group, boundaries in tiles, tail rows): the
+    rowwise forward on the plain pipeline (SMALL); the blockwise forward and VJP on BW_CHAINED
+    (jax's pipeline chaining tiles, the per-step scales in its carry; the dgrad runs the
+    forward's FP8 weights transposed in the kernel), with a magnitude per scale block so that a
+    scale applied to the wrong block is far off."""
+
+    BACKENDS = {
+        "pallas-rowwise": Backend(
+            (PallasMosaicScaledGroupedMatmul(tiles=SMALL), ROWWISE),
+            (M, K, N),
+            ("bfloat16",),
+            vjp=False,
+            cases=(),
+        ),
+        "pallas-blockwise": Backend(
+            (PallasMosaicScaledGroupedMatmul(tiles=BW_CHAINED), BLOCKWISE),
+            (M, K, N),
+            ("bfloat16",),
+            cases=(),
+        ),
+    }
+    # Forward: one bf16 ulp per element (check_forward); the gradients, bf16 results of float32
+    # sums: 2**-7 of the largest.
+    TOLERANCES = {"bfloat16": Tol(2.0**-8, 2.0**-7)}
+
+    def group_sizes(self, case, m):
+        return {"empty_and_tail": [70, 0, 3, 100, 40]}[case]
+
+    def make_inputs(self, m, k, n, groups, dtype, seed):
+        rng = np.random.default_rng(2)
+        spread = np.repeat(np.exp(rng.uniform(-3, 3, (m, k // 128))), 128, 1)
+        lhs = jnp.asarray(rng.standard_normal((m, k)) * spread, dtype)
+        blocks = np.exp(rng.uniform(-2, 2, (groups, k // 128, n // 128)))
+        w_spread = blocks.repeat(128, 1).repeat(128, 2) / 16
+        rhs = jnp.asarray(rng.standard_normal((groups, k, n)) * w_spread, dtype)
+        return (lhs, rhs), jnp.asarray(rng.standard_normal((m, n)), dtype)
+
+    def check_forward(self, got, want, operands, group_sizes, dtype):
+        # With the float32 rounding of a sum that cancels (far below its terms).
+        quantized, _, _ = dequantized_operands(*operands, self.recipe)
+        magnitude = _reference64(*quantized, group_sizes, self.recipe, absolute=True)
+        _check_within_one_bf16_ulp(got, want, magnitude)
+
+
+def test_k_major_entry_hands_the_interpreter_the_kn_weights(monkeypatch):
     # The "gnk" entry (K-major weights, the GPU layout): in the interpreter it hands the kernel
     # the same [G, K, N] weights as "gkn" (checked without a second ~10 s interpreted run; the
     # K-major read itself is proven by the lowering tests below).
+    sizes = [70, 0, 3, 100, 40]
+    lhs_q, lhs_scale, rhs_q, rhs_scale = _quantized(len(sizes), seed=1)
+    gs = jnp.asarray(sizes, jnp.int32)
     launched = []
 
     def recording_launch(lhs, rhs, group_sizes, plan, *variant, **kwargs):
@@ -228,8 +261,8 @@ def test_default_tiles_are_the_bf16_kernels_with_128_wide_k_blocks():
 
 
 # BW_CHAINED (jax's pipeline chaining tiles, the per-step scales in its carry; the plain
-# pipeline's k_step_scale call site is the same): test_blockwise_forward_and_dgrad_through_the_
-# api_match_float64_and_xla (the same groups, to the same bound). The
+# pipeline's k_step_scale call site is the same): TestFp8MosaicBackends["pallas-blockwise"]
+# (the same groups, to the same bound). The
 # ring on the global 64-row grid: "ring_group_start" runs the same ring body on the other grid.
 def test_blockwise_forward_empty_groups_straddling_tiles_and_tail_on_the_ring():
     # Two K blocks (K = 256), four column scale blocks over two N tiles (N = 512): each K step's
@@ -246,41 +279,6 @@ def test_blockwise_forward_empty_groups_straddling_tiles_and_tail_on_the_ring():
     want = _reference64(*operands, sizes, BLOCKWISE)
     _check_within_one_bf16_ulp(got, want, _reference64(*operands, sizes, BLOCKWISE, True))
     assert np.all(np.asarray(got)[213:] == 0)
-
-
-def test_blockwise_forward_and_dgrad_through_the_api_match_float64_and_xla():
-    # fp8_grouped_matmul(recipe="blockwise", backend=<the kernel on BW_CHAINED>): the forward
-    # (within one bf16 ulp of the float64 product of the dequantized operands, a magnitude per
-    # scale block so that a scale applied to the wrong block is far off) and the dgrad (the
-    # forward's FP8 weights transposed: contraction over N = 256, out width K = 256) both run in
-    # the kernel, and match the XLA backend's (same FP8 operands) to bf16 rounding.
-    sizes = [70, 0, 3, 100, 40]  # an empty group, a 3-row group, boundaries in tiles, tail rows
-    rng = np.random.default_rng(2)
-    spread = np.repeat(np.exp(rng.uniform(-3, 3, (M, K // 128))), 128, 1)
-    x = jnp.asarray(rng.standard_normal((M, K)) * spread, jnp.bfloat16)
-    blocks = np.exp(rng.uniform(-2, 2, (len(sizes), K // 128, N // 128)))
-    w_spread = blocks.repeat(128, 1).repeat(128, 2) / 16
-    w = jnp.asarray(rng.standard_normal((len(sizes), K, N)) * w_spread, jnp.bfloat16)
-    dy = jnp.asarray(rng.standard_normal((M, N)), jnp.float32)
-    gs = jnp.asarray(sizes, jnp.int32)
-    kernel = PallasMosaicScaledGroupedMatmul(tiles=BW_CHAINED)  # no fallback: raises
-
-    def forward_and_dgrad(backend):
-        def loss(a):
-            out = fp8_grouped_matmul(a, w, gs, recipe="blockwise", backend=backend)
-            return jnp.sum(out.astype(jnp.float32) * dy), out
-
-        (dx, out) = jax.grad(loss, has_aux=True)(x)
-        return out, dx
-
-    got_out, got_dx = forward_and_dgrad(kernel)
-    operands = (*quantize(x, BLOCKWISE.lhs_blocks), *quantize(w, BLOCKWISE.rhs_blocks))
-    want = _reference64(*operands, sizes, BLOCKWISE)
-    _check_within_one_bf16_ulp(got_out, want, _reference64(*operands, sizes, BLOCKWISE, True))
-    for got, want in zip((got_out, got_dx), forward_and_dgrad("xla"), strict=True):
-        got, want = (np.asarray(v.astype(jnp.float32), np.float64) for v in (got, want))
-        assert np.max(np.abs(got - want)) <= 2.0**-7 * np.max(np.abs(want))
-        assert np.all(got[213:] == 0)
 
 
 @pytest.mark.parametrize("swizzled", [False, True], ids=["unswizzled", "swizzled"])

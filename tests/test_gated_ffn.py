@@ -12,7 +12,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from test_gated_grouped_matmul import _close, _np_act, _operands
+from op_test_base import Backend, as64
+from test_gated_grouped_matmul import (
+    GatedGroupedMatmulOp,
+    _close,
+    _np_act,
+    _operands,
+    np_gated_grads,
+)
+from test_grouped_matmul import np_gmm, np_grads
 
 from jaxmoe.ops.gated_grouped_matmul import (
     ReferenceGatedGroupedMatmul,
@@ -72,16 +80,44 @@ def _all_close(got, want, rtol=1e-6):
         _close(a, b, rtol)
 
 
-@KERNELS
-@pytest.mark.parametrize("activation", ["swiglu", "geglu"])
-def test_value_and_gradients_equal_the_composition(activation, kernel):
-    operands = _ffn_operands()
-    ops = fused(activation=activation, kernel=kernel), composition(activation=activation)
-    _all_close(*(jax.jit(op)(*operands) for op in ops))
-    grads = [jax.jit(jax.grad(_loss(op), argnums=(0, 1, 2, 3)))(*operands) for op in ops]
-    _all_close(*grads)
-    d_lhs, d_gate, _, _ = grads[0]
-    assert np.all(np.asarray(d_lhs[9:]) == 0) and np.all(np.asarray(d_gate[1]) == 0)
+class TestGatedFfnBackends(GatedGroupedMatmulOp):
+    """The FFN through its primitives on the reference backend (the backward's glu dgrad, and
+    with the input gradient as one primitive) against float64 NumPy; a backend is ``(backend,
+    activation)``, the shape ``(rows, k, h_out)`` with F hidden columns. The fused Mosaic
+    backward: test_gradients_through_the_fused_backward_kernels_against_numpy."""
+
+    BACKENDS = {
+        f"{name}-{act}": Backend((kernel, act), (ROWS, K, H_OUT), cases=cases)
+        for name, kernel, cases in [
+            ("reference", REFERENCE, ("skewed", "single_group")),
+            ("input_dgrad", REFERENCE_INPUT_DGRAD, ()),
+        ]
+        for act in ("swiglu", "geglu")
+    }
+
+    def group_sizes(self, case, m):
+        edges = {"skewed": [1, m - 2, 1], "single_group": [0, m, 0]}  # three groups
+        return edges.get(case) or super().group_sizes(case, m)
+
+    def make_inputs(self, m, k, n, groups, dtype, seed):
+        operands = _ffn_operands(jnp.dtype(dtype), rows=m, k=k, f=F, h_out=n, seed=seed)
+        return operands, jax.random.normal(jax.random.key(7), (m, n)).astype(dtype)
+
+    def call(self, backend, operands, group_sizes):
+        kernel, activation = backend
+        return gated_ffn(*operands, group_sizes, activation=activation, backend=kernel)
+
+    def reference(self, operands, group_sizes):
+        lhs, gate_w, up_w, down_w = operands
+        hidden = super().reference((lhs, gate_w, up_w), group_sizes)
+        return np_gmm(hidden, down_w, group_sizes)
+
+    def reference_grads(self, operands, group_sizes, cotangent):
+        lhs, gate_w, up_w, down_w = operands
+        hidden = super().reference((lhs, gate_w, up_w), group_sizes)
+        d_hidden, d_down = np_grads(hidden, down_w, group_sizes, as64(cotangent))
+        act = self.current_activation
+        return (*np_gated_grads(lhs, gate_w, up_w, group_sizes, d_hidden, act), d_down)
 
 
 def test_the_backward_transposes_into_one_glu_dgrad():

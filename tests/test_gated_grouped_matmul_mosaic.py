@@ -16,8 +16,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from test_gated_grouped_matmul import _np_act, composition
-from test_grouped_matmul import np_bounds, np_gmm, random_inputs
+from op_test_base import Backend
+from test_gated_grouped_matmul import GatedGroupedMatmulOp, _np_act
+from test_grouped_matmul import np_gmm, random_inputs
 
 from jaxmoe.ops.gated_grouped_matmul import gated_grouped_matmul
 from jaxmoe.ops.gated_grouped_matmul import pallas_mosaic as fused_mosaic
@@ -98,34 +99,29 @@ def test_forward_empty_groups_straddling_tiles_and_tail(activation, dtype, cfg):
         assert out.dtype == jnp.dtype(dtype) and np.all(np.asarray(out[100:]) == 0)
 
 
-def test_forward_one_group_holds_every_row():
-    sizes = [0, M, 0]
-    lhs, gate_w, up_w, _ = _inputs(sizes, seed=2)
-    (hidden,) = fused_mosaic.fused_gmm(
-        lhs, gate_w, up_w, jnp.array(sizes, jnp.int32), activation="swiglu", tiles=SMALL
-    )
-    want = _np_act(np_gmm(lhs, gate_w, sizes), "swiglu") * np_gmm(lhs, up_w, sizes)
-    assert _relative(hidden, want) <= TOL["bfloat16"]
+class TestGatedMosaicBackends(GatedGroupedMatmulOp):
+    """The fused kernel (jax's pipeline per tile, SMALL) through the op's VJP against float64:
+    with the residuals written by the kernel (one group holding every row too) and recomputed.
+    The derivative's grouped matmuls run on the reference backend (only the forward is the
+    kernel's); geglu's forward in the kernel: test_forward_empty_groups_straddling_tiles_and_tail.
+    """
 
+    BACKENDS = {
+        # Eager: a jitted trace would cache the kernel's launch, which a test below patches.
+        "residuals_from_kernel": Backend(
+            (KERNEL, "swiglu"), (M, K, F), ("bfloat16",), cases=("single_group",), jit=False
+        ),
+        "recomputed_residuals": Backend(
+            (dataclasses.replace(KERNEL, residuals_from_kernel=False), "swiglu"),
+            (M, K, F),
+            ("bfloat16",),
+            cases=(),
+            jit=False,
+        ),
+    }
 
-# The residuals (gate and up, before the activation) are the same for either activation; geglu's
-# forward in the kernel is in test_forward_empty_groups_straddling_tiles_and_tail.
-@pytest.mark.parametrize("activation, residuals_from_kernel", [("swiglu", True), ("swiglu", False)])
-def test_vjp_matches_the_unfused_path_within_bf16_rounding(activation, residuals_from_kernel):
-    sizes = [70, 0, 30]
-    lhs, gate_w, up_w, cotangent = _inputs(sizes, seed=3)
-    gs = jnp.array(sizes, jnp.int32)
-    kernel = dataclasses.replace(KERNEL, residuals_from_kernel=residuals_from_kernel)
-    fused = functools.partial(gated_grouped_matmul, activation=activation, backend=kernel)
-    got = jax.vjp(lambda *w: fused(*w, gs), lhs, gate_w, up_w)
-    want = jax.vjp(composition(gs, activation), lhs, gate_w, up_w)
-    (out, vjp), (want_out, want_vjp) = got, want
-    f64 = lambda a: np.asarray(jnp.asarray(a, jnp.float32), np.float64)  # noqa: E731
-    assert _relative(out, f64(want_out)) <= TOL["bfloat16"]
-    for name, a, b in zip(("lhs", "gate", "up"), vjp(cotangent), want_vjp(cotangent), strict=True):
-        assert _relative(a, f64(b)) <= 2 * TOL["bfloat16"], name
-    end = np_bounds(sizes, M)[-1]
-    assert np.all(np.asarray(vjp(cotangent)[0][end:]) == 0)
+    def group_sizes(self, case, m):
+        return {"empty_and_tail": [70, 0, 30], "single_group": [0, M, 0]}[case]
 
 
 def test_by_default_the_kernel_writes_the_residuals_under_differentiation(monkeypatch):

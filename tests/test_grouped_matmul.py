@@ -12,23 +12,27 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from op_test_base import Backend, OpTestBase, Tol, bounds
 
 from jaxmoe.ops import work_list
 from jaxmoe.ops.grouped_matmul.api import grouped_matmul, resolve_backend
+from jaxmoe.ops.grouped_matmul.pallas_mosaic import PallasMosaicGroupedMatmul
 from jaxmoe.ops.grouped_matmul.pallas_triton import (
     PallasTritonGroupedMatmul,
     TileConfig,
 )
+from jaxmoe.ops.mosaic.tiles import MosaicTileConfig
 
 # Relative tolerances on max |error| / max |reference|. bf16: inputs are exact in the reference
 # (same bf16 values, upcast), so the error is the bf16 rounding of the result (2^-8 relative).
 TOL = {"float32": 1e-5, "bfloat16": 1.6e-2}
 
 SMALL_TILES = TileConfig(block_m=16, block_n=16, block_k=16, num_warps=4, num_stages=2)
+MOSAIC_TRITON_TILES = TileConfig(block_m=32, block_n=32, block_k=32, num_warps=4, num_stages=2)
 BACKENDS = {
     "reference": "reference",
     "xla": "xla",
-    "pallas": PallasTritonGroupedMatmul(gmm_tiles=SMALL_TILES, tgmm_tiles=SMALL_TILES),
+    "pallas_triton": PallasTritonGroupedMatmul(gmm_tiles=SMALL_TILES, tgmm_tiles=SMALL_TILES),
 }
 
 
@@ -37,9 +41,7 @@ BACKENDS = {
 # --------------------------------------------------------------------------------------------------
 
 
-def np_bounds(group_sizes, m):
-    ends = np.minimum(np.cumsum(np.maximum(np.asarray(group_sizes, np.int64), 0)), m)
-    return np.concatenate([[0], ends])
+np_bounds = bounds  # the rows of each group, sizes truncated at M
 
 
 def np_gmm(lhs, rhs, group_sizes):
@@ -63,13 +65,6 @@ def np_grads(lhs, rhs, group_sizes, dout):
     return dlhs, drhs
 
 
-def assert_close(got, want, dtype, what):
-    got = np.asarray(jnp.asarray(got, jnp.float32), np.float64)
-    scale = max(float(np.max(np.abs(want))), 1e-6)
-    err = float(np.max(np.abs(got - want))) / scale
-    assert err <= TOL[dtype], f"{what}: relative error {err:.3g} > {TOL[dtype]} ({dtype})"
-
-
 def random_inputs(m, k, n, g, dtype, seed=0):
     rng = np.random.default_rng(seed)
     cast = lambda a: jnp.asarray(a, jnp.float32).astype(dtype)
@@ -90,26 +85,63 @@ def fwd_and_grads(backend):
     return run
 
 
+class TestGroupedMatmulBackends(OpTestBase):
+    """Every backend's forward, d lhs and d rhs against NumPy (``OpTestBase``)."""
+
+    BACKENDS = {
+        "reference": Backend("reference", (70, 40, 48), ("float32", "bfloat16")),
+        "xla": Backend("xla", (70, 40, 48), ("float32", "bfloat16")),
+        "pallas_triton": Backend(BACKENDS["pallas_triton"], (70, 40, 48), ("float32", "bfloat16")),
+        # The Mosaic kernel in its interpreter takes the forward (bf16, block-aligned shapes);
+        # d lhs (transposed) and d rhs go to Triton, as on a GPU where Mosaic refuses them.
+        "pallas": Backend(
+            PallasMosaicGroupedMatmul(
+                gmm_tiles=MosaicTileConfig(64, 128, 64, stages=2, group_swizzle=2),
+                triton=PallasTritonGroupedMatmul(MOSAIC_TRITON_TILES, MOSAIC_TRITON_TILES),
+                triton_fallback=True,
+            ),
+            (128, 64, 128),
+            ("bfloat16",),
+            cases=(),
+        ),
+    }
+    TOLERANCES = {name: Tol(tol, tol) for name, tol in TOL.items()}
+
+    def make_inputs(self, m, k, n, groups, dtype, seed):
+        lhs, rhs, dout = random_inputs(m, k, n, groups, dtype, seed)
+        return (lhs, rhs), dout
+
+    def call(self, backend, operands, group_sizes):
+        return grouped_matmul(*operands, group_sizes, backend=backend)
+
+    def reference(self, operands, group_sizes):
+        return np_gmm(*operands, group_sizes)
+
+    def reference_grads(self, operands, group_sizes, cotangent):
+        return np_grads(*operands, group_sizes, cotangent)
+
+    def group_sizes(self, case, m):
+        # M = 70 is no multiple of 16; groups end at 10, 10, 43, 50, 55: an empty group, groups
+        # straddling tiles, and 15 rows past the end. On the Mosaic kernel's 64-row tiles:
+        # groups end at 50, 50, 80, 100 of 128.
+        table = {
+            70: {
+                "empty_and_tail": [10, 0, 33, 7, 5],
+                "single_group": [0, 70, 0],
+                "skewed": [1, 68, 1],
+                "no_rows": [0, 0, 0],
+            },
+            128: {"empty_and_tail": [50, 0, 30, 20]},
+        }
+        # past_m: sum 100 > M = 70: the second group ends at 70.
+        table[70]["past_m"] = [30, 50, 20]
+        return table.get(m, {}).get(case) or super().group_sizes(case, m)
+
+
 def check_all(backend, group_sizes, m=70, k=40, n=48, dtype="float32", seed=0):
     """Forward, d lhs and d rhs under jit against NumPy; exact zeros where nothing belongs."""
-    g = len(group_sizes)
-    lhs, rhs, dout = random_inputs(m, k, n, g, dtype, seed)
-    gs = jnp.asarray(group_sizes, jnp.int32)
-    out, dlhs, drhs = fwd_and_grads(backend)(lhs, rhs, gs, dout)
-    assert out.shape == (m, n) and out.dtype == jnp.dtype(dtype)
-    assert dlhs.shape == (m, k) and dlhs.dtype == jnp.dtype(dtype)
-    assert drhs.shape == (g, k, n) and drhs.dtype == jnp.dtype(dtype)
-    want_dlhs, want_drhs = np_grads(lhs, rhs, group_sizes, dout)
-    assert_close(out, np_gmm(lhs, rhs, group_sizes), dtype, "forward")
-    assert_close(dlhs, want_dlhs, dtype, "d lhs")
-    assert_close(drhs, want_drhs, dtype, "d rhs")
-    bounds = np_bounds(group_sizes, m)
-    # Rows at or past sum(group_sizes) are written as zeros, in the output and in d lhs.
-    assert np.all(np.asarray(out[bounds[-1] :]) == 0)
-    assert np.all(np.asarray(dlhs[bounds[-1] :]) == 0)
-    for gi in range(g):
-        if bounds[gi + 1] == bounds[gi]:
-            assert np.all(np.asarray(drhs[gi]) == 0), f"empty group {gi} has a nonzero d rhs"
+    spec = Backend(backend, (m, k, n), (dtype,))
+    TestGroupedMatmulBackends().check(spec, group_sizes, dtype, seed)
 
 
 @pytest.fixture(params=list(BACKENDS), ids=list(BACKENDS))
@@ -136,21 +168,6 @@ def test_numpy_reference_by_hand():
 # --------------------------------------------------------------------------------------------------
 # The shared suite: every backend.
 # --------------------------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_empty_groups_straddling_tiles_and_tail_rows(backend, dtype):
-    # M=70 is no multiple of 16; groups end at 10, 10, 43, 50, 55: an empty group, groups
-    # straddling tiles, and 15 rows past the end.
-    check_all(backend, [10, 0, 33, 7, 5], dtype=dtype)
-
-
-def test_single_group_holds_all_rows(backend):
-    check_all(backend, [0, 70, 0])
-
-
-def test_group_sizes_past_m_are_truncated(backend):
-    check_all(backend, [30, 50, 20])  # sum 100 > M = 70: the second group ends at 70
 
 
 @settings(max_examples=6, deadline=None, derandomize=True)
@@ -333,7 +350,7 @@ def test_every_product_of_the_vjp_is_a_grouped_matmul_primitive_of_the_backend()
     # parameter; the primitives lower to the backend's kernels (next test).
     lhs, rhs, dout = random_inputs(32, 16, 16, 2, "float32")
     gs = jnp.array([10, 12], jnp.int32)
-    backend = BACKENDS["pallas"]
+    backend = BACKENDS["pallas_triton"]
     jaxpr = jax.make_jaxpr(fwd_and_grads(backend))(lhs, rhs, gs, dout)
     text = str(jaxpr)
     assert text.count("jaxmoe_grouped_matmul[") == 2  # forward and dgrad

@@ -20,11 +20,11 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_grouped_matmul import check_all, np_gmm, random_inputs
+from test_grouped_matmul import np_gmm, random_inputs
 
 from jaxmoe.ops.grouped_matmul.api import resolve_backend
 from jaxmoe.ops.grouped_matmul.pallas_mosaic import PallasMosaicGroupedMatmul
-from jaxmoe.ops.grouped_matmul.pallas_triton import PallasTritonGroupedMatmul, TileConfig
+from jaxmoe.ops.grouped_matmul.pallas_triton import PallasTritonGroupedMatmul
 from jaxmoe.ops.mosaic import launch as pallas_mosaic
 from jaxmoe.ops.mosaic import tiles as pallas_mosaic_tiles
 from jaxmoe.ops.mosaic.tiles import MosaicTileConfig, default_mosaic_gmm_tiles
@@ -33,7 +33,8 @@ M, K, N = 256, 128, 256
 SMALL = MosaicTileConfig(block_m=64, block_n=128, block_k=64, stages=2, group_swizzle=2)
 CONFIGS = {
     # jax's pipeline per tile with 64-row tiles (SMALL) has its straddling case in
-    # test_backend_forward_and_grads_against_reference (an empty group, cut tiles, tail rows).
+    # test_grouped_matmul.py's TestGroupedMatmulBackends["pallas"] (an empty group, cut tiles,
+    # tail rows).
     # One pipeline chained across a CTA's tiles (K / block_k = 2 steps, a multiple of the 2
     # stages), tiles from each group's first row, and the swizzled epilogue on it: the default's
     # 128-row tile with a 64-row slab, one chunk per slab, two slabs per tile (the slots
@@ -101,7 +102,6 @@ CONFIGS = {
         multicast_weights=True,
     ),
 }
-TRITON_TILES = TileConfig(block_m=32, block_n=32, block_k=32, num_warps=4, num_stages=2)
 
 
 def mosaic_forward(group_sizes, cfg, m=M, k=K, n=N, seed=0):
@@ -113,7 +113,7 @@ def mosaic_forward(group_sizes, cfg, m=M, k=K, n=N, seed=0):
 
 # Four configs, each holding several options. The parametrizations removed, and what covers
 # each now:
-# - "plain" (SMALL): test_backend_forward_and_grads_against_reference;
+# - "plain" (SMALL): test_grouped_matmul.py's TestGroupedMatmulBackends["pallas"];
 # - "chained": "chained_swizzled_half_slab";
 # - "swizzled" (64 x 256 on jax's pipeline): "ring_swizzled" in
 #   test_pair_sums_two_products_in_one_k_loop (the same epilogue), "chained_swizzled_half_slab"
@@ -194,16 +194,6 @@ def test_swizzled_epilogue_groups_aligned_to_tiles_and_tail():
     got, want = mosaic_forward([128, 0, 64], CONFIGS["chained_swizzled_half_slab"], seed=4)
     assert np.max(np.abs(got - want)) / np.max(np.abs(want)) <= 1.6e-2
     assert np.all(got[192:] == 0)
-
-
-def test_backend_forward_and_grads_against_reference():
-    # The Mosaic kernel takes the forward; d lhs (transposed) and d rhs go to Triton here.
-    backend = PallasMosaicGroupedMatmul(
-        gmm_tiles=SMALL,
-        triton=PallasTritonGroupedMatmul(TRITON_TILES, TRITON_TILES),
-        triton_fallback=True,
-    )
-    check_all(backend, [50, 0, 30, 20], m=128, k=64, n=128, dtype="bfloat16")
 
 
 def _kernels(backend, m, k, n, dtype, transpose_rhs=False):
