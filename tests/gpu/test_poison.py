@@ -1,6 +1,6 @@
 """Poisoned-buffer, determinism and exactness check of the layer on a GPU (skipped elsewhere).
 
-Run on a GPU host with ``JAX_PLATFORMS=cuda pytest tests/gpu -n 0`` (the suite's conftest
+Run on a GPU host with ``JAX_PLATFORMS=cuda,cpu pytest tests/gpu -n 0`` (the suite's conftest
 defaults to CPU). For each config and dtype the layer's forward and backward (jit) must be:
 
 * deterministic: two runs give bitwise-identical outputs and gradients;
@@ -36,7 +36,7 @@ from jaxmoe.ops.grouped_matmul import GroupedMatmulBackend
 from jaxmoe.ops.grouped_matmul.base import group_ids
 
 pytestmark = pytest.mark.skipif(
-    jax.default_backend() != "gpu", reason="a GPU check: run with JAX_PLATFORMS=cuda on a GPU"
+    jax.default_backend() != "gpu", reason="a GPU check: run with JAX_PLATFORMS=cuda,cpu on a GPU"
 )
 CONFIGS = (
     "dropless-softmax-swiglu",
@@ -105,7 +105,14 @@ class Float64GroupedMatmul(GroupedMatmulBackend):
 def _float64_reference(cfg, params, x):
     """The layer's results (float32 leaves) with float64 expert compute and parameters, on the
     host CPU: XLA on CUDA 13 (jax 0.11.2) refuses float64 GEMMs ("not supported by cublasLt")."""
-    with jax.enable_x64(True), jax.default_device(jax.devices("cpu")[0]):
+    try:
+        host = jax.devices("cpu")[0]
+    except RuntimeError as error:
+        raise RuntimeError(
+            "the float32 check computes its float64 side on the host CPU: run with "
+            "JAX_PLATFORMS=cuda,cpu (JAX_PLATFORMS=cuda hides the CPU backend)"
+        ) from error
+    with jax.enable_x64(True), jax.default_device(host):
         cfg64 = dataclasses.replace(
             cfg, dtype=jnp.float64, grouped_matmul_backend=Float64GroupedMatmul()
         )

@@ -3,7 +3,7 @@ gradient of a gradient with the default backend (on a Hopper GPU the Mosaic forw
 the Mosaic wgrad) against the plain ``reference`` backend on the same inputs, with empty groups,
 groups straddling tiles and 88 tail rows past the groups, which must come out zero.
 
-Run on a GPU host with ``JAX_PLATFORMS=cuda pytest tests/gpu -n 0``.
+Run on a GPU host with ``JAX_PLATFORMS=cuda,cpu pytest tests/gpu -n 0``.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import jaxmoe
 from jaxmoe.bench.harness import relative_error
 
 pytestmark = pytest.mark.skipif(
-    jax.default_backend() != "gpu", reason="a GPU check: run with JAX_PLATFORMS=cuda on a GPU"
+    jax.default_backend() != "gpu", reason="a GPU check: run with JAX_PLATFORMS=cuda,cpu on a GPU"
 )
 M, K, N = 4096, 1024, 512
 GROUP_SIZES = [0, 1000, 24, 2048, 0, 512, 300, 100]  # empty groups, straddling tiles, 88 tail rows
