@@ -306,6 +306,19 @@ def gmm(
       ``[M, N]``.
     """
     check_gmm_operands(lhs, rhs, group_sizes, transpose_rhs, "gmm")
+    return launch_gmm(
+        lhs,
+        rhs,
+        group_sizes,
+        transpose_rhs=transpose_rhs,
+        out_dtype=out_dtype,
+        tiles=tiles,
+        interpret=interpret,
+    )
+
+
+def launch_gmm(lhs, rhs, group_sizes, *, transpose_rhs, out_dtype, tiles, interpret) -> Array:
+    """:func:`gmm` on operands already checked (by the op's entry point, or :func:`gmm`)."""
     m, k = lhs.shape
     num_groups = rhs.shape[0]
     n = rhs.shape[1] if transpose_rhs else rhs.shape[2]
@@ -360,6 +373,11 @@ def tgmm(
       ``[G, K, N]``.
     """
     check_tgmm_operands(lhs, rhs, group_sizes)
+    return launch_tgmm(lhs, rhs, group_sizes, out_dtype=out_dtype, tiles=tiles, interpret=interpret)
+
+
+def launch_tgmm(lhs, rhs, group_sizes, *, out_dtype, tiles, interpret) -> Array:
+    """:func:`tgmm` on operands already checked (by the op's entry point, or :func:`tgmm`)."""
     m, k = lhs.shape
     n = rhs.shape[1]
     num_groups = group_sizes.shape[0]
@@ -414,7 +432,7 @@ class PallasTritonGroupedMatmul(GroupedMatmulBackend):
 
     def gmm(self, lhs, rhs, group_sizes, *, transpose_rhs, out_dtype):
         self._refuse(lhs, "gmm")
-        return gmm(
+        return launch_gmm(
             lhs,
             rhs,
             group_sizes,
@@ -426,7 +444,7 @@ class PallasTritonGroupedMatmul(GroupedMatmulBackend):
 
     def tgmm(self, lhs, rhs, group_sizes, *, out_dtype):
         self._refuse(lhs, "tgmm")
-        return tgmm(
+        return launch_tgmm(
             lhs,
             rhs,
             group_sizes,
