@@ -203,7 +203,7 @@ def test_k_major_entry_hands_the_interpreter_the_kn_weights(monkeypatch):
 def test_lowers_for_cuda_with_k_major_weights(rhs_layout, tiles_name):
     # No GPU needed: Mosaic GPU's lowering (run at .lower()) accepts the FP8 wgmma with the
     # weights K-major (transposed in the kernel's terms) and the scale loads of the epilogue, on
-    # the default tiles (the ring, swizzled epilogue) and on the session-7 pipeline tiles.
+    # the default tiles (the ring, swizzled epilogue) and on the jax-pipeline tiles.
     m, k, n, g = 256, 1024, 512, 5
     rhs_shape = (g, n, k) if rhs_layout == "gnk" else (g, k, n)
     pipeline = fp8_mosaic.pipeline_fp8_tiles(m, k, n)
@@ -250,7 +250,7 @@ def test_default_tiles_are_the_bf16_kernels_with_128_wide_k_blocks():
         assert (blockwise.block_m, blockwise.block_n, blockwise.block_k) == (64, 256, 128)
         assert not blockwise.ring  # the ring is not measured with the blockwise recipe yet
         pallas_mosaic_tiles.check_tiles(blockwise, operand_bytes=1)
-    # The session-7 pipeline tiles, kept for comparison. K = 768: 6 steps of 128 chain tiles in
+    # The jax-pipeline tiles (pipeline_fp8_tiles), kept for comparison. K = 768: 6 steps of 128 chain tiles in
     # whole turns of a 3-deep ring, not of a 4-deep one.
     qwen3_down = fp8_mosaic.pipeline_fp8_tiles(65536, 768, 2048)
     assert qwen3_down.pipelined_tiles and qwen3_down.stages == 3

@@ -205,7 +205,7 @@ def test_unsupported_operands_raise_not_implemented(shape, dtype, why):
 
 
 def test_ring_with_swizzled_epilogue_is_accepted_for_two_weights():
-    # Refused in session 9 (wrong rows on an H100 with skewed groups): the cause was the aliased
+    # Once refused (wrong rows on an H100 with skewed groups): the cause was the aliased
     # epilogue buffers' layout at block_n 128 (test_grouped_matmul_mosaic's
     # test_each_warpgroup_slab_lies_on_its_own_swizzled_slots), now padded.
     both = dataclasses.replace(RING, swizzled_epilogue=True)
