@@ -211,3 +211,23 @@ def test_ring_with_swizzled_epilogue_is_accepted_for_two_weights():
     both = dataclasses.replace(RING, swizzled_epilogue=True)
     PallasMosaicGatedGroupedMatmul(tiles=both)
     check_tiles(both, num_rhs=2)
+
+
+def test_the_backend_plans_each_signature_once(monkeypatch):
+    # The op asks the backend whether it runs the operands, then the backend runs them: one
+    # plan serves both (traced only: eval_shape runs no kernel).
+    calls = []
+
+    def counting_plan(*args, **kwargs):
+        calls.append(args)
+        return plan_fused_gmm(*args, **kwargs)
+
+    plan_fused_gmm = fused_mosaic.plan_fused_gmm
+    monkeypatch.setattr(fused_mosaic, "plan_fused_gmm", counting_plan)
+    lhs, gate_w, up_w, _ = _inputs([40, 0, 60, 28])
+    sizes = jnp.array([40, 0, 60, 28], jnp.int32)
+    kernel = PallasMosaicGatedGroupedMatmul(grouped=ReferenceGroupedMatmul(), tiles=RING)
+    op = functools.partial(gated_grouped_matmul, activation="swiglu", backend=kernel)
+    for _ in range(2):
+        jax.eval_shape(op, lhs, gate_w, up_w, sizes)
+    assert len(calls) == 1

@@ -310,6 +310,14 @@ def launch_down_dgrad(
     return tuple(outs)
 
 
+@functools.lru_cache(maxsize=256)
+def _planned(planner, *args, **kwargs) -> launch.GmmPlan:
+    """``planner(*args, **kwargs)`` once per signature (shapes, dtypes, tiles, interpreter or
+    not): the op asks the backend whether it can run the operands, then the backend runs them,
+    and both read one plan."""
+    return planner(*args, **kwargs)
+
+
 @dataclasses.dataclass(frozen=True)
 class PallasMosaicGatedGroupedMatmul(GatedGroupedMatmulBackend):
     """The fused kernel (:func:`fused_gmm`); strict: operands it cannot take raise
@@ -355,13 +363,14 @@ class PallasMosaicGatedGroupedMatmul(GatedGroupedMatmulBackend):
             check_tiles(self.down_dgrad_tiles)
 
     def _down_dgrad_plan(self, out_bar, gate_dtype, rhs_down) -> launch.GmmPlan:
-        return plan_down_dgrad(
+        return _planned(
+            plan_down_dgrad,
             out_bar.shape,
             rhs_down.shape,
-            out_bar.dtype,
-            out_dtype=gate_dtype,
+            jnp.dtype(out_bar.dtype),
+            out_dtype=jnp.dtype(gate_dtype),
             tiles=self.down_dgrad_tiles,
-            interpret=self.interpret,
+            interpret=use_interpret(self.interpret),
         )
 
     def down_dgrad_unsupported_reason(self, out_bar, rhs_down, group_sizes):
@@ -380,14 +389,15 @@ class PallasMosaicGatedGroupedMatmul(GatedGroupedMatmulBackend):
         which cannot, gets ``[G, F, K]`` copies (:meth:`input_dgrad`)."""
         num_groups, k, f = rhs_gate.shape
         interpreted = use_interpret(self.interpret)
-        return launch.plan_gmm(
+        return _planned(
+            launch.plan_gmm,
             gate_bar.shape,
             (num_groups, f, k) if interpreted else rhs_gate.shape,
-            rhs_gate.dtype,
+            jnp.dtype(rhs_gate.dtype),
             transpose_rhs=not interpreted,
             out_dtype=None,
             tiles=None,
-            interpret=self.interpret,
+            interpret=interpreted,
         )
 
     def input_dgrad_unsupported_reason(self, gate_bar, rhs_gate, group_sizes):
@@ -411,8 +421,13 @@ class PallasMosaicGatedGroupedMatmul(GatedGroupedMatmulBackend):
         )
 
     def _plan(self, lhs, rhs_gate) -> launch.GmmPlan:
-        return plan_fused_gmm(
-            lhs.shape, rhs_gate.shape, lhs.dtype, tiles=self.tiles, interpret=self.interpret
+        return _planned(
+            plan_fused_gmm,
+            lhs.shape,
+            rhs_gate.shape,
+            jnp.dtype(lhs.dtype),
+            tiles=self.tiles,
+            interpret=use_interpret(self.interpret),
         )
 
     def unsupported_reason(self, lhs, rhs_gate, group_sizes):
