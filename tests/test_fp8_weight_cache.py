@@ -10,7 +10,6 @@ no weight quantization runs) keep the bitwise ones from passing by ignoring it.
 from __future__ import annotations
 
 import dataclasses
-import functools
 
 import flax.linen as nn
 import jax
@@ -289,21 +288,14 @@ def _layer_case(recipe="rowwise", **extra):
     return cfg, params, x
 
 
-@functools.cache
-def _jitted_layer_grads(cfg, mesh):
-    """One jitted program per layer: a test's repeated calls of one layer (another cache, the
-    one-device reference of several tests) reuse its compile instead of tracing it again."""
+def _layer_value_and_grads(cfg, params, x, fp8_weights=None, mesh=None):
+    """``y`` and the gradients of ``params`` and ``x``; the cache a non-differentiated input."""
 
     def loss(params, x, fp8_weights):
         y, stats = jaxmoe.moe(params, x, cfg, mesh=mesh, fp8_weights=fp8_weights)
         return jnp.sum(y.astype(jnp.float32) ** 2) + stats.aux_loss, y
 
-    return jax.jit(jax.grad(loss, argnums=(0, 1), has_aux=True))
-
-
-def _layer_value_and_grads(cfg, params, x, fp8_weights=None, mesh=None):
-    """``y`` and the gradients of ``params`` and ``x``; the cache a non-differentiated input."""
-    grads, y = _jitted_layer_grads(cfg, mesh)(params, x, fp8_weights)
+    grads, y = jax.jit(jax.grad(loss, argnums=(0, 1), has_aux=True))(params, x, fp8_weights)
     return y, grads
 
 
