@@ -193,9 +193,11 @@ def test_dispatch_and_combine_tangents_are_their_definitions(capacity):
 
 # --- expert parallel ---------------------------------------------------------------------------
 
+# Each dispatch with its overflow windows, and a capacity. Merged away: "copies" and "tokens"
+# under this case's random routing, which overflowed the fast slots too (1 and 2 copies): the
+# same code as the *_overflow cases (fast window, then the overflow loop), whose routing of
+# every token to expert 3 runs more windows.
 EP_CASES = {
-    "copies": {"ep_dispatch": "copies"},
-    "tokens": {"ep_dispatch": "tokens"},
     "capacity": {"ep_dispatch": "copies", "capacity_factor": 1.0},
     "copies_overflow": {"ep_dispatch": "copies", "overflow": True},
     "tokens_overflow": {"ep_dispatch": "tokens", "overflow": True},

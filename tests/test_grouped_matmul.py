@@ -295,12 +295,16 @@ def test_xla_keeps_the_finite_product_bit_for_bit():
 # --------------------------------------------------------------------------------------------------
 
 
+# Jitted as the kernels call it: one program per shape, where eager dispatch compiled each of
+# its ops for each new shape (most of the random-sizes test's time).
+_work_items = jax.jit(work_list.work_items, static_argnums=(1, 2), static_argnames="tile_align")
+
+
 def covered_rows(group_sizes, m, bm, tile_align):
     """How many work items own each row, checking that each owns >= 1 row of its group in a
     tile inside the array; and the number of items per interval."""
     work_group, first_row, offsets = (
-        np.asarray(a)
-        for a in work_list.work_items(jnp.asarray(group_sizes), m, bm, tile_align=tile_align)
+        np.asarray(a) for a in _work_items(jnp.asarray(group_sizes), m, bm, tile_align=tile_align)
     )
     assert len(work_group) == work_list.max_work_items(m, len(group_sizes), bm)
     np.testing.assert_array_equal(offsets, np.concatenate([[0], np.cumsum(group_sizes), [m]]))

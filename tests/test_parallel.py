@@ -8,6 +8,7 @@ that runs on CPU. Shapes are tiny: the cost is compilation.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 
 import jax
@@ -77,12 +78,23 @@ def with_bias(params, routing, ep):
     return {**params, "expert_bias": jnp.asarray(routing_bias(routing, ep))}
 
 
-def value_and_grads(cfg, params, x, cotangent, mesh=None):
-    def loss(params, x):
+@functools.cache
+def _jitted_value_and_grads(cfg, mesh, poisoned):
+    """One jitted program per layer (``poisoned``: whether debug.poison_buffers was on when it
+    was traced, which jit's cache does not see): the tests' references and repeated runs
+    reuse its compile instead of tracing and lowering the same program again."""
+    del poisoned  # a key only
+
+    def loss(params, x, cotangent):
         y, stats = jaxmoe.moe(params, x, cfg, mesh=mesh)
         return jnp.sum(y * cotangent) + stats.aux_loss, (y, stats)
 
-    return jax.jit(jax.grad(loss, argnums=(0, 1), has_aux=True))(params, x)
+    return jax.jit(jax.grad(loss, argnums=(0, 1), has_aux=True))
+
+
+def value_and_grads(cfg, params, x, cotangent, mesh=None):
+    """The gradients of ``sum(y * cotangent) + aux_loss`` in (params, x), and (y, stats)."""
+    return _jitted_value_and_grads(cfg, mesh, debug.poison_enabled())(params, x, cotangent)
 
 
 def assert_close(actual, expected, what):

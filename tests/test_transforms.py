@@ -9,6 +9,7 @@ backend: a recording backend shows that a backend only ever sees unbatched 2-D c
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -269,11 +270,19 @@ def _tiny_layer_loss():
     return (lambda x: jaxmoe.moe(params, x, cfg)[0]), x, (params, cfg)
 
 
+@functools.cache
+def _tiny_layer_jacobian():
+    """The tiny layer's jitted ``jacrev`` in ``x``, once for the module's tests (the reference
+    of the forward-mode tests, checked against central differences below)."""
+    layer, x, _ = _tiny_layer_loss()
+    return jax.jit(jax.jacrev(layer))(x)
+
+
 @pytest.mark.parametrize("transform", ["jvp", "jacfwd"])
 def test_forward_mode_through_the_layer_matches_reverse_mode(transform):
     # (tests/test_forward_mode.py covers every routing option, the mesh and finite differences.)
     layer, x, _ = _tiny_layer_loss()
-    reverse = jax.jacrev(layer)(x)
+    reverse = _tiny_layer_jacobian()
     if transform == "jvp":
         direction = jnp.arange(x.size, dtype=x.dtype).reshape(x.shape) / x.size
         got = jax.jvp(layer, (x,), (direction,))[1]
@@ -289,7 +298,7 @@ def test_layer_jacrev_matches_central_differences():
     def experts(x):
         return np.asarray(jaxmoe.route(x @ params["router"]["kernel"], cfg).experts)
 
-    jacobian = np.asarray(jax.jit(jax.jacrev(layer))(x), np.float64).reshape(-1, x.size)
+    jacobian = np.asarray(_tiny_layer_jacobian(), np.float64).reshape(-1, x.size)
     step = 1e-2
     columns = []
     for i in range(x.size):
