@@ -136,7 +136,7 @@ def select_experts(logits, spec: RoutingSpec, expert_bias=None):
     breaks them by index). Gaps anywhere across the boundary count, not only the k-th against
     the (k+1)-th: with groups [2s - e, 2s, 2s] and one group taken, groups 1 and 2 tie exactly
     at the boundary, but group 0 is within rounding of them (a float32 sum may put it first;
-    found by an unseeded hypothesis run in session 17)."""
+    found by an unseeded hypothesis run)."""
     logits = np.asarray(logits, np.float64)
     num_tokens, num_experts = logits.shape
     s = score_values(np, logits, spec)

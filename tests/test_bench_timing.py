@@ -37,7 +37,7 @@ def test_host_launch_ms_is_a_positive_duration():
 
 def test_interleaved_timing_rotates_the_contenders_every_round(monkeypatch):
     # A fake clock that only the contenders advance: real sleeps on a loaded CI machine
-    # overshoot by more than the gaps between the contenders (CI run of session 16).
+    # overshoot by more than the gaps between the contenders (seen in CI).
     order, now = [], [0.0]
     monkeypatch.setattr(timing, "time", types.SimpleNamespace(perf_counter=lambda: now[0]))
 

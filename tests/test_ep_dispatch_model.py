@@ -49,7 +49,8 @@ def test_exchange_bytes_is_what_the_compiled_hlo_sends(top_k, num_experts, ep):
         assert units["tokens"] == pytest.approx(13.5, abs=0.1)
 
 
-# The two 2-GPU measurements (h200x2-run2: 4096 tokens per GPU, bf16, fwd+bwd ms at EP=2).
+# The two 2-GPU measurements (docs/expert-parallelism.md; 4096 tokens per GPU, bf16, fwd+bwd
+# ms at EP=2).
 MEASURED = {  # name: (K, E, H, copies ms, tokens ms)
     "dsv3": (8, 32, 7168, 22.30, 19.94),
     "mixtral": (2, 8, 4096, 18.50, 19.19),

@@ -250,8 +250,8 @@ def test_default_tiles_are_the_bf16_kernels_with_128_wide_k_blocks():
         assert (blockwise.block_m, blockwise.block_n, blockwise.block_k) == (64, 256, 128)
         assert not blockwise.ring  # the ring is not measured with the blockwise recipe yet
         pallas_mosaic_tiles.check_tiles(blockwise, operand_bytes=1)
-    # The jax-pipeline tiles (pipeline_fp8_tiles), kept for comparison. K = 768: 6 steps of 128 chain tiles in
-    # whole turns of a 3-deep ring, not of a 4-deep one.
+    # The jax-pipeline tiles (pipeline_fp8_tiles), kept for comparison. K = 768: 6 steps of 128
+    # chain tiles in whole turns of a 3-deep ring, not of a 4-deep one.
     qwen3_down = fp8_mosaic.pipeline_fp8_tiles(65536, 768, 2048)
     assert qwen3_down.pipelined_tiles and qwen3_down.stages == 3
     assert pallas_mosaic_kernel.chains_tiles(qwen3_down, 768)

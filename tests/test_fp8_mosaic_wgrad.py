@@ -195,7 +195,7 @@ def test_lowers_for_cuda_with_k_major_operands(tiles):
 def test_default_tiles_fit_shared_memory_with_the_deepest_ring():
     cfg = wgrad.default_fp8_tgmm_tiles(4096, 14336)
     assert (cfg.block_m, cfg.block_k, cfg.block_n, cfg.stages) == (128, 128, 256, 4)
-    assert cfg == HALF_SLAB  # H100 run 13 call 6: 1.07-1.19x the 3-slot whole slab
+    assert cfg == HALF_SLAB  # measured 1.07-1.19x the 3-slot whole slab (docs/kernels.md)
     # 4 * 128 * (128 + 256) bytes of FP8 ring + 64 * 256 * 2 bytes of epilogue stage.
     wgrad.check_fp8_tgmm_tiles(cfg)
     assert tgmm_ring.smem_bytes(cfg, operand_bytes=1) == 224 * 1024

@@ -293,7 +293,7 @@ def test_in_kernel_activation_and_slope_are_the_activation_and_its_derivative(ac
     # Against float64 (the slope by a central difference, exact to ~1e-10 here). approx: the
     # forms the kernels take under approx_math (sigmoid from exp2 and rsqrt; geglu as x
     # sigmoid(2y)). On a CPU exp2 and rsqrt are exact, so this checks their algebra; the GPU's
-    # approximate instructions were measured within 2e-5 of the exact forms (H100 run 30).
+    # approximate instructions were measured within 2e-5 of the exact forms on an H100.
     # The exact geglu slope, (1 + tanh(y)) / 2 + ..., cancels where tanh(y) -> -1 (x ~ -5: 3e-6
     # off, as jax.grad of jax.nn.gelu); the sigmoid form does not.
     x = np.concatenate([np.linspace(-6.0, 6.0, 241), [-200.0, 200.0]]).astype(np.float32)

@@ -125,9 +125,10 @@ class TestGatedMosaicBackends(GatedGroupedMatmulOp):
 
 
 def test_by_default_the_kernel_writes_the_residuals_under_differentiation(monkeypatch):
-    # H100 run 25 calls 6-7: under differentiation the fused kernel writes h, gate and up (no
-    # separate projections); undifferentiated it writes h alone. Traced, not run: the kernel's
-    # arguments are fixed when the program is built (its results: the VJP test above).
+    # Measured on an H100 (docs/kernels.md, 'Fused gated kernel'): under differentiation the
+    # fused kernel writes h, gate and up (no separate projections); undifferentiated, h alone.
+    # Traced, not run: the kernel's arguments are fixed when the program is built (its results:
+    # the VJP test above).
     assert PallasMosaicGatedGroupedMatmul().residuals_from_kernel
     sizes = [70, 0, 30]
     lhs, gate_w, up_w, _ = _inputs(sizes, seed=6)

@@ -411,7 +411,7 @@ def test_unknown_backend_name():
 
 
 def test_importing_the_triton_kernels_leaves_warning_filters_alone():
-    # The Triton deprecation message is silenced around the kernel calls only (issue 14).
+    # The Triton deprecation message is silenced around the kernel calls only.
     import subprocess
     import sys
 

@@ -93,7 +93,7 @@ CONFIGS = {
         default_mosaic_gmm_tiles(M, K, N), stages=3, group_swizzle=2, multicast_weights=True
     ),
     # The same at block_n 128 (m64n128 products, two 64-column chunks per slab): tried for the
-    # down projection's wave tail (H100 run 24 call 1: the Mixtral forward 0.93x, not adopted).
+    # down projection's wave tail (the Mixtral forward 0.93x on an H100, not adopted).
     "multicast_narrow": dataclasses.replace(
         default_mosaic_gmm_tiles(M, K, N),
         block_n=128,
@@ -316,14 +316,13 @@ def test_lowers_for_cuda(transpose_rhs, name):
 
 
 def test_default_tiles_follow_the_measured_table():
-    # H100 run4 (tiles, ring depth, 64-row slab), session 8's run 9 call 8 (the hand-written
-    # ring with the swizzled epilogue, fastest on 10 of 12 cases) and session 15's run 16 call 4
-    # (split rows, 12 of 12) and session 18's run 18 call 1 (tiles from each group's first
-    # row, 8 of 8 skewed cases): the same on every shape. Session 22's run 22 call 1: the weight
-    # multicast in clusters of two CTAs on Mixtral's products only (1.03-1.05x there, 0.96-1.01x
-    # on DeepSeek's and Qwen3's), either way round (the input gradient swaps K and N). Session
-    # 26's run 26 calls 4-5: the last round cut into K halves on Mixtral's K = 14336 products
-    # (1.026-1.041x), not on shorter contractions (level to 0.977x).
+    # docs/kernels.md, 'Mosaic gmm: default tiles': the tiles, ring depth and 64-row slab; the
+    # hand-written ring with the swizzled epilogue (fastest on 10 of 12 cases); split rows (12
+    # of 12); tiles from each group's first row (8 of 8 skewed cases): the same on every shape.
+    # The weight multicast in clusters of two CTAs on Mixtral's products only (1.03-1.05x there,
+    # 0.96-1.01x on DeepSeek's and Qwen3's), either way round (the input gradient swaps K and N).
+    # The last round cut into K halves on Mixtral's K = 14336 products (1.026-1.041x), not on
+    # shorter contractions (level to 0.977x).
     for m, k, n, multicast, split in [
         (65536, 2048, 768, False, False),
         (32768, 2048, 7168, False, False),
@@ -410,7 +409,7 @@ def test_each_warpgroup_slab_lies_on_its_own_swizzled_slots(block_n, epilogue_ro
     # On the GPU the unswizzled slab ([NUM_WG, slab_rows, wg_n]) and the swizzled slots
     # ([NUM_WG, slots, rows, chunk_cols]) alias one region. A warpgroup's slab must not reach into
     # the other's slots: with block_n 128 and unpadded slabs, warpgroup 1's slab was warpgroup
-    # 0's second slot (the fused gated kernel's wrong rows on skewed groups, H100 run 10 call 1).
+    # 0's second slot (the fused gated kernel's wrong rows on skewed groups, on an H100).
     cfg = MosaicTileConfig(
         128, block_n, 64, stages=2, epilogue_rows=epilogue_rows, swizzled_epilogue=True
     )

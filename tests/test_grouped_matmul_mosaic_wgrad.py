@@ -196,7 +196,7 @@ REFUSED = [
 def test_named_pallas_and_auto_take_mosaic_wgrad_auto_falls_back_where_refused():
     # interpret=False: traced as for a GPU (a jaxpr only; nothing runs on this host). Both take
     # the Mosaic wgrad wherever it applies, Qwen3-like narrow shapes included (faster than
-    # Triton's balanced, H100 run 9); 'auto' takes Triton's where the Mosaic kernel refuses.
+    # Triton's balanced on an H100); 'auto' takes Triton's where the Mosaic kernel refuses.
     triton = PallasTritonGroupedMatmul(TRITON_TILES, TRITON_TILES, interpret=False)
     named = PallasMosaicGroupedMatmul(tgmm_tiles=SMALL, triton=triton, interpret=False)
     auto = PallasMosaicGroupedMatmul(

@@ -4,9 +4,9 @@ plain count and a brute-force choice of pieces, then the kernel with it, in Mosa
 interpreter, against the NumPy reference (the pieces' float32 partial sums and the fix-up that
 adds them): as a pair in thirds (two parts on a CTA, a piece across the pair's products),
 and plain in halves in clusters of two CTAs multicasting the weights, where a cut unit is an odd
-last item that both CTAs compute. On an H100 (run 26 calls 4-5, run 27 calls 3-4) the results
-were checked against the uncut kernel's from a NaN-poisoned buffer (the kernel alone leaves NaN
-where the fix-up writes)."""
+last item that both CTAs compute. On an H100 (docs/kernels.md, 'Mosaic gmm: last-round
+pieces, not stream-K') the results were checked against the uncut kernel's from a
+NaN-poisoned buffer (the kernel alone leaves NaN where the fix-up writes)."""
 
 from __future__ import annotations
 

@@ -304,7 +304,7 @@ def routing_problems(draw):
 def test_reference_margin_sees_a_near_tie_behind_an_exact_one():
     # Three groups of two sigmoid scores s with biases (-3/8, 3/8), (0, 0), (0, 0), one group
     # taken: groups 1 and 2 tie exactly at the boundary, group 0's sum is 2s up to rounding
-    # (float64 put it last, jaxmoe's float32 first: an unseeded run in session 17). The margin
+    # (float64 put it last, jaxmoe's float32 first: an unseeded run). The margin
     # must flag it, so that the property test skips it; an exact tie alone is not a near tie.
     cfg = _cfg(6, 2, score="sigmoid", use_expert_bias=True, num_groups=3, group_top_k=1)
     logits = np.full((1, 6), -1.375, np.float32)
