@@ -170,6 +170,29 @@ def dequantized_operands(lhs, rhs, recipe):
     )
 
 
+def fp8_reference_grads(lhs, rhs, cotangent, group_sizes, recipe):
+    """float64 ``(d lhs, d rhs)`` of the FP8 product: dgrad, the FP8 cotangent (quantized like
+    an activation along N) times the weight quantized for a contraction over N; wgrad, the
+    dequantized FP8 activations times the exact cotangent."""
+    grad_q, grad_scale = quantize(cotangent, recipe.lhs_blocks, recipe.grad_dtype)
+    rhs_t_q, rhs_t_scale = quantize(jnp.swapaxes(rhs, 1, 2), recipe.rhs_blocks, recipe.dtype)
+    d_lhs = _grouped64(
+        dequantize(grad_q, grad_scale, recipe.lhs_blocks),
+        dequantize(rhs_t_q, rhs_t_scale, recipe.rhs_blocks),
+        group_sizes,
+    )
+    _, lhs_deq, _ = dequantized_operands(lhs, rhs, recipe)
+    lhs_deq = np.asarray(lhs_deq, np.float64)
+    ct = np.asarray(jnp.asarray(cotangent, jnp.float32), np.float64)
+    d_rhs = np.zeros(rhs.shape)
+    start = 0
+    for g, size in enumerate(group_sizes):
+        size = min(size, lhs.shape[0] - start)
+        d_rhs[g] = lhs_deq[start : start + size].T @ ct[start : start + size]
+        start += size
+    return d_lhs, d_rhs
+
+
 class Fp8Op(OpTestBase):
     """The FP8 grouped matmul's hooks for ``OpTestBase``: a backend is ``(backend, recipe)``;
     the reference is the float64 product of the dequantized operands (and of the dequantized
@@ -196,25 +219,7 @@ class Fp8Op(OpTestBase):
         return _grouped64(lhs_deq, rhs_deq, group_sizes)
 
     def reference_grads(self, operands, group_sizes, cotangent):
-        lhs, rhs = operands
-        recipe = self.recipe
-        grad_q, grad_scale = quantize(cotangent, recipe.lhs_blocks, recipe.grad_dtype)
-        rhs_t_q, rhs_t_scale = quantize(jnp.swapaxes(rhs, 1, 2), recipe.rhs_blocks, recipe.dtype)
-        d_lhs = _grouped64(
-            dequantize(grad_q, grad_scale, recipe.lhs_blocks),
-            dequantize(rhs_t_q, rhs_t_scale, recipe.rhs_blocks),
-            group_sizes,
-        )
-        _, lhs_deq, _ = dequantized_operands(lhs, rhs, recipe)
-        lhs_deq = np.asarray(lhs_deq, np.float64)
-        ct = np.asarray(jnp.asarray(cotangent, jnp.float32), np.float64)
-        d_rhs = np.zeros(rhs.shape)
-        start = 0
-        for g, size in enumerate(group_sizes):
-            size = min(size, lhs.shape[0] - start)
-            d_rhs[g] = lhs_deq[start : start + size].T @ ct[start : start + size]
-            start += size
-        return d_lhs, d_rhs
+        return fp8_reference_grads(*operands, cotangent, group_sizes, self.recipe)
 
 
 class TestFp8Backends(Fp8Op):
@@ -410,23 +415,8 @@ def test_gradients_equal_the_float64_vjp_of_the_dequantized_product(backend, rec
     grad_lhs, grad_rhs = vjp(cotangent)
     assert grad_lhs.dtype == lhs.dtype and grad_rhs.dtype == rhs.dtype
 
-    grad_q, grad_scale = quantize(cotangent, recipe.lhs_blocks, recipe.grad_dtype)
-    rhs_t_q, rhs_t_scale = quantize(jnp.swapaxes(rhs, 1, 2), recipe.rhs_blocks, recipe.dtype)
-    expected_lhs = _grouped64(
-        dequantize(grad_q, grad_scale, recipe.lhs_blocks),
-        dequantize(rhs_t_q, rhs_t_scale, recipe.rhs_blocks),
-        sizes,
-    )
+    expected_lhs, expected_rhs = fp8_reference_grads(lhs, rhs, cotangent, sizes, recipe)
     assert relative_error(grad_lhs, expected_lhs) <= 1e-6
-
-    _, lhs_deq, _ = dequantized_operands(lhs, rhs, recipe)
-    lhs_deq, ct = np.asarray(lhs_deq, np.float64), np.asarray(cotangent, np.float64)
-    expected_rhs = np.zeros(rhs.shape)
-    start = 0
-    for g, size in enumerate(sizes):
-        size = min(size, lhs.shape[0] - start)
-        expected_rhs[g] = lhs_deq[start : start + size].T @ ct[start : start + size]
-        start += size
     assert relative_error(grad_rhs, expected_rhs) <= 1e-6
 
 
