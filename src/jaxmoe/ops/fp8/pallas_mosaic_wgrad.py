@@ -30,9 +30,8 @@ from jaxmoe.ops.mosaic.tgmm_ring import (
     largest_first,
     run_wgrad_ring,
     store_tile,
-    swizzled,
 )
-from jaxmoe.ops.mosaic.tiles import tile_shape_reasons
+from jaxmoe.ops.mosaic.tiles import swizzle_transforms, tile_shape_reasons
 from jaxmoe.ops.mosaic.warpgroups import NUM_COMPUTE_WARPGROUPS
 from jaxmoe.ops.pallas_common import swizzle
 
@@ -136,14 +135,14 @@ class _TokenBlockWgrad:
         self.tiles_per_group = self.num_k_tiles * self.num_n_tiles
         self.num_tiles = cta_tile_count(num_groups * self.tiles_per_group)
         self.out_dtype = out_gmem.dtype
-        transforms = swizzled(bm, 1)  # 128 FP8 tokens a row (GPU)
+        transforms = swizzle_transforms(bm, 1)  # 128 FP8 tokens a row (GPU)
         self.lhs_slot = SlotBuffer((bk, bm), lhs.dtype, transforms)
         if interpreted:  # tokens by columns of N: rows of bn bytes
-            self.rhs_slot = SlotBuffer((bm, bn), rhs.dtype, swizzled(bn, 1))
+            self.rhs_slot = SlotBuffer((bm, bn), rhs.dtype, swizzle_transforms(bn, 1))
         else:
             self.rhs_slot = SlotBuffer((bn, bm), rhs.dtype, transforms)
         out_itemsize = jnp.dtype(self.out_dtype).itemsize
-        self.out_transforms = swizzled(self.wg_n * out_itemsize, out_itemsize)
+        self.out_transforms = swizzle_transforms(self.wg_n * out_itemsize, out_itemsize)
 
     def tile_steps(self, local_tile):
         bm = self.cfg.block_m

@@ -30,7 +30,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from jaxmoe.ops.mosaic.tiles import MosaicTileConfig, epilogue_layout
+from jaxmoe.ops.mosaic.tiles import MosaicTileConfig, epilogue_layout, swizzle_transforms
 from jaxmoe.ops.mosaic.warpgroups import NUM_COMPUTE_WARPGROUPS
 
 
@@ -67,14 +67,11 @@ def _swizzled_allocation(layout, out_dtype):
     # Whole slabs: [stage_rows, chunk_cols] chunks, 128-byte swizzled (conflict-free writes of
     # the wgmma registers), two slots per warpgroup so that one store stays in flight.
     chunk_cols = layout["chunk_cols"]
-    out_swizzle = plgpu.find_swizzle(chunk_cols * jnp.dtype(out_dtype).itemsize * 8)
+    itemsize = jnp.dtype(out_dtype).itemsize
     return plgpu.SMEM(
         (NUM_COMPUTE_WARPGROUPS, layout["slots"], layout["rows"], chunk_cols),
         out_dtype,
-        transforms=(
-            plgpu.TilingTransform((8, out_swizzle // jnp.dtype(out_dtype).itemsize)),
-            plgpu.SwizzleTransform(out_swizzle),
-        ),
+        transforms=swizzle_transforms(chunk_cols * itemsize, itemsize),
     )
 
 

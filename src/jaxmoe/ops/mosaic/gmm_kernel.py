@@ -33,7 +33,7 @@ from jaxmoe.ops.mosaic.epilogue import EpilogueStores, epilogue_allocation
 from jaxmoe.ops.mosaic.persistent_loop import cta_tile_count, cta_tile_index
 from jaxmoe.ops.mosaic.ring import ring_barriers
 from jaxmoe.ops.mosaic.ring_operands import RingOperands
-from jaxmoe.ops.mosaic.tiles import MosaicTileConfig, warpgroup_tile
+from jaxmoe.ops.mosaic.tiles import MosaicTileConfig, swizzle_transforms, warpgroup_tile
 from jaxmoe.ops.mosaic.variant import GmmVariant
 from jaxmoe.ops.mosaic.warpgroups import (
     CLUSTER_AXIS,
@@ -149,11 +149,7 @@ def mosaic_gmm_body(
     """The kernel of :func:`.launch.launch_gmm`: ``refs`` as :class:`GmmRefs` lays them out."""
     refs = GmmRefs.unpack(refs, variant, cfg)
     itemsize = jnp.dtype(refs.lhs.dtype).itemsize
-    swizzle = plgpu.find_swizzle(cfg.block_k * itemsize * 8)
-    transforms = (
-        plgpu.TilingTransform((8, swizzle // itemsize)),
-        plgpu.SwizzleTransform(swizzle),
-    )
+    transforms = swizzle_transforms(cfg.block_k * itemsize, itemsize)
     on_ring = RingOperands(cfg, refs.epilogue, transforms) if variant.ring_operands else None
     layout = GmmLayout(cfg, variant, transpose_rhs, num_groups, interpreted, transforms, on_ring)
     # Results stored a run of columns at a time (ring_operands) are staged that wide.

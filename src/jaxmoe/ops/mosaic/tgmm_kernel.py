@@ -24,9 +24,9 @@ from jaxmoe.ops.mosaic.tgmm_ring import (
     epilogue_cols,
     run_wgrad_ring,
     store_tile,
-    swizzled,
     warpgroup_tile,
 )
+from jaxmoe.ops.mosaic.tiles import swizzle_transforms
 from jaxmoe.ops.mosaic.warpgroups import CLUSTER_AXIS, MULTICAST_CLUSTER_CTAS
 from jaxmoe.ops.pallas_common import swizzle
 
@@ -102,7 +102,7 @@ class _RowBlockWgrad:
         dtype = lhs_gmem.dtype
         itemsize = jnp.dtype(dtype).itemsize
         # One swizzle for the blocks and the slab alike: rows of 64 operand elements.
-        transforms = swizzled(64 * itemsize, itemsize)
+        transforms = swizzle_transforms(64 * itemsize, itemsize)
         self.lhs_slot = SlotBuffer((cfg.block_m, cfg.block_k), dtype, transforms)
         self.rhs_slot = SlotBuffer((cfg.block_m, cfg.block_n), dtype, transforms)
         self.out_transforms = transforms

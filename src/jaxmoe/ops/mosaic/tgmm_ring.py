@@ -59,16 +59,6 @@ def smem_bytes(cfg, operand_bytes: int = 2) -> int:
     return ring + NUM_COMPUTE_WARPGROUPS * epilogue_rows(cfg) * epilogue_cols(cfg) * 2
 
 
-def swizzled(row_bytes: int, itemsize: int) -> tuple:
-    """The shared-memory transforms of a block with rows of ``row_bytes`` bytes: the widest
-    swizzle they allow, tiled in 8-row groups of one swizzle's width."""
-    swizzle_bytes = plgpu.find_swizzle(row_bytes * 8)
-    return (
-        plgpu.TilingTransform((8, swizzle_bytes // itemsize)),
-        plgpu.SwizzleTransform(swizzle_bytes),
-    )
-
-
 # --- The ring both wgrads run on ---------------------------------------------------------------
 
 

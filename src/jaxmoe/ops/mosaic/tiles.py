@@ -12,6 +12,7 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
+from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from jaxmoe.ops.mosaic.warpgroups import (
     MULTICAST_CLUSTER_CTAS,
@@ -63,6 +64,17 @@ MOSAIC_ALIGNMENT = 64
 # (8-row tiles) takes a first row that is a multiple of 8 only (Mosaic GPU's layout inference
 # refuses others).
 GROUP_START_ALIGN = 8
+
+
+def swizzle_transforms(row_bytes: int, itemsize: int) -> tuple:
+    """The shared-memory transforms of a block whose rows are ``row_bytes`` bytes of
+    ``itemsize``-byte elements: the widest swizzle they allow, tiled in 8-row groups of one
+    swizzle's width (every kernel's TMA blocks and epilogue slots)."""
+    swizzle_bytes = plgpu.find_swizzle(row_bytes * 8)
+    return (
+        plgpu.TilingTransform((8, swizzle_bytes // itemsize)),
+        plgpu.SwizzleTransform(swizzle_bytes),
+    )
 
 
 def tile_align(cfg: MosaicTileConfig) -> int | None:
