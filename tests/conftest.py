@@ -4,14 +4,14 @@ import os
 import shutil
 import tempfile
 
-# Once: pytest-xdist's workers inherit the controller's environment and import this file again.
-# The tests' programs are small, so compiling them is most of the suite's time: LLVM at -O0 saves
-# about 30%. It changes how the CPU code is optimised, which can move last bits (e.g. no fused
-# multiply-adds); every test compares within a tolerance or runs both sides under these flags.
-for flag in ("--xla_force_host_platform_device_count=8", "--xla_backend_optimization_level=0"):
-    if flag.split("=")[0] not in os.environ.get("XLA_FLAGS", ""):
-        os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + flag).strip()
+from tests.xla_cpu import set_xla_flags
+
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# The tests' programs are small, so compiling them is most of the suite's time: LLVM at -O0 saves
+# about 30%, the CPU's older emitters about as much again (`tests/xla_cpu.py`). These change how
+# the CPU code is optimised, which can move last bits (e.g. no fused multiply-adds); every test
+# compares within a tolerance, or runs both sides under the same flags or `jit_xla_defaults`.
+set_xla_flags()
 # One XLA compilation cache for the whole run, made by the controller and shared by its
 # workers: many tests compile the same program (a one-device reference, a layer config) through
 # different function objects, which jit's in-memory cache cannot see (-16% on the EP tests).

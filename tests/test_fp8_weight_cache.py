@@ -32,6 +32,7 @@ from jaxmoe.ops.fp8 import (
 from jaxmoe.ops.fp8 import weights as fp8_weights_module
 from jaxmoe.ops.fp8.pallas_mosaic import PallasMosaicScaledGroupedMatmul
 from jaxmoe.ops.mosaic.tiles import MosaicTileConfig
+from tests.xla_cpu import jit_xla_defaults
 
 RECIPES = ["rowwise", "blockwise"]
 SIZES = [90, 0, 7, 150]  # skewed, an empty group, 9 rows past the last group
@@ -295,12 +296,14 @@ def _layer_value_and_grads(cfg, params, x, fp8_weights=None, mesh=None):
         y, stats = jaxmoe.moe(params, x, cfg, mesh=mesh, fp8_weights=fp8_weights)
         return jnp.sum(y.astype(jnp.float32) ** 2) + stats.aux_loss, y
 
-    grads, y = jax.jit(jax.grad(loss, argnums=(0, 1), has_aux=True))(params, x, fp8_weights)
+    grads, y = jit_xla_defaults(jax.grad(loss, argnums=(0, 1), has_aux=True))(
+        params, x, fp8_weights
+    )
     return y, grads
 
 
 def _quantize(params, cfg):
-    return jax.jit(jaxmoe.quantize_expert_weights, static_argnums=1)(params, cfg)
+    return jit_xla_defaults(jaxmoe.quantize_expert_weights, static_argnums=1)(params, cfg)
 
 
 @pytest.mark.parametrize(

@@ -295,14 +295,15 @@ def test_in_kernel_activation_and_slope_are_the_activation_and_its_derivative(ac
     # sigmoid(2y)). On a CPU exp2 and rsqrt are exact, so this checks their algebra; the GPU's
     # approximate instructions were measured within 2e-5 of the exact forms on an H100.
     # The exact geglu slope, (1 + tanh(y)) / 2 + ..., cancels where tanh(y) -> -1 (x ~ -5: 3e-6
-    # off, as jax.grad of jax.nn.gelu); the sigmoid form does not.
+    # off, as jax.grad of jax.nn.gelu; 5e-6 under XLA's older CPU emitters, `tests/xla_cpu.py`);
+    # the sigmoid form does not.
     x = np.concatenate([np.linspace(-6.0, 6.0, 241), [-200.0, 200.0]]).astype(np.float32)
     x64, eps = x.astype(np.float64), 1e-6
     want_value = _np_act(x64, activation)
     want_slope = (_np_act(x64 + eps, activation) - _np_act(x64 - eps, activation)) / (2 * eps)
     value, slope = fused_mosaic._KERNEL_ACTIVATION_SLOPES[activation](jnp.asarray(x), approx)
     np.testing.assert_allclose(value, want_value, rtol=1e-6, atol=1e-6)
-    slope_atol = 4e-6 if activation == "geglu" and not approx else 1e-6
+    slope_atol = 6e-6 if activation == "geglu" and not approx else 1e-6
     np.testing.assert_allclose(slope, want_slope, rtol=1e-5, atol=slope_atol)
     np.testing.assert_allclose(
         fused_mosaic._KERNEL_ACTIVATIONS[activation](jnp.asarray(x), approx), value, rtol=1e-6

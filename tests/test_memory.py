@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import jaxmoe
+from tests.xla_cpu import jit_xla_defaults
 
 # (T, H, F, E, K, capacity_factor); capacity mode makes R exact: R = E * ceil(c*T*K/E).
 CASES = [
@@ -64,7 +65,7 @@ def test_dropless_ep_memory_is_close_to_fast_slots_alone():
     def temporaries(cfg, training):
         f = lambda p, x: jnp.sum(jaxmoe.moe(p, x, cfg, mesh=mesh)[0])
         f = jax.grad(f, argnums=(0, 1)) if training else f
-        analysis = jax.jit(f).lower(params, x).compile().memory_analysis()
+        analysis = jit_xla_defaults(f).lower(params, x).compile().memory_analysis()
         if analysis is None:
             pytest.skip("this jaxlib gives no memory analysis")
         return analysis.temp_size_in_bytes

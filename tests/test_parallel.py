@@ -20,6 +20,7 @@ from jax.sharding import Mesh
 import jaxmoe
 from jaxmoe import debug
 from jaxmoe.parallel import logical_axis_rules, moe_sharded, param_partition_specs, slot_rows
+from tests.xla_cpu import jit_xla_defaults
 
 RTOL = 1e-5
 HIDDEN, FFN, NUM_EXPERTS, TOP_K = 8, 16, 8, 2
@@ -82,14 +83,15 @@ def with_bias(params, routing, ep):
 def _jitted_value_and_grads(cfg, mesh, poisoned):
     """One jitted program per layer (``poisoned``: whether debug.poison_buffers was on when it
     was traced, which jit's cache does not see): the tests' references and repeated runs
-    reuse its compile instead of tracing and lowering the same program again."""
-    del poisoned  # a key only
+    reuse its compile instead of tracing and lowering the same program again. A poisoned
+    program compiles at XLA's defaults (``tests/xla_cpu.py`` says why)."""
 
     def loss(params, x, cotangent):
         y, stats = jaxmoe.moe(params, x, cfg, mesh=mesh)
         return jnp.sum(y * cotangent) + stats.aux_loss, (y, stats)
 
-    return jax.jit(jax.grad(loss, argnums=(0, 1), has_aux=True))
+    jit = jit_xla_defaults if poisoned else jax.jit
+    return jit(jax.grad(loss, argnums=(0, 1), has_aux=True))
 
 
 def value_and_grads(cfg, params, x, cotangent, mesh=None):

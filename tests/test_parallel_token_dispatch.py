@@ -23,6 +23,7 @@ from test_parallel_exchange import collectives
 import jaxmoe
 from jaxmoe import debug
 from jaxmoe.parallel import layout
+from tests.xla_cpu import jit_xla_defaults
 
 
 def make_case(num_experts=8, top_k=2, routing="uniform", ep=4, batch=8, seq=4, **cfg_kwargs):
@@ -267,7 +268,7 @@ def test_tokens_temporaries_close_to_copies():
         layer_cfg = dataclasses.replace(cfg, ep_dispatch=dispatch)
         f = lambda p, x: jnp.sum(jaxmoe.moe(p, x, layer_cfg, mesh=mesh)[0])
         f = jax.grad(f, argnums=(0, 1)) if training else f
-        analysis = jax.jit(f).lower(params, x).compile().memory_analysis()
+        analysis = jit_xla_defaults(f).lower(params, x).compile().memory_analysis()
         if analysis is None:
             pytest.skip("this jaxlib gives no memory analysis")
         return analysis.temp_size_in_bytes

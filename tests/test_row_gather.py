@@ -12,6 +12,7 @@ import jaxmoe
 from jaxmoe import permutation
 from jaxmoe.ops import row_gather
 from jaxmoe.ops.row_gather import api, pallas_triton
+from tests.xla_cpu import jit_xla_defaults
 
 
 def reference_gather(values, index, row_scale=None) -> np.ndarray:
@@ -282,7 +283,7 @@ def test_sharded_layer_with_the_kernel(monkeypatch, check_vma):
             y, stats = jaxmoe.moe(p, x, cfg, mesh=mesh)
             return jnp.sum(y * jnp.cos(x)) + stats.aux_loss
 
-        return jax.jit(jax.grad(loss, argnums=(0, 1)))(params, x)
+        return jit_xla_defaults(jax.grad(loss, argnums=(0, 1)))(params, x)
 
     expected = grads()
     calls = KernelCalls(interpret=True)
