@@ -72,6 +72,8 @@ COLUMNWISE_SHAPES = {
     "mixtral-hidden": (8192, 14336, 8),
     "dsv3-x": (32768, 7168, 32),
     "dsv3-hidden": (32768, 2048, 32),
+    "qwen3-x": (65536, 2048, 128),
+    "qwen3-hidden": (65536, 768, 128),
 }
 TINY_COLUMNWISE_SHAPES = {"tiny": (700, 256, 4)}
 COLUMNWISE_OUTPUTS = ("x_t_q", "scale", "starts")

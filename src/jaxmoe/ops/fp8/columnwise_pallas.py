@@ -10,9 +10,11 @@ and casts it into the transposed ``[K, Mp]`` layout in one loop fusion, which ru
   ``b`` is rows ``[src_b, src_b + count_b)`` of ``x``, zero-padded. XLA computes the three
   ``[Mp / 128]`` block tables (source row, row count, group) from the group sizes.
 * Pass 1, grid ``(Mp / 128, K / bk)``: each program loads its block's rows (a masked load at a
-  dynamic row offset: the gather, for free), and writes their column maxima ``[bk]``. XLA
-  reduces the block maxima per group (``1/128`` of the data) into the scales, with
-  :func:`quantize.scale_from_amax` as the XLA path does.
+  dynamic row offset: the gather, for free) and folds their column maxima ``[bk]`` into its
+  group's row of ``amax [G, K]`` with an atomic max (zeros first: every maximum is >= 0, and
+  a maximum is exact in any order). XLA's per-group reduction of the block maxima, a scatter,
+  took longer than the pass itself (docs/kernels.md, 'FP8 quantizers'). XLA turns the maxima
+  into scales with :func:`quantize.scale_from_amax`, as the XLA path does.
 * Pass 2, same grid: loads the rows again, divides by its group's ``bk`` scales, casts
   (:func:`quantize.cast_scaled`) and stores the ``[bk, 128]`` transposed tile: 128 contiguous
   bytes per row of the output.
@@ -68,16 +70,20 @@ def _block_rows(x_ref, source, count, k0, block_k):
     return values.astype(jnp.float32)
 
 
-def _amax_kernel(source_ref, count_ref, x_ref, amax_ref, *, block_k: int):
+def _amax_kernel(source_ref, count_ref, group_ref, x_ref, zeros_ref, amax_ref, *, block_k: int):
+    del zeros_ref  # amax_ref's initial value (aliased)
     k0 = pl.program_id(1) * block_k
     values = _block_rows(x_ref, source_ref[0], count_ref[0], k0, block_k)
-    amax_ref[...] = jnp.max(jnp.abs(values), axis=0)
+    # A block past the groups (count 0) folds zeros into the last group: no change.
+    target = (group_ref[0], pl.ds(k0, block_k))
+    plgpu.atomic_max(amax_ref, target, jnp.max(jnp.abs(values), axis=0))
 
 
-def _cast_kernel(source_ref, count_ref, scale_ref, x_ref, q_t_ref, *, block_k: int):
+def _cast_kernel(source_ref, count_ref, group_ref, scale_ref, x_ref, q_t_ref, *, block_k: int):
     k0 = pl.program_id(1) * block_k
     values = _block_rows(x_ref, source_ref[0], count_ref[0], k0, block_k)
-    q_t_ref[...] = cast_scaled(values / scale_ref[...][None, :], E4M3).T
+    scale = plgpu.load(scale_ref.at[group_ref[0], pl.ds(k0, block_k)])
+    q_t_ref[...] = cast_scaled(values / scale[None, :], E4M3).T
 
 
 def quantize_columnwise_pallas(
@@ -102,31 +108,26 @@ def quantize_columnwise_pallas(
     whole = pl.BlockSpec(memory_space=pl.ANY)
     params = plgpu.CompilerParams(num_warps=NUM_WARPS, num_stages=1)
     with quiet_triton_deprecation():
-        block_amax = pl.pallas_call(
+        amax = pl.pallas_call(
             functools.partial(_amax_kernel, block_k=block_k),
-            out_shape=jax.ShapeDtypeStruct((num_blocks, width), jnp.float32),
+            out_shape=jax.ShapeDtypeStruct((num_groups, width), jnp.float32),
             grid=grid,
-            in_specs=[scalar, scalar, whole],
-            out_specs=pl.BlockSpec((pl.squeezed, block_k), lambda i, j: (i, j)),
+            in_specs=[scalar, scalar, scalar, whole, whole],
+            out_specs=whole,
+            input_output_aliases={4: 0},
             compiler_params=params,
             interpret=interpret,
             name="jaxmoe_columnwise_amax",
-        )(source, count, x)
-        amax = jax.ops.segment_max(block_amax, group, num_groups, indices_are_sorted=True)
-        scale = scale_from_amax(jnp.maximum(amax, 0.0), E4M3)  # an empty group: -inf
+        )(source, count, group, x, jnp.zeros((num_groups, width), jnp.float32))
+        scale = scale_from_amax(amax, E4M3)  # an empty group's amax stays 0: the floor scale
         q_t = pl.pallas_call(
             functools.partial(_cast_kernel, block_k=block_k),
             out_shape=jax.ShapeDtypeStruct((width, num_blocks * ALIGN), E4M3),
             grid=grid,
-            in_specs=[
-                scalar,
-                scalar,
-                pl.BlockSpec((pl.squeezed, block_k), lambda i, j: (i, j)),
-                whole,
-            ],
+            in_specs=[scalar, scalar, scalar, whole, whole],
             out_specs=pl.BlockSpec((block_k, ALIGN), lambda i, j: (j, i)),
             compiler_params=params,
             interpret=interpret,
             name="jaxmoe_columnwise_cast",
-        )(source, count, scale[group], x)  # each block's group's scales (1/128 of x)
+        )(source, count, group, scale, x)
     return q_t, scale, starts
