@@ -173,6 +173,43 @@ def test_fp8_wgrad_is_within_what_e4m3_allows_of_the_unquantized_wgrad():
     assert 0.005 < relative_error(fp8, exact) < 0.06
 
 
+def test_auto_wgrad_picks_fp8_for_wide_matmuls_only():
+    """``wgrad="auto"`` (the default): FP8 where ``2KN / (K + N) >= 2048``, rowwise only. The
+    benchmark presets' matmuls: Mixtral and DeepSeek-V3 in FP8, Qwen3 in high precision."""
+    auto = Fp8Recipe("rowwise")
+    assert auto.wgrad == "auto"
+    for k, n in ((4096, 14336), (14336, 4096), (7168, 2048), (2048, 2048)):
+        assert auto.fp8_wgrad(k, n), (k, n)
+    for k, n in ((2048, 768), (768, 2048), (2047, 2047), (64, 1 << 20)):
+        assert not auto.fp8_wgrad(k, n), (k, n)
+    assert not Fp8Recipe("blockwise").fp8_wgrad(4096, 14336)  # no blockwise FP8 wgrad
+    assert FP8_WGRAD.fp8_wgrad(16, 16) and not Fp8Recipe(wgrad="high").fp8_wgrad(8192, 8192)
+
+
+@pytest.mark.parametrize("min_width, runs", [(21, "fp8"), (22, "high")])
+def test_auto_wgrad_runs_the_picked_weight_gradient(monkeypatch, min_width, runs):
+    """At K=32, N=16 (2KN / (K + N) = 21.3) ``"auto"``'s gradients are bit for bit those of the
+    precision it picks, and the two precisions differ (so the test sees the pick)."""
+    from jaxmoe.ops.fp8 import recipe as recipe_module
+
+    monkeypatch.setattr(recipe_module, "AUTO_FP8_WGRAD_MIN_WIDTH", min_width)
+    lhs, rhs, ct = _rows(0, 40, 32), _rows(1, 48, 16).reshape(3, 16, 16)[:2], _rows(2, 40, 16)
+    rhs = jnp.concatenate([rhs, rhs], axis=1)  # [2, 32, 16]
+    group_sizes = jnp.array([25, 15], jnp.int32)
+
+    def grads(wgrad):
+        def loss(a, b):
+            out = fp8_grouped_matmul(a, b, group_sizes, recipe=Fp8Recipe(wgrad=wgrad))
+            return jnp.sum(out * ct)
+
+        return jax.jit(jax.grad(loss, argnums=(0, 1)))(lhs, rhs)
+
+    auto, picked, other = grads("auto"), grads(runs), grads({"fp8": "high", "high": "fp8"}[runs])
+    for got, want in zip(auto, picked, strict=True):
+        np.testing.assert_array_equal(got, want)
+    assert not np.array_equal(auto[1], other[1])
+
+
 @pytest.mark.parametrize(
     "kwargs, match",
     [

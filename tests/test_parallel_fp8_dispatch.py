@@ -114,6 +114,37 @@ def test_fp8_wire_is_bitwise_the_layer_that_quantizes_after_the_exchange(
     assert np.all(np.isfinite(np.asarray(grads[1], np.float32)))
 
 
+def test_auto_wgrad_is_high_precision_on_the_fp8_wire(monkeypatch):
+    """Only the rows' FP8 copies cross the wire, so there ``wgrad="auto"`` runs the
+    high-precision weight gradient even where it would pick FP8 (here: every width), bit for bit
+    ``wgrad="high"``; and a weight cache made for the config serves that layer."""
+    from jaxmoe.ops.fp8 import recipe as recipe_module
+
+    monkeypatch.setattr(recipe_module, "AUTO_FP8_WGRAD_MIN_WIDTH", 1)
+    mesh, data_axes = MESHES["ep4"]
+    cfg = _config(data_axes=data_axes, ep_fp8_dispatch=True)
+    assert cfg.fp8_recipe == "rowwise" and Fp8Recipe(cfg.fp8_recipe).fp8_wgrad(HIDDEN, 64)
+    keys = jax.random.split(jax.random.key(1), 3)
+    params = jaxmoe.init_params(keys[0], cfg)
+    x = jax.random.normal(keys[1], (8, 8, HIDDEN), jnp.float32)
+    cotangent = jax.random.normal(keys[2], x.shape, jnp.float32)
+    fp8_weights = jaxmoe.quantize_expert_weights(params, cfg)  # made with wgrad="auto"
+
+    def grads(layer_cfg):
+        def loss(params, x):
+            y, _ = jaxmoe.moe(params, x, layer_cfg, mesh=mesh, fp8_weights=fp8_weights)
+            return jnp.sum(y.astype(jnp.float32) * cotangent)
+
+        return jax.jit(jax.grad(loss, argnums=(0, 1)))(params, x)
+
+    got = grads(cfg)
+    want = grads(dataclasses.replace(cfg, fp8_recipe=Fp8Recipe("rowwise", wgrad="high")))
+    for (path, grad), ref in zip(
+        jax.tree_util.tree_flatten_with_path(got)[0], jax.tree.leaves(want), strict=True
+    ):
+        np.testing.assert_array_equal(grad, ref, err_msg=jax.tree_util.keystr(path))
+
+
 def _forward_texts(cfg, mesh, tokens_per_rank=32):
     params = jaxmoe.init_params(jax.random.key(0), cfg)
     x = jnp.ones((mesh.size * tokens_per_rank, cfg.hidden_size), jnp.bfloat16)

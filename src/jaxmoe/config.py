@@ -125,7 +125,8 @@ class MoEConfig:
         path's bytes (K=8 of E=32: tokens at ep 2 and 4, copies at 8; K=2 of E=8: copies),
         else ``"copies"`` (:func:`jaxmoe.parallel.layout.auto_dispatch`).
       ep_fp8_dispatch: send the expert-parallel dispatch's rows in FP8 (opt-in; needs
-        ``fp8_recipe`` and ``ep_axis``, not ``wgrad="fp8"``): each token quantized once before
+        ``fp8_recipe`` and ``ep_axis``, not ``wgrad="fp8"``; ``wgrad="auto"`` is ``"high"``
+        there, since only the FP8 rows cross the wire): each token quantized once before
         the exchange with the recipe's activation blocks, the FP8 rows and their float32
         scales on the wire (about half the bf16 bytes) and used by the experts as received.
         Bitwise the layer that quantizes after the exchange, forward and gradients; the
@@ -134,7 +135,8 @@ class MoEConfig:
       fsdp_expert_weights: also shard expert weights over ``data_axes`` (gathered just in time).
       fp8_recipe: ``None`` (default: expert matmuls in ``dtype``), ``"rowwise"``,
         ``"blockwise"`` or an :class:`jaxmoe.ops.fp8.Fp8Recipe` (e.g. ``Fp8Recipe("rowwise",
-        wgrad="fp8")``: the weight gradients in FP8 too): the routed experts' grouped matmuls
+        wgrad="fp8")``: the weight gradients in FP8 too; the default ``wgrad="auto"`` runs
+        them in FP8 where that is faster): the routed experts' grouped matmuls
         run in FP8 (e4m3) with that scaling recipe
         (:func:`jaxmoe.ops.fp8.fp8_grouped_matmul`); master weights and their
         gradients stay in ``param_dtype``, the router, losses, combine and shared expert are

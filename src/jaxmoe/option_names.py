@@ -18,6 +18,8 @@ GATED_ACTIVATIONS = ("swiglu", "geglu", "swiglu_clamped")
 GROUPED_MATMUL_BACKENDS = ("auto", "reference", "xla", "pallas", "pallas_triton")
 # ``jaxmoe.ops.fp8.recipe``: the FP8 scaling recipes of the expert matmuls.
 FP8_RECIPES = ("rowwise", "blockwise")
+# ``jaxmoe.ops.fp8.recipe``: the precisions of an FP8 recipe's weight gradient.
+FP8_WGRAD_PRECISIONS = ("auto", "high", "fp8")
 # ``jaxmoe.parallel.exchange``: one name per exchange implementation.
 EP_EXCHANGES = ("all_to_all", "all_to_all_chunked", "all_gather", "ragged_all_to_all")
 # ``jaxmoe.parallel.dispatch``: what an expert-parallel exchange row holds (one per (token,

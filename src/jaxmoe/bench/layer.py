@@ -10,8 +10,9 @@ Implementations (``impls`` names):
   ``blockwise``): the expert matmuls in FP8 (checked against the float32 reference with
   :data:`FP8_REL_TOL`). ``jaxmoe-fp8-<recipe>-cached``: the same with the expert weights
   quantized once, outside the timed calls (:func:`jaxmoe.quantize_expert_weights`), as a step
-  with gradient accumulation runs each micro-batch after the first. ``jaxmoe-fp8-rowwise-fp8wgrad``
-  (``[-cached]``): ``Fp8Recipe("rowwise", wgrad="fp8")``, the weight gradients in FP8 too.
+  with gradient accumulation runs each micro-batch after the first. The recipe's ``wgrad`` is
+  its default ``"auto"`` (FP8 weight gradients where they are faster); ``-fp8wgrad`` /
+  ``-highwgrad`` (before ``[-cached]``) force ``"fp8"`` (rowwise only) / ``"high"``.
 - ``dense``: plain JAX, every expert applied to every token and masked by the combine weights
   (E/K times the useful work; skipped when its intermediates would not fit).
 - ``torch``: :class:`jaxmoe.bench.torch_layer.TorchMoELayer` (``torch._grouped_mm``; skipped
@@ -92,7 +93,8 @@ REL_TOL = {jnp.dtype(jnp.bfloat16): 3e-2, jnp.dtype(jnp.float32): 5e-3}
 FP8_REL_TOL = 0.12
 FP8_PREFIX = "jaxmoe-fp8-"
 FP8_CACHED_SUFFIX = "-cached"
-FP8_WGRAD_SUFFIX = "-fp8wgrad"  # Fp8Recipe(recipe, wgrad="fp8"): the weight gradients in FP8 too
+# Fp8Recipe(recipe, wgrad=...): the weight gradients' precision forced (default: "auto").
+FP8_WGRAD_SUFFIXES = {"-fp8wgrad": "fp8", "-highwgrad": "high"}
 # The dense layer is skipped when its estimated live bytes exceed this share of device memory.
 DENSE_MEMORY_SHARE = 0.3
 CPU_MEMORY_BYTES = 4 << 30
@@ -153,18 +155,21 @@ def device_memory_bytes() -> int:
     return int(stats.get("bytes_limit", CPU_MEMORY_BYTES))
 
 
+def _fp8_wgrad_suffix(impl: str) -> str | None:
+    stem = impl.removesuffix(FP8_CACHED_SUFFIX)
+    return next((suffix for suffix in FP8_WGRAD_SUFFIXES if stem.endswith(suffix)), None)
+
+
 def _fp8_recipe_name(impl: str) -> str:
-    return (
-        impl.removeprefix(FP8_PREFIX).removesuffix(FP8_CACHED_SUFFIX).removesuffix(FP8_WGRAD_SUFFIX)
-    )
+    stem = impl.removeprefix(FP8_PREFIX).removesuffix(FP8_CACHED_SUFFIX)
+    return stem.removesuffix(_fp8_wgrad_suffix(impl) or "")
 
 
-def _fp8_recipe(impl: str):
+def _fp8_recipe(impl: str) -> jaxmoe.ops.fp8.Fp8Recipe:
     """The ``MoEConfig.fp8_recipe`` of a ``jaxmoe-fp8-...`` impl name."""
-    name = _fp8_recipe_name(impl)
-    if impl.removesuffix(FP8_CACHED_SUFFIX).endswith(FP8_WGRAD_SUFFIX):
-        return jaxmoe.ops.fp8.Fp8Recipe(name, wgrad="fp8")
-    return name
+    suffix = _fp8_wgrad_suffix(impl)
+    wgrad = {"wgrad": FP8_WGRAD_SUFFIXES[suffix]} if suffix else {}
+    return jaxmoe.ops.fp8.Fp8Recipe(_fp8_recipe_name(impl), **wgrad)
 
 
 def check_impls(impls: Sequence[str]) -> None:
@@ -184,7 +189,7 @@ def check_impls(impls: Sequence[str]) -> None:
             raise ValueError(
                 f"unknown layer impl {impl!r}; use torch, torchtitan, dense, jaxmoe, "
                 f"jaxmoe-<backend> (backends: {', '.join(backends)}), "
-                "jaxmoe-fp8-<recipe>[-fp8wgrad][-cached] "
+                "jaxmoe-fp8-<recipe>[-fp8wgrad|-highwgrad][-cached] "
                 f"(recipes: {', '.join(recipes)})."
             )
 
@@ -322,7 +327,10 @@ def _prepare(row, preset, cfg, params, x, dy, want):
         elif impl.startswith(FP8_PREFIX):
             recipe = _fp8_recipe(impl)
             row["fp8_recipe"] = _fp8_recipe_name(impl)
-            row["fp8_wgrad"] = getattr(recipe, "wgrad", "high")
+            row["fp8_wgrad"] = recipe.wgrad
+            # What "auto" (or a forced precision) runs at this preset's K and N.
+            in_fp8 = recipe.fp8_wgrad(preset.hidden_size, preset.ffn_size)
+            row["fp8_wgrad_runs"] = "fp8" if in_fp8 else "high"
             tolerance = FP8_REL_TOL
             layer_cfg = dataclasses.replace(cfg, fp8_recipe=recipe)
             constants = ()

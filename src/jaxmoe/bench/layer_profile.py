@@ -92,7 +92,7 @@ def run_layer_profile(
     *,
     impl: str = "jaxmoe",
     fp8_recipe: str | None = None,
-    fp8_wgrad: str = "high",
+    fp8_wgrad: str = "auto",
     top: int = 25,
     settle_s: float = 0.0,
     tile_variants: dict[str, dict] | None = None,
@@ -105,8 +105,8 @@ def run_layer_profile(
     "fp8_recipe"}`` and the breakdown (:func:`jaxmoe.bench.kernel_profile.summarize`). The torch
     peer has no variants. ``hlo_dir``: also write each jaxmoe function's optimized HLO there."""
     recipe = fp8_recipe
-    if fp8_recipe and fp8_wgrad == "fp8":
-        recipe = jaxmoe.ops.fp8.Fp8Recipe(fp8_recipe, wgrad="fp8")
+    if fp8_recipe and fp8_wgrad != "auto":
+        recipe = jaxmoe.ops.fp8.Fp8Recipe(fp8_recipe, wgrad=fp8_wgrad)
     # name -> (tile changes, gated backend fields)
     variants: dict[str, tuple] = {"default": (None, None)}
     variants |= {name: (changes, None) for name, changes in (tile_variants or {}).items()}
@@ -147,7 +147,8 @@ def row_title(row: dict[str, Any]) -> str:
     """``mixtral fwd+bwd jaxmoe fp8 rowwise (variant)``: what one breakdown profiles."""
     title = f"{row['preset']} {row['pass']} {row['impl']}"
     if row.get("fp8_recipe"):
-        title += f" fp8 {row['fp8_recipe']}" + (" fp8 wgrad" if row["fp8_wgrad"] == "fp8" else "")
+        wgrad = row["fp8_wgrad"]
+        title += f" fp8 {row['fp8_recipe']}" + ("" if wgrad == "auto" else f" {wgrad} wgrad")
     return title + ("" if row["variant"] == "default" else f" ({row['variant']})")
 
 

@@ -42,7 +42,7 @@ from jaxmoe.bench.presets import GEMM_SHAPES, LAYER_PRESETS
 from jaxmoe.bench.tile_variants import SITE_NAMES, check_variant_fields, tile_sites
 from jaxmoe.bench.timing import SETTLE_MS
 from jaxmoe.cli import ab_command, ep_flags, flags
-from jaxmoe.option_names import FP8_RECIPES
+from jaxmoe.option_names import FP8_RECIPES, FP8_WGRAD_PRECISIONS
 
 BENCH_MODULES = {
     "fp8-gemm": fp8_gemm,
@@ -234,9 +234,9 @@ def add_layer_profile(kinds) -> None:
     )
     sub.add_argument(
         "--fp8-wgrad",
-        choices=("high", "fp8"),
-        default="high",
-        help="with --fp8 rowwise: 'fp8' runs the weight gradients in FP8 too",
+        choices=FP8_WGRAD_PRECISIONS,
+        default="auto",
+        help="with --fp8: the weight gradients' precision (Fp8Recipe.wgrad; 'fp8' needs rowwise)",
     )
     sub.add_argument("--top", type=flags.integer(1), default=25, help="ops listed per profile")
     sub.add_argument(

@@ -42,7 +42,7 @@ class DemoConfig:
     seed: int = 0
     out: str = "jaxmoe-demo"
     fp8: str | None = None  # MoEConfig.fp8_recipe of every layer
-    fp8_wgrad: str = "high"  # Fp8Recipe.wgrad: "fp8" runs the weight gradients in FP8 too
+    fp8_wgrad: str = "auto"  # Fp8Recipe.wgrad: "fp8" runs the weight gradients in FP8 too
     width: int = 128
     ffn_size: int = 128
     num_layers: int = 2
@@ -152,9 +152,9 @@ def make_mesh(devices: int):
 
 
 def _fp8_recipe(cfg: DemoConfig):
-    """The demo's ``MoEConfig.fp8_recipe``: the recipe name, or with ``fp8_wgrad="fp8"`` an
-    ``Fp8Recipe`` whose weight gradients run in FP8 too."""
-    if cfg.fp8 is None or cfg.fp8_wgrad == "high":
+    """The demo's ``MoEConfig.fp8_recipe``: the recipe name (its ``wgrad="auto"``), or an
+    ``Fp8Recipe`` with the weight gradients' precision asked for."""
+    if cfg.fp8 is None or cfg.fp8_wgrad == "auto":
         return cfg.fp8
     return jaxmoe.ops.fp8.Fp8Recipe(cfg.fp8, wgrad=cfg.fp8_wgrad)
 
@@ -401,7 +401,7 @@ def run_demo(cfg: DemoConfig) -> dict | None:
             f"score={cfg.score}, aux_loss={cfg.aux_loss:g}, "
             f"expert_bias_rate={cfg.expert_bias_rate:g}"
             + (f", fp8={cfg.fp8}" if cfg.fp8 else "")
-            + (f", fp8_wgrad={cfg.fp8_wgrad}" if cfg.fp8 and cfg.fp8_wgrad != "high" else "")
+            + (f", fp8_wgrad={cfg.fp8_wgrad}" if cfg.fp8 and cfg.fp8_wgrad != "auto" else "")
         ),
         loss=loss.tolist(),
         aux_loss=np.array(host["aux_loss"], dtype=np.float64).tolist(),

@@ -25,7 +25,7 @@ from jaxmoe.bench import expert_parallel, gemm, gemm_tile_sweep, harness, layer,
 from jaxmoe.bench.layer_scaling import LAYER_CASES
 from jaxmoe.bench.presets import GEMM_SHAPES, LAYER_PRESETS
 from jaxmoe.cli import bench_commands, ep_flags, flags
-from jaxmoe.option_names import FP8_RECIPES
+from jaxmoe.option_names import FP8_RECIPES, FP8_WGRAD_PRECISIONS
 from jaxmoe.parallel.exchange import EXCHANGES
 
 SCORES = ("softmax", "sigmoid", "sqrtsoftplus")
@@ -121,10 +121,10 @@ def _add_demo(commands) -> None:
     )
     demo.add_argument(
         "--fp8-wgrad",
-        choices=("high", "fp8"),
-        default="high",
-        help="with --fp8 rowwise: 'fp8' runs the weight gradients in FP8 too, 'high' in "
-        "high precision (Fp8Recipe.wgrad)",
+        choices=FP8_WGRAD_PRECISIONS,
+        default="auto",
+        help="with --fp8: 'fp8' (rowwise only) runs the weight gradients in FP8 too, 'high' in "
+        "high precision, 'auto' in FP8 where that is faster (Fp8Recipe.wgrad)",
     )
 
 

@@ -8,6 +8,7 @@ reduce-scattered by the transpose).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 
@@ -24,6 +25,7 @@ from jaxmoe.layer_body import (
     resolve_alignment,
     sequence_length,
 )
+from jaxmoe.ops.fp8 import resolve_recipe
 from jaxmoe.ops.grouped_matmul import resolve_backend
 from jaxmoe.parallel import sharding
 from jaxmoe.parallel.apply_experts import ep_apply_experts
@@ -59,6 +61,9 @@ def sharded_experts_step(
     None. They travel beside the weights as ``expert_fn``'s parameters (a closure would hide
     them from the overflow loop's transpose)."""
     axes = sharding.batch_axes(cfg)
+    experts_recipe = cfg.fp8_recipe
+    if cfg.ep_fp8_dispatch:  # only the rows' FP8 copies cross the wire: no FP8 wgrad from them
+        experts_recipe = dataclasses.replace(resolve_recipe(cfg.fp8_recipe, "moe"), wgrad="high")
 
     def experts_fn(buffer, group_sizes, weights_and_fp8, buffer_fp8=None):
         # buffer_fp8: the received rows' FP8 operand, with cfg.ep_fp8_dispatch (fp8_wire).
@@ -69,7 +74,7 @@ def sharded_experts_step(
             weights,
             cfg.activation,
             cfg.grouped_matmul_backend,
-            fp8_recipe=cfg.fp8_recipe,
+            fp8_recipe=experts_recipe,
             fp8_weights=fp8,
             buffer_fp8=buffer_fp8,
             swiglu_alpha=cfg.swiglu_alpha,

@@ -156,7 +156,7 @@ def _forward(lhs, rhs, rhs_fp8, lhs_fp8, group_sizes, recipe, impl, out_dtype):
     )
     # The wgrad's activations: FP8 wgrad re-quantizes them per (group, column), transposed and
     # padded (columnwise.py); the high-precision one reads the forward's FP8 operand.
-    if recipe.wgrad == "fp8":
+    if recipe.fp8_wgrad(*rhs.shape[1:]):
         lhs_saved = _wgrad_operand(lhs, group_sizes, recipe.dtype, impl)
     else:
         lhs_saved = (lhs_q, lhs_scale)
@@ -193,7 +193,7 @@ def _fp8_grouped_matmul_bwd(recipe, impl, out_dtype, residuals, grad_out):
     # High precision: the dequantized FP8 activations in the gradient's dtype (bf16 operands,
     # float32 accumulation: tensor cores; a float32 product here ran the Mixtral layer's
     # backward at 1/5 of the bf16 layer's speed on an H100).
-    if recipe.wgrad == "fp8":
+    if recipe.fp8_wgrad(*rhs.shape[1:]):
         lhs_t_q, lhs_col_scale, starts = lhs_saved
         grad_t_q, grad_col_scale, _ = _wgrad_operand(grad_out, group_sizes, recipe.grad_dtype, impl)
         grad_rhs = impl.scaled_tgmm(
@@ -244,7 +244,7 @@ def fp8_grouped_matmul(
       (:func:`jaxmoe.ops.fp8.weights.make_fp8_weights`; on a GPU one two-pass Pallas kernel for
       rowwise) and the dgrad's is saved for the backward. This is the DeepSeek-V3 dgrad and
       TransformerEngine's "columnwise" weight copy.
-    * wgrad ``d rhs[g] = Q_act(lhs)_g^T @ d out_g`` (``recipe.wgrad="high"``, default): high
+    * wgrad ``d rhs[g] = Q_act(lhs)_g^T @ d out_g`` (``recipe.wgrad="high"``): high
       precision (the gradient's dtype, float32 accumulation) on the saved FP8 activations,
       dequantized. The row scales of both operands vary along this product's contraction (the
       tokens): no epilogue can apply them; this is torchao's ``rowwise_with_gw_hp`` recipe.
@@ -254,6 +254,8 @@ def fp8_grouped_matmul(
       epilogue), ``lhs`` in ``recipe.dtype`` and ``d out`` in ``recipe.grad_dtype``. The
       forward then saves ``Q_col(lhs)`` (transposed, groups padded to 128 rows) instead of
       ``Q_act(lhs)``. (DeepSeek-V3 re-quantizes in 128 x 1 tiles along the tokens instead.)
+      ``recipe.wgrad="auto"`` (default) takes the FP8 one where ``2KN / (K + N)`` is large
+      enough for it to be faster (:meth:`Fp8Recipe.fp8_wgrad`).
 
     Master weights and their gradients stay in ``rhs``'s dtype; ``d lhs`` has ``lhs``'s dtype.
     The activations' cast is XLA's, a pass of its own before the kernel, unless the caller

@@ -31,11 +31,18 @@ import dataclasses
 import jax.numpy as jnp
 
 from jaxmoe.ops.fp8.quantize import E4M3, FP8_DTYPES
-from jaxmoe.option_names import FP8_RECIPES, check_registry
+from jaxmoe.option_names import FP8_RECIPES, FP8_WGRAD_PRECISIONS, check_registry
 
 RECIPE_NAMES = ("rowwise", "blockwise")
-WGRAD_PRECISIONS = ("high", "fp8")
+WGRAD_PRECISIONS = ("auto", "high", "fp8")
+# wgrad="auto": FP8 where the harmonic mean of the product's K and N, 2KN / (K + N), is at least
+# this. The FP8 wgrad re-quantizes both operands, 5 bytes moved per element of ``[M, K]`` and
+# ``[M, N]`` for 2MKN flops, so it saves time only where 2KN / (K + N) is large: on one H200 it
+# won on Mixtral (6371) and DeepSeek-V3 (3186) and lost on Qwen3 (1117) (docs/performance.md,
+# 'The layer, FP8').
+AUTO_FP8_WGRAD_MIN_WIDTH = 2048
 check_registry("FP8_RECIPES", FP8_RECIPES, RECIPE_NAMES)
+check_registry("FP8_WGRAD_PRECISIONS", FP8_WGRAD_PRECISIONS, WGRAD_PRECISIONS)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,20 +58,22 @@ class Fp8Recipe:
         group is narrow, so e4m3's extra mantissa bit beats e5m2's range. TransformerEngine's
         HYBRID format (e5m2 gradients) answers per-tensor scaling, which these recipes avoid;
         pass ``grad_dtype=jnp.float8_e5m2`` to follow it.
-      wgrad: the weight gradient's precision. ``"high"`` (default): the gradient's dtype with
-        float32 accumulation, on the FP8 activations dequantized (torchao's
-        ``ROWWISE_WITH_GW_HP``). ``"fp8"`` (rowwise only): both operands re-quantized with one
-        scale per (group, column), constant along the wgrad's contraction over tokens, so the
-        product runs on FP8 tensor cores with the scales in its epilogue
-        (:mod:`jaxmoe.ops.fp8.columnwise`; torchao's ``ROWWISE`` scales per column over all
-        tokens). Blockwise FP8 wgrad (DeepSeek-V3's 128 x 1 token tiles) is not built.
+      wgrad: the weight gradient's precision. ``"high"``: the gradient's dtype with float32
+        accumulation, on the FP8 activations dequantized (torchao's ``ROWWISE_WITH_GW_HP``).
+        ``"fp8"`` (rowwise only): both operands re-quantized with one scale per (group,
+        column), constant along the wgrad's contraction over tokens, so the product runs on
+        FP8 tensor cores with the scales in its epilogue (:mod:`jaxmoe.ops.fp8.columnwise`;
+        torchao's ``ROWWISE`` scales per column over all tokens). ``"auto"`` (default): per
+        product, ``"fp8"`` where it is faster (:meth:`fp8_wgrad`), else ``"high"``; always
+        ``"high"`` for blockwise, whose FP8 wgrad (DeepSeek-V3's 128 x 1 token tiles) is not
+        built.
     """
 
     name: str = "rowwise"
     block_size: int = 128
     dtype: jnp.dtype = E4M3
     grad_dtype: jnp.dtype = E4M3
-    wgrad: str = "high"
+    wgrad: str = "auto"
 
     def __post_init__(self):
         if self.name not in RECIPE_NAMES:
@@ -87,7 +96,8 @@ class Fp8Recipe:
         if self.wgrad not in WGRAD_PRECISIONS:
             raise ValueError(
                 f"Fp8Recipe.wgrad must be one of {WGRAD_PRECISIONS}; got {self.wgrad!r}. 'high' "
-                "keeps the weight gradient in the gradient's dtype, 'fp8' runs it in FP8."
+                "keeps the weight gradient in the gradient's dtype, 'fp8' runs it in FP8, "
+                "'auto' picks per product."
             )
         if self.wgrad == "fp8" and self.name != "rowwise":
             raise ValueError(
@@ -95,6 +105,14 @@ class Fp8Recipe:
                 "blockwise recipe's FP8 wgrad (128 x 1 token tiles) is not built: use "
                 "wgrad='high' with it."
             )
+
+    def fp8_wgrad(self, k: int, n: int) -> bool:
+        """Whether the weight gradient of ``[M, K] @ [G, K, N]`` runs in FP8: ``wgrad="fp8"``,
+        or ``"auto"`` with the rowwise recipe where ``2KN / (K + N) >=``
+        ``AUTO_FP8_WGRAD_MIN_WIDTH``."""
+        if self.wgrad == "auto":
+            return self.name == "rowwise" and 2 * k * n >= AUTO_FP8_WGRAD_MIN_WIDTH * (k + n)
+        return self.wgrad == "fp8"
 
     @property
     def lhs_blocks(self) -> tuple[int | None, int | None]:
