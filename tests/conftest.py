@@ -30,7 +30,9 @@ if os.environ.get("CI"):
     settings.load_profile("ci")
 
 jax.config.update("jax_compilation_cache_dir", os.environ[_CACHE_ENV])
-jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+# Programs that compile in under 50 ms (most are single eager ops) cost more to write to the
+# cache than to compile again: skipping them saved 7% of a four-file subset's CPU time.
+jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.05)
 jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
 jax.config.update("jax_default_matmul_precision", "highest")
 jax.config.update("jax_numpy_rank_promotion", "raise")

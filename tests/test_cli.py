@@ -37,7 +37,7 @@ def test_demo_expert_parallel_with_expert_bias_writes_metrics_and_plot(tmp_path,
     softmax: tests/test_checkpoint.py and tests/test_fp8_layer.py run those): expert parallel on
     2 devices, the sigmoid score with expert-bias updates. One test, not a shared fixture: each
     run costs ~25 s, mostly compilation, and pytest-xdist would run a fixture once per worker."""
-    argv = ["demo", "--steps", "3", "--devices", "2", "--score", "sigmoid"]
+    argv = ["demo", "--steps", "3", "--devices", "2", "--score", "sigmoid", "--sample-chars", "8"]
     assert main([*argv, "--expert-bias-rate", "0.01", "--out", str(tmp_path)]) == 0
     metrics = json.loads((tmp_path / "metrics.json").read_text())
     config = metrics["config"]

@@ -437,11 +437,12 @@ def run_demo(cfg: DemoConfig) -> dict | None:
         print(f"  layer {layer}: max/mean expert load {balance:.2f}  (shares: {share})")
     print(f"  dropped tokens: {int(sum(metrics['dropped_tokens']))} (the layer is dropless)")
 
-    sample = sample_text(
-        model, codec, cfg.seq_len, cfg.sample_chars, cfg.seed, rows=max(1, cfg.devices)
-    )
-    print("\nsample:\n" + "\n".join("  | " + line for line in sample.splitlines()[:8]))
-    metrics["sample"] = sample
+    if cfg.sample_chars:
+        sample = sample_text(
+            model, codec, cfg.seq_len, cfg.sample_chars, cfg.seed, rows=max(1, cfg.devices)
+        )
+        print("\nsample:\n" + "\n".join("  | " + line for line in sample.splitlines()[:8]))
+        metrics["sample"] = sample
 
     (out_dir / "metrics.json").write_text(json.dumps(metrics))
     plot_demo(metrics, out_dir / "demo.png")

@@ -113,6 +113,12 @@ def _add_demo(commands) -> None:
         "--save-every", type=flags.integer(1), default=50, help="steps between checkpoints"
     )
     demo.add_argument(
+        "--sample-chars",
+        type=flags.integer(0),
+        default=240,
+        help="characters sampled from the trained model at the end (0: none)",
+    )
+    demo.add_argument(
         "--fp8",
         choices=FP8_RECIPES,
         default=None,
@@ -325,6 +331,7 @@ def run_demo_command(args) -> int:
         save_every=args.save_every,
         fp8=args.fp8,
         fp8_wgrad=args.fp8_wgrad,
+        sample_chars=args.sample_chars,
     )
     try:
         check_demo_run(cfg)

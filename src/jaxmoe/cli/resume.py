@@ -36,6 +36,7 @@ DEMO_FLAGS = {
     "fp8_wgrad": "--fp8-wgrad",
     "checkpoint_dir": "--checkpoint-dir",
     "save_every": "--save-every",
+    "sample_chars": "--sample-chars",
 }
 # What a resumed run may change: where it writes, how often it saves, the devices it runs on (a
 # checkpoint restores onto any mesh), and --steps (it trains on to the new count, saying so).
@@ -69,6 +70,8 @@ def check_resume(cfg) -> int:
         field
         for field, value in current.items()
         if field not in RESUMABLE and field in saved and saved[field] != value
+        # Without --fp8 the weight gradients' precision sets nothing.
+        and not (field == "fp8_wgrad" and current["fp8"] is None)
     ]
     if differ:
         described = ", ".join(
