@@ -206,6 +206,7 @@ def test_bench_rejects_unknown_preset():
         (["demo", "--top-k", "two"], "--top-k"),
         (["demo", "--experts", "1.5"], "--experts"),
         (["demo", "--devices", "0"], "--devices"),
+        (["demo", "--sample-chars", "-1"], "--sample-chars"),
         (["bench", "gemm", "--tokens", "-1"], "--tokens"),
         (["bench", "gemm", "--compare", "foo"], "'foo'"),
         (["bench", "gemm", "--pass", "bwd"], "'bwd'"),
@@ -425,6 +426,7 @@ def test_demo_resume_to_more_steps_and_its_rates(tmp_path, capsys, monkeypatch):
     # The checkpoint holds the run's flags: another --top-k is refused before any work.
     with pytest.raises(ValueError, match=r"--top-k 2 \(this run: 1\)"):
         check_resume(dataclasses.replace(cfg, top_k=1))
+    assert check_resume(dataclasses.replace(cfg, fp8_wgrad="high")) == 2  # no --fp8: no effect
 
     timed, rate = [], demo.tokens_per_second
 
@@ -443,7 +445,12 @@ def test_demo_resume_to_more_steps_and_its_rates(tmp_path, capsys, monkeypatch):
     assert timed == [7, 9, 9]  # the bar at steps 10 and 12, the summary: steps 4..12 timed
     timed.clear()
 
-    last = demo.run_demo(dataclasses.replace(cfg, steps=13, out=str(tmp_path / "c")))
+    assert "sample" in resumed
+    # One more step, sampling nothing (--sample-chars 0; a resume may change it).
+    last = demo.run_demo(
+        dataclasses.replace(cfg, steps=13, out=str(tmp_path / "c"), sample_chars=0)
+    )
     assert timed == [0, 0] and last["tokens_per_second"] is None
     assert json.loads((tmp_path / "c" / "metrics.json").read_text())["tokens_per_second"] is None
-    assert "tokens/s not measured" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "tokens/s not measured" in out and "sample:" not in out and "sample" not in last
