@@ -8,7 +8,7 @@ from tests.xla_cpu import set_xla_flags
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # The tests' programs are small, so compiling them is most of the suite's time: LLVM at -O0 saves
-# about 30%, the CPU's older emitters about as much again (`tests/xla_cpu.py`). These change how
+# about 30%, the CPU's older emitters 10-20% more (`tests/xla_cpu.py`). These change how
 # the CPU code is optimised, which can move last bits (e.g. no fused multiply-adds); every test
 # compares within a tolerance, or runs both sides under the same flags or `jit_xla_defaults`.
 set_xla_flags()

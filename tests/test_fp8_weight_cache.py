@@ -268,6 +268,19 @@ def test_a_mismatched_cache_is_refused_naming_rhs_fp8(make_cache, match):
         _call_with(cache)  # the fix
 
 
+def test_a_cache_serves_either_weight_gradient_and_no_other_recipe():
+    """The weight gradient's precision does not change the weights' FP8 operands: a cache made
+    with one ``wgrad`` serves the others; another recipe is refused by name, also when the
+    matmul's ``wgrad`` is one the cache's recipe could not take."""
+    rhs = _operands()[1]
+    cache = quantize_fp8_weights(rhs, Fp8Recipe("rowwise", wgrad="high"), "xla")
+    want = _call_with(quantize_fp8_weights(rhs, Fp8Recipe("rowwise", wgrad="fp8"), "xla"))
+    np.testing.assert_array_equal(_call_with(cache, recipe=Fp8Recipe("rowwise", wgrad="fp8")), want)
+    blockwise = quantize_fp8_weights(rhs, "blockwise", "xla")
+    with pytest.raises(ValueError, match=r"was quantized with recipe Fp8Recipe\(name='blockwise'"):
+        _call_with(blockwise, recipe=Fp8Recipe("rowwise", wgrad="fp8"))
+
+
 def test_quantize_fp8_weights_refuses_a_weight_that_is_not_g_k_n():
     with pytest.raises(ValueError, match=r"^quantize_fp8_weights: `rhs` must be a floating"):
         quantize_fp8_weights(jnp.ones((4, 8)))

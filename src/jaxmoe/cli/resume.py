@@ -69,7 +69,9 @@ def check_resume(cfg) -> int:
     differ = [
         field
         for field, value in current.items()
-        if field not in RESUMABLE and field in saved and saved[field] != value
+        if field not in RESUMABLE
+        and field in saved
+        and saved[field] != value
         # Without --fp8 the weight gradients' precision sets nothing.
         and not (field == "fp8_wgrad" and current["fp8"] is None)
     ]

@@ -106,6 +106,12 @@ class Fp8Recipe:
                 "wgrad='high' with it."
             )
 
+    def quantizes_like(self, other: Fp8Recipe) -> bool:
+        """Whether ``other`` quantizes every operand as this recipe does (the weight gradient's
+        precision aside: it does not change the weights' FP8 operands)."""
+        fields = ("name", "block_size", "dtype", "grad_dtype")
+        return all(getattr(self, field) == getattr(other, field) for field in fields)
+
     def fp8_wgrad(self, k: int, n: int) -> bool:
         """Whether the weight gradient of ``[M, K] @ [G, K, N]`` runs in FP8: ``wgrad="fp8"``,
         or ``"auto"`` with the rowwise recipe where ``2KN / (K + N) >=``

@@ -171,8 +171,7 @@ def check_fp8_weights(
             f"{caller}: `{name}` must be a jaxmoe.ops.fp8.Fp8Weights or None; got "
             f"{type(rhs_fp8).__name__}. {fix}"
         )
-    # The weight gradient's precision does not change the weights' FP8 operands.
-    if dataclasses.replace(rhs_fp8.recipe, wgrad=recipe.wgrad) != recipe:
+    if not rhs_fp8.recipe.quantizes_like(recipe):
         raise ValueError(
             f"{caller}: `{name}` was quantized with recipe {rhs_fp8.recipe}, but the matmul runs "
             f"{recipe}. Quantize with the recipe the matmul uses. {fix}"
