@@ -248,7 +248,7 @@ def test_default_tiles_are_the_bf16_kernels_with_128_wide_k_blocks():
         pallas_mosaic_tiles.check_tiles(cfg, operand_bytes=1)
         blockwise = fp8_mosaic.default_fp8_tiles(m, k, n, BLOCKWISE)  # two accumulators: bm 64
         assert (blockwise.block_m, blockwise.block_n, blockwise.block_k) == (64, 256, 128)
-        assert not blockwise.ring  # the ring is not measured with the blockwise recipe yet
+        assert not blockwise.ring  # slower on the ring (docs/kernels.md, 'FP8 grouped matmul')
         pallas_mosaic_tiles.check_tiles(blockwise, operand_bytes=1)
     # The jax-pipeline tiles (pipeline_fp8_tiles), kept for comparison. K = 768: 6 steps of 128
     # chain tiles in whole turns of a 3-deep ring, not of a 4-deep one.
@@ -281,23 +281,29 @@ def test_blockwise_forward_empty_groups_straddling_tiles_and_tail_on_the_ring():
     assert np.all(np.asarray(got)[213:] == 0)
 
 
-@pytest.mark.parametrize("swizzled", [False, True], ids=["unswizzled", "swizzled"])
+@pytest.mark.parametrize("tiles", ["default", "swizzled", "ring"])
 @pytest.mark.parametrize(
     "rhs_layout, k, n", [("gkn", 1024, 512), ("gnk", 2048, 2048)], ids=["gkn-chained", "gnk"]
 )
-def test_blockwise_lowers_for_cuda_with_k_major_weights(rhs_layout, k, n, swizzled):
+def test_blockwise_lowers_for_cuda_with_k_major_weights(rhs_layout, k, n, tiles):
     # The per-K-step path on the GPU: a scoped wgmma accumulator per step, the row scales loaded
     # in its row layout, the block scale a scalar load; with one pipeline across a CTA's tiles
-    # (default tiles where min(K, N) <= 1024) and without.
+    # (default tiles where min(K, N) <= 1024) and without; and on the hand-written ring, the
+    # tiles `jaxmoe bench fp8-gemm` times against the default.
     m, g = 256, 5
     rhs_shape = (g, n, k) if rhs_layout == "gnk" else (g, k, n)
+    default = fp8_mosaic.default_fp8_tiles(m, k, n, BLOCKWISE)
+    ring = dataclasses.replace(
+        default, ring=True, pipelined_tiles=False, epilogue_rows=64, swizzled_epilogue=True
+    )
+    cfg = {"default": None, "swizzled": _swizzled(default), "ring": ring}[tiles]
     fn = jax.jit(
         functools.partial(
             fp8_mosaic.scaled_gmm_kn,
             rhs_layout=rhs_layout,
             interpret=False,
             recipe="blockwise",
-            tiles=_swizzled(fp8_mosaic.default_fp8_tiles(m, k, n, BLOCKWISE)) if swizzled else None,
+            tiles=cfg,
         )
     )
     fp8 = jnp.float8_e4m3fn

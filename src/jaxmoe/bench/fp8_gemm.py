@@ -19,9 +19,11 @@ Per shape (``GEMM_SHAPES`` of :mod:`jaxmoe.bench.presets`):
   product of the dequantized operands; bf16 rounding of the result alone is ~1e-3),
   ``max_err_vs_fp64`` (the largest error over the largest reference element) and
   ``rel_err_vs_bf16`` (against the bf16 product: the quantization error).
-* Time: the five impls in interleaved rounds (:func:`jaxmoe.bench.timing.time_interleaved`);
-  then, timed on their own, tile variants (``sweep``) and the blockwise recipe (its own
-  quantization of the same ``x``, ``w``) with default tiles (``block_m`` 64) and ``block_m`` 128.
+* ``jaxmoe_fp8_blockwise``: the blockwise recipe (its own quantization of the same ``x``,
+  ``w``) with its default tiles, and the other tiles of :func:`blockwise_tiles`
+  (``jaxmoe_fp8_blockwise ring ...``); ``ratio_vs_jaxmoe_rowwise``: against ``jaxmoe_fp8``.
+* Time: all of these in interleaved rounds (:func:`jaxmoe.bench.timing.time_interleaved`);
+  then, timed on their own, the rowwise tile variants of ``sweep``.
 
 Before the shapes, GPU checks on skewed groups (an empty group, a group cut by tiles, tail
 rows): each recipe's forward against float64 with zero tails, and ``fp8_grouped_matmul(backend=
@@ -73,7 +75,11 @@ FIXED_SWEEP = {
 }
 RECIPE = Fp8Recipe("rowwise")
 BLOCKWISE = Fp8Recipe("blockwise")  # DeepSeek-V3: 1x128 activation tiles, 128x128 weight blocks
-PEERS = (("ratio_vs_torch_fp8", "torch_fp8"), ("ratio_vs_jaxmoe_bf16", "jaxmoe_bf16"))
+PEERS = (
+    ("ratio_vs_torch_fp8", "torch_fp8"),
+    ("ratio_vs_jaxmoe_bf16", "jaxmoe_bf16"),
+    ("ratio_vs_jaxmoe_rowwise", "jaxmoe_fp8"),
+)
 HEADER_FACTS = {
     "groups": "balanced",
     "timing": "interleaved rounds (jaxmoe.bench.timing.time_interleaved); tile and blockwise "
@@ -88,11 +94,33 @@ COLUMNS = (
     ("tflops", "TFLOP/s", "{:.0f}"),
     ("ratio_vs_torch_fp8", "vs torch fp8", "{:.2f}x"),
     ("ratio_vs_jaxmoe_bf16", "vs jaxmoe bf16", "{:.2f}x"),
+    ("ratio_vs_jaxmoe_rowwise", "vs jaxmoe rowwise", "{:.2f}x"),
     ("rel_err_vs_fp64", "err vs fp64", "{:.2e}"),
     ("max_err_vs_fp64", "max err vs fp64", "{:.2e}"),
     ("rel_err_vs_bf16", "err vs bf16", "{:.2e}"),
 )
 CHECK_SIZES = (300, 0, 5, 400, 100)  # an empty group, a 5-row group, 214 tail rows of 1024
+
+
+def blockwise_tiles(shape: GemmShape, sweep: str) -> dict[str, MosaicTileConfig]:
+    """The blockwise recipe's tiles timed in the interleaved rounds, by impl name: the default;
+    with ``sweep`` other than ``"none"`` the hand-written ring (each step's product promoted
+    while the next step's ``wgmma`` runs); with ``"ring"`` also DeepGEMM's tile, 128 x 128 with
+    the compute warpgroups splitting its rows."""
+    default = default_fp8_tiles(shape.m, shape.k, shape.n, BLOCKWISE)
+    tiles = {"jaxmoe_fp8_blockwise": default}
+    if sweep == "none":
+        return tiles
+    ring = dataclasses.replace(
+        default, ring=True, pipelined_tiles=False, epilogue_rows=64, swizzled_epilogue=True
+    )
+    if ring != default:
+        tiles["jaxmoe_fp8_blockwise ring"] = ring
+    if sweep == "ring":
+        tiles["jaxmoe_fp8_blockwise ring 128x128 split rows"] = dataclasses.replace(
+            ring, block_m=128, block_n=128, split_rows=True, stages=6
+        )
+    return tiles
 
 
 def _error(error: Exception) -> str:
@@ -206,22 +234,30 @@ def recipe_checks(recipe: Fp8Recipe) -> list[dict[str, Any]]:
     return [row, *pallas_against_xla(x, w, gs, dy, recipe, label)]
 
 
-def skewed_tiles_check(shape: GemmShape, x_q, x_s, w_q_nk, w_s) -> dict[str, Any]:
-    """The default tiles against the pipeline tiles on skewed groups (two empty, 77 rows past
-    the sum): the same products in the same order, so the outputs must be bitwise equal, and
-    the tail rows zero."""
+def skewed_tiles_check(shape: GemmShape, operands, recipe: Fp8Recipe) -> dict[str, Any]:
+    """The recipe's tiles that the benchmark times, against jax's pipeline tiles, on skewed
+    groups (two empty, 77 rows past the sum): the same products summed in the same order, so
+    the outputs must be bitwise equal, and the tail rows zero. ``operands``: rowwise, the
+    quantized ``(x_q, x_s, w_q_nk, w_s)``; blockwise, ``(x, w)`` to quantize."""
     gs = jnp.asarray(hard_group_sizes(shape.m, shape.groups))
     end = int(gs.sum())
-    row: dict[str, Any] = {"check": f"{shape.name} skewed: default tiles vs pipeline tiles"}
+    if recipe.name == "blockwise":
+        tiles = list(blockwise_tiles(shape, "ring").values())
+        operands = _blockwise_operands(*operands)
+    else:
+        tiles = [default_fp8_tiles(shape.m, shape.k, shape.n)]
+    pipeline = pipeline_fp8_tiles(shape.m, shape.k, shape.n, recipe)
+    row: dict[str, Any] = {"check": f"{shape.name} skewed: {recipe.name} tiles vs pipeline tiles"}
     try:
-        outs = [
-            jax.jit(functools.partial(scaled_gmm_kn, rhs_layout="gnk", tiles=tiles))(
-                x_q, x_s, w_q_nk, w_s, gs
-            )
-            for tiles in (None, pipeline_fp8_tiles(shape.m, shape.k, shape.n))
-        ]
-        row["differing_elements"] = int(jnp.sum(outs[0] != outs[1]))
-        row["tail_zero"] = bool(jnp.all(outs[0][end:] == 0))
+
+        def run(cfg):
+            fn = functools.partial(scaled_gmm_kn, rhs_layout="gnk", recipe=recipe, tiles=cfg)
+            return jax.jit(fn)(*operands, gs)
+
+        want = run(pipeline)
+        outs = [run(cfg) for cfg in tiles if cfg != pipeline]
+        row["differing_elements"] = [int(jnp.sum(out != want)) for out in outs]
+        row["tail_zero"] = bool(all(jnp.all(out[end:] == 0) for out in [want, *outs]))
     except Exception as error:  # noqa: BLE001 - recorded in the row
         row["error"] = _error(error)
     return row
@@ -235,9 +271,19 @@ def _fill_speed(row: dict[str, Any], shape: GemmShape, peers: dict[str, dict]) -
         row[key] = peer_ms / ms if peer_ms and ms else None
 
 
-def _interleaved_rows(shape, ops, bounds, rounds, settle_ms):
-    """The five impls on the rowwise operands ``ops``, checked against float64, then timed in
-    interleaved rounds: ``(rows by impl, the float64 reference, the bf16 product)``."""
+def _blockwise_operands(x_bf, w_bf):
+    """The blockwise recipe's own quantization of the shape's ``x``, ``w``: ``(x_q, x_s,
+    w_q_nk, w_s)``, the weights K-major (made outside the timing)."""
+    bx_q, bx_s = quantize(x_bf.astype(jnp.float32), BLOCKWISE.lhs_blocks)
+    bw_q, bw_s = quantize(w_bf.astype(jnp.float32), BLOCKWISE.rhs_blocks)
+    return bx_q, bx_s, jnp.swapaxes(bw_q, 1, 2).copy(), bw_s
+
+
+def _interleaved_rows(shape, ops, bounds, rounds, settle_ms, blockwise):
+    """The five rowwise impls on the operands ``ops`` and the blockwise recipe with each of
+    ``blockwise``'s tiles (impl name -> tiles) on its own quantization of them, each checked
+    against float64, then all timed in interleaved rounds: ``(rows by impl, the rowwise float64
+    reference, the bf16 product)``."""
     import torch
 
     x_q, x_s, w_q, w_s, w_q_nk, x_bf, w_bf, gs = ops
@@ -264,22 +310,38 @@ def _interleaved_rows(shape, ops, bounds, rounds, settle_ms):
         "torch_fp8_exact_accum": (torch_fp8(False), torch_sync),
         "jaxmoe_bf16": (lambda: bf16(x_bf, w_bf, gs), jax_sync),
     }
+    recipes = dict.fromkeys(impls, "rowwise")
+    references = {}
+    if blockwise:
+        blockwise_args = (*_blockwise_operands(x_bf, w_bf), gs)
+        bx_q, bx_s, bw_q_nk, bw_s, _ = blockwise_args
+        blockwise_ref = dequantized_reference64(
+            bx_q, bx_s, jnp.swapaxes(bw_q_nk, 1, 2), bw_s, BLOCKWISE, bounds
+        )
+        references = dict.fromkeys(blockwise, blockwise_ref)
+    for name, tiles in blockwise.items():
+        fn = jax.jit(
+            functools.partial(scaled_gmm_kn, rhs_layout="gnk", recipe=BLOCKWISE, tiles=tiles)
+        )
+        impls[name] = (functools.partial(fn, *blockwise_args), jax_sync)
+        recipes[name] = "blockwise"
     ref64 = grouped_reference64(xq_t, xs_t, wq_nk_t, ws_t, bounds)
     bf16_ref64 = grouped_reference64(
         to_torch(x_bf), torch.ones_like(xs_t), to_torch(jnp.swapaxes(w_bf, 1, 2)),
         torch.ones_like(ws_t), bounds,
     )  # fmt: skip
     bf16_product = to_torch(bf16(x_bf, w_bf, gs)).double()
-    rows = {name: {"shape": shape.name, "pass": "fwd", "recipe": "rowwise"} for name in impls}
+    rows = {
+        name: {"shape": shape.name, "pass": "fwd", "recipe": recipes[name], "impl": name}
+        for name in impls
+    }
+    references["jaxmoe_bf16"] = bf16_ref64
     ready = {}
     for name, (call, sync) in impls.items():
-        rows[name]["impl"] = name
         try:
             got = call()
             got = got if isinstance(got, torch.Tensor) else to_torch(got)
-            rows[name].update(
-                errors(got, bf16_ref64 if name == "jaxmoe_bf16" else ref64, bf16_product)
-            )
+            rows[name].update(errors(got, references.get(name, ref64), bf16_product))
             ready[name] = (call, sync, warm_up(call, sync))
         except Exception as error:  # noqa: BLE001 - recorded in the row, the others still run
             traceback.print_exc()
@@ -291,9 +353,9 @@ def _interleaved_rows(shape, ops, bounds, rounds, settle_ms):
     return rows, ref64, bf16_product
 
 
-def _variant_rows(shape, ops, bounds, peers, sweep, ref64, bf16_product) -> list[dict[str, Any]]:
-    """Rows timed on their own: the rowwise tile variants of ``sweep``, then the blockwise
-    recipe (default tiles and a second variant)."""
+def _variant_rows(shape, ops, peers, sweep, ref64, bf16_product) -> list[dict[str, Any]]:
+    """The rowwise tile variants of ``sweep``, timed on their own; with ``"ring"`` first the
+    skewed-groups checks of the default tiles against the pipeline's."""
     x_q, x_s, _, w_s, w_q_nk, x_bf, w_bf, gs = ops
     rows: list[dict[str, Any]] = []
     variants = {"fixed": FIXED_SWEEP.get(shape.name, []), "none": []}.get(sweep)
@@ -304,35 +366,14 @@ def _variant_rows(shape, ops, bounds, peers, sweep, ref64, bf16_product) -> list
                 default_fp8_tiles(shape.m, shape.k, shape.n), swizzled_epilogue=False
             ),
         ]
-        rows.append(skewed_tiles_check(shape, x_q, x_s, w_q_nk, w_s))
-    cases = [("rowwise", f"sweep {tiles}", tiles) for tiles in variants]
-    default_bw = default_fp8_tiles(shape.m, shape.k, shape.n, BLOCKWISE)
-    second = (
-        ("jaxmoe_fp8_blockwise ring", dataclasses.replace(
-            default_bw, ring=True, pipelined_tiles=False, swizzled_epilogue=True))
-        if sweep == "ring"
-        # block_m 128: expected to spill (two float32 accumulators per warpgroup)
-        else ("jaxmoe_fp8_blockwise bm=128", dataclasses.replace(default_bw, block_m=128))
-    )  # fmt: skip
-    cases += [("blockwise", "jaxmoe_fp8_blockwise", default_bw), ("blockwise", *second)]
-    blockwise_ops = None
-    for recipe_name, impl, tiles in cases:
-        row = {"shape": shape.name, "pass": "fwd", "recipe": recipe_name, "impl": impl}
+        rows.append(skewed_tiles_check(shape, (x_q, x_s, w_q_nk, w_s), RECIPE))
+        rows.append(skewed_tiles_check(shape, (x_bf, w_bf), BLOCKWISE))
+    for tiles in variants:
+        row = {"shape": shape.name, "pass": "fwd", "recipe": "rowwise", "impl": f"sweep {tiles}"}
         try:
-            if recipe_name == "rowwise":
-                args, ref, recipe = (x_q, x_s, w_q_nk, w_s, gs), ref64, RECIPE
-            else:
-                if blockwise_ops is None:  # its own quantization of the same x, w
-                    bx_q, bx_s = quantize(x_bf.astype(jnp.float32), BLOCKWISE.lhs_blocks)
-                    bw_q, bw_s = quantize(w_bf.astype(jnp.float32), BLOCKWISE.rhs_blocks)
-                    ref_b = dequantized_reference64(bx_q, bx_s, bw_q, bw_s, BLOCKWISE, bounds)
-                    blockwise_ops = ((bx_q, bx_s, jnp.swapaxes(bw_q, 1, 2).copy(), bw_s, gs), ref_b)
-                (args, ref), recipe = blockwise_ops, BLOCKWISE
-            fn = jax.jit(
-                functools.partial(scaled_gmm_kn, rhs_layout="gnk", recipe=recipe, tiles=tiles)
-            )
-            row.update(errors(to_torch(fn(*args)), ref, bf16_product))
-            row["ms"] = time_jax(fn, *args, warmup=2, repeats=7).median_ms
+            fn = jax.jit(functools.partial(scaled_gmm_kn, rhs_layout="gnk", tiles=tiles))
+            row.update(errors(to_torch(fn(x_q, x_s, w_q_nk, w_s, gs)), ref64, bf16_product))
+            row["ms"] = time_jax(fn, x_q, x_s, w_q_nk, w_s, gs, warmup=2, repeats=7).median_ms
         except Exception as error:  # noqa: BLE001 - recorded in the row, the others still run
             traceback.print_exc()
             row["error"] = _error(error)
@@ -358,9 +399,10 @@ def run_shape(
     ops = (x_q, x_s, w_q, w_s, w_q_nk, x.astype(jnp.bfloat16), w.astype(jnp.bfloat16))
     ops += (jnp.asarray(sizes, jnp.int32),)
     del x, w
-    peers, ref64, bf16_product = _interleaved_rows(shape, ops, bounds, rounds, settle_ms)
+    blockwise = blockwise_tiles(shape, sweep)
+    peers, ref64, bf16_product = _interleaved_rows(shape, ops, bounds, rounds, settle_ms, blockwise)
     rows = list(peers.values())
-    rows += _variant_rows(shape, ops, bounds, peers, sweep, ref64, bf16_product)
+    rows += _variant_rows(shape, ops, peers, sweep, ref64, bf16_product)
     del ref64, bf16_product
     torch.cuda.empty_cache()
     return rows
