@@ -331,44 +331,60 @@ def tile_context(scope: CtaScope, group, row0, lo, hi, col0, partial_slot=None, 
     return context
 
 
+def warpgroup_operands(scope: CtaScope, lhs_smem, rhs_smems):
+    """This compute warpgroup's share of a K step's blocks: its rows of ``lhs`` (``split_rows``)
+    and its columns of each weight block, read K-major when the weights are transposed."""
+    layout, cfg = scope.layout, scope.layout.cfg
+    wg_m, wg_n = warpgroup_tile(cfg)
+    wg_rows, wg_cols = pl.ds(scope.wg_row, wg_m), pl.ds(scope.wg_col, wg_n)
+    lhs_smem = lhs_smem.at[wg_rows] if cfg.split_rows else lhs_smem
+    rhs_blocks = [
+        plgpu.transpose_ref(rhs_smem.at[wg_cols, :], (1, 0))
+        if layout.transpose_rhs
+        else rhs_smem.at[:, wg_cols]
+        for rhs_smem in rhs_smems
+    ]
+    return lhs_smem, rhs_blocks
+
+
+def scaled_step(scope: CtaScope, group, row0, col0, k_step, lhs_block, rhs_block, acc):
+    """One K step under ``k_step_scale`` (DeepSeek-V3's promotion): the step's product into a
+    fresh float32 accumulator, then ``acc + product * scales[:, None]``. The scales are loaded
+    while the ``wgmma`` runs, before the wait: 1.14-1.21x the kernel that loaded them after it
+    (docs/kernels.md, 'FP8 grouped matmul (Mosaic)')."""
+    wg_m, wg_n = warpgroup_tile(scope.layout.cfg)
+
+    def step_product(partial_ref):
+        plgpu.wgmma(partial_ref, lhs_block, rhs_block)
+        scales = scope.layout.variant.k_step_scale(
+            *scope.refs.epilogue,
+            k_step=k_step,
+            group=group,
+            row0=row0 + scope.wg_row,
+            col0=col0 + scope.wg_col,
+            rows=wg_m,
+            cols=wg_n,
+        )
+        product = plgpu.wgmma_accumulator_load(partial_ref, wait_n=0)
+        return acc + product * lax.broadcast_in_dim(scales, product.shape, [0])
+
+    return pl.run_scoped(step_product, plgpu.ACC((wg_m, wg_n), jnp.float32))
+
+
 def tile_mma(scope: CtaScope, group, row0, col0):
     """One K step's ``wgmma`` (per rhs), as ``mma(indices, lhs_smem, *rhs_smems, acc)``. On the
     ring they stay in flight (the ring waits); in jax's pipeline the step waits for them. With
-    ``k_step_scale`` each step's product goes into a fresh float32 accumulator, scaled, then
-    added to the carried one."""
-    layout, cfg = scope.layout, scope.layout.cfg
-    k_step_scale = layout.variant.k_step_scale
-    wg_m, wg_n = warpgroup_tile(cfg)
-    wg_rows, wg_cols = pl.ds(scope.wg_row, wg_m), pl.ds(scope.wg_col, wg_n)
+    ``k_step_scale`` each step is :func:`scaled_step`, which waits for its own ``wgmma``."""
+    cfg = scope.layout.cfg
 
     def mma(indices, lhs_smem, *rhs_smems_and_accs):
         *rhs_smems, acc_refs = rhs_smems_and_accs
-        lhs_smem = lhs_smem.at[wg_rows] if cfg.split_rows else lhs_smem
-        rhs_blocks = [
-            plgpu.transpose_ref(rhs_smem.at[wg_cols, :], (1, 0))
-            if layout.transpose_rhs
-            else rhs_smem.at[:, wg_cols]
-            for rhs_smem in rhs_smems
-        ]
-        if k_step_scale is not None:  # acc_refs is the carried float32 accumulator
-
-            def step_product(partial_ref):
-                plgpu.wgmma(partial_ref, lhs_smem, rhs_blocks[0])
-                plgpu.wgmma_wait(0)
-                return partial_ref[...]
-
-            partial = pl.run_scoped(step_product, plgpu.ACC((wg_m, wg_n), jnp.float32))
+        lhs_block, rhs_blocks = warpgroup_operands(scope, lhs_smem, rhs_smems)
+        if scope.layout.variant.k_step_scale is not None:  # acc_refs: the carried float32 sum
             (k_step,) = indices
-            return acc_refs + k_step_scale(
-                partial,
-                *scope.refs.epilogue,
-                k_step=k_step,
-                group=group,
-                row0=row0 + scope.wg_row,
-                col0=col0 + scope.wg_col,
-            )
+            return scaled_step(scope, group, row0, col0, k_step, lhs_block, rhs_blocks[0], acc_refs)
         for rhs_block, acc_ref in zip(rhs_blocks, acc_refs, strict=True):
-            plgpu.wgmma(acc_ref, lhs_smem, rhs_block)
+            plgpu.wgmma(acc_ref, lhs_block, rhs_block)
         if not cfg.ring:
             plgpu.wgmma_wait(0)
         return acc_refs

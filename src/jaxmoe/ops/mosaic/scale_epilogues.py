@@ -1,7 +1,8 @@
 """The FP8 scales applied inside the Mosaic ``gmm`` and ``tgmm``: the rowwise recipe's in the
 epilogue (:func:`rowwise_scale_epilogue`, constant along K) and the blockwise recipe's per K
-step (:func:`blockwise_k_step_scale`, one K step one scale block). Each reads the scales from GPU
-memory in the accumulator's layout, so that the broadcasts stay in registers."""
+step (:func:`blockwise_k_step_scale`, one K step one scale block: the kernel multiplies each
+step's product by them). Each reads the scales from GPU memory in the accumulator's layout, so
+that the broadcasts stay in registers."""
 
 from __future__ import annotations
 
@@ -34,17 +35,17 @@ def rowwise_scale_epilogue(
 
 
 def blockwise_k_step_scale(
-    partial, lhs_scale_t_gmem, rhs_scale_gmem, *, k_step, group, row0, col0, interpreted: bool
+    lhs_scale_t_gmem, rhs_scale_gmem, *, k_step, group, row0, col0, rows, cols, interpreted: bool
 ):
-    """``partial[r, c] * lhs_scale[row0 + r, k_step] * rhs_scale[group, k_step, col0 // 128]``
-    for one warpgroup's ``[bm, 128]`` product of K block ``k_step`` (its columns are one scale
-    block, so the weight scale is one scalar). ``lhs_scale_t_gmem`` is ``lhs_scale`` transposed,
-    ``[K / 128, M]``, so that a tile's row scales are contiguous."""
-    bm, wg_n = partial.shape
-    rows = lhs_scale_t_gmem.at[k_step, pl.ds(row0, bm)]
-    col_scale = rhs_scale_gmem[group, k_step, col0 // wg_n]
+    """The ``[rows]`` scales of one warpgroup's ``[rows, cols]`` product of K block ``k_step``:
+    ``lhs_scale[row0 + r, k_step] * rhs_scale[group, k_step, col0 // 128]`` (its ``cols`` = 128
+    columns are one scale block, so the weight scale is one scalar), laid out as the
+    accumulator's rows. ``lhs_scale_t_gmem`` is ``lhs_scale`` transposed, ``[K / 128, M]``, so
+    that a tile's row scales are contiguous."""
+    row_scales = lhs_scale_t_gmem.at[k_step, pl.ds(row0, rows)]
+    col_scale = rhs_scale_gmem[group, k_step, col0 // cols]
     if interpreted:
-        row_scale = rows[...]
+        row_scale = row_scales[...]
     else:  # the accumulator's row layout, as in rowwise_scale_epilogue
-        row_scale = plgpu.load(rows, (), layout=plgpu.Layout.WGMMA.reduce(1), optimized=False)
-    return partial * lax.broadcast_in_dim(row_scale * col_scale, partial.shape, [0])
+        row_scale = plgpu.load(row_scales, (), layout=plgpu.Layout.WGMMA.reduce(1), optimized=False)
+    return row_scale * col_scale
