@@ -103,22 +103,17 @@ CHECK_SIZES = (300, 0, 5, 400, 100)  # an empty group, a 5-row group, 214 tail r
 
 
 def blockwise_tiles(shape: GemmShape, sweep: str) -> dict[str, MosaicTileConfig]:
-    """The blockwise recipe's tiles timed in the interleaved rounds, by impl name: the default;
-    with ``sweep`` other than ``"none"`` the hand-written ring (each step's product promoted
-    while the next step's ``wgmma`` runs); with ``"ring"`` also DeepGEMM's tile, 128 x 128 with
-    the compute warpgroups splitting its rows."""
-    default = default_fp8_tiles(shape.m, shape.k, shape.n, BLOCKWISE)
-    tiles = {"jaxmoe_fp8_blockwise": default}
+    """The blockwise recipe's tiles timed in the interleaved rounds, by impl name: the default
+    (128 x 128 on the ring, rows split); with ``sweep`` other than ``"none"`` jax's pipeline
+    with ``block_m`` 64 (the earlier default); with ``"ring"`` also ``64 x 256`` on the ring."""
+    tiles = {"jaxmoe_fp8_blockwise": default_fp8_tiles(shape.m, shape.k, shape.n, BLOCKWISE)}
     if sweep == "none":
         return tiles
-    ring = dataclasses.replace(
-        default, ring=True, pipelined_tiles=False, epilogue_rows=64, swizzled_epilogue=True
-    )
-    if ring != default:
-        tiles["jaxmoe_fp8_blockwise ring"] = ring
+    pipeline = pipeline_fp8_tiles(shape.m, shape.k, shape.n, BLOCKWISE)
+    tiles["jaxmoe_fp8_blockwise pipeline bm=64"] = pipeline
     if sweep == "ring":
-        tiles["jaxmoe_fp8_blockwise ring 128x128 split rows"] = dataclasses.replace(
-            ring, block_m=128, block_n=128, split_rows=True, stages=6
+        tiles["jaxmoe_fp8_blockwise ring bm=64"] = dataclasses.replace(
+            pipeline, ring=True, pipelined_tiles=False, epilogue_rows=64, swizzled_epilogue=True
         )
     return tiles
 
