@@ -246,9 +246,12 @@ def test_default_tiles_are_the_bf16_kernels_with_128_wide_k_blocks():
             bf16, block_k=128, split_rows=False, group_start_tiles=False, multicast_weights=False
         )
         pallas_mosaic_tiles.check_tiles(cfg, operand_bytes=1)
-        blockwise = fp8_mosaic.default_fp8_tiles(m, k, n, BLOCKWISE)  # two accumulators: bm 64
-        assert (blockwise.block_m, blockwise.block_n, blockwise.block_k) == (64, 256, 128)
-        assert not blockwise.ring  # slower on the ring (docs/kernels.md, 'FP8 grouped matmul')
+        # Blockwise: DeepGEMM's 128 x 128 tile on the ring, each compute warpgroup 64 rows by one
+        # 128-wide scale block of columns (its two float32 accumulators fit its registers).
+        blockwise = fp8_mosaic.default_fp8_tiles(m, k, n, BLOCKWISE)
+        assert (blockwise.block_m, blockwise.block_n, blockwise.block_k) == (128, 128, 128)
+        assert blockwise.ring and blockwise.split_rows
+        assert pallas_mosaic_tiles.warpgroup_tile(blockwise) == (64, 128)
         pallas_mosaic_tiles.check_tiles(blockwise, operand_bytes=1)
     # The jax-pipeline tiles (pipeline_fp8_tiles), kept for comparison. K = 768: 6 steps of 128
     # chain tiles in whole turns of a 3-deep ring, not of a 4-deep one.
@@ -264,12 +267,18 @@ def test_default_tiles_are_the_bf16_kernels_with_128_wide_k_blocks():
 # pipeline's k_step_scale call site is the same): TestFp8MosaicBackends["pallas-blockwise"]
 # (the same groups, to the same bound). The
 # ring on the global 64-row grid: "ring_group_start" runs the same ring body on the other grid.
-def test_blockwise_forward_empty_groups_straddling_tiles_and_tail_on_the_ring():
+@pytest.mark.parametrize("split_rows", [False, True], ids=["64x256", "default-128x128-split-rows"])
+def test_blockwise_forward_empty_groups_straddling_tiles_and_tail_on_the_ring(split_rows):
     # Two K blocks (K = 256), four column scale blocks over two N tiles (N = 512): each K step's
     # partial product is scaled by its own row and block scales. Groups as in the rowwise test.
     # group_start: tiles from each group's first row (rounded down to 8), so the row scales are
     # read at rows off the 64-row grid (the rowwise epilogue's reads there: lowering only).
+    # split_rows: the default tiles' layout (each warpgroup's row scales from its own first row).
     cfg = dataclasses.replace(BW_RING, group_start_tiles=True)
+    if split_rows:
+        cfg = dataclasses.replace(
+            fp8_mosaic.default_fp8_tiles(M, K, 512, BLOCKWISE), stages=2, group_swizzle=2
+        )
     sizes, n = [70, 0, 3, 100, 40], 512
     operands = _blockwise_quantized(len(sizes), n=n)
     got = fp8_mosaic.scaled_gmm_kn(
