@@ -82,8 +82,8 @@ PEERS = (
 )
 HEADER_FACTS = {
     "groups": "balanced",
-    "timing": "interleaved rounds (jaxmoe.bench.timing.time_interleaved); tile and blockwise "
-    "variants timed on their own (time_jax)",
+    "timing": "interleaved rounds (jaxmoe.bench.timing.time_interleaved), the blockwise tiles "
+    "among them; the rowwise tile variants timed on their own (time_jax)",
     "flops": "2*M*K*N per forward",
 }
 COLUMNS = (
