@@ -63,15 +63,16 @@ def test_jvp_jacfwd_and_jacrev_in_x_agree_with_central_differences(routing):
         return jaxmoe.moe(params, x, cfg)[0]
 
     direction = jax.random.normal(jax.random.key(7), x.shape)
-    _, tangent = jax.jvp(layer, (x,), (direction,))
-    _, tangent_jit = jax.jit(lambda x, t: jax.jvp(layer, (x,), (t,)))(x, direction)
+    _, tangent = jax.jit(lambda x, t: jax.jvp(layer, (x,), (t,)))(x, direction)
     _, tangent_of_jit = jax.jvp(jax.jit(layer), (x,), (direction,))
-    forward = jax.jacfwd(layer)(x)
     reverse = jax.jit(jax.jacrev(layer))(x)
     _close(jax.jit(jax.jacfwd(layer))(x), reverse, 1e-5, 1e-6)
-    _close(forward, reverse, 1e-5, 1e-6)
     want = jnp.einsum("thsi,si->th", reverse, direction)
-    for got in (tangent, tangent_jit, tangent_of_jit):
+    tangents = [tangent, tangent_of_jit]
+    if routing == "softmax":  # eagerly too (op by op: the same rules, so one routing suffices)
+        tangents.append(jax.jvp(layer, (x,), (direction,))[1])
+        _close(jax.jacfwd(layer)(x), reverse, 1e-5, 1e-6)
+    for got in tangents:
         _close(got, want, 1e-5, 1e-6)
     step = 1e-3
     # The routing is piecewise constant: both sides of the difference must route alike.
@@ -223,13 +224,13 @@ def test_forward_mode_on_an_expert_parallel_mesh_matches_one_device(case):
 
     direction = jax.random.normal(jax.random.key(7), x.shape)
     _, tangent = jax.jit(lambda x, t: jax.jvp(lambda x: layer(x, mesh), (x,), (t,)))(x, direction)
-    _, eager = jax.jvp(lambda x: layer(x, mesh), (x,), (direction,))
     forward = jax.jit(jax.jacfwd(lambda x: layer(x, mesh)))(x)
     reverse = jax.jit(jax.jacrev(lambda x: layer(x, mesh)))(x)
     _close(forward, reverse, 1e-5, 1e-6)
     want = jnp.einsum("thsi,si->th", reverse, direction)
     _close(tangent, want, 1e-5, 1e-6)
-    _close(eager, want, 1e-5, 1e-6)
+    if case == "capacity":  # eagerly too, once (op by op on the mesh: the same rules)
+        _close(jax.jvp(lambda x: layer(x, mesh), (x,), (direction,))[1], want, 1e-5, 1e-6)
     if cfg.capacity_factor is None:  # a capacity is per shard: one device drops differently
         _close(tangent, jax.jvp(lambda x: layer(x, None), (x,), (direction,))[1], 1e-5, 1e-6)
 
@@ -263,5 +264,5 @@ def test_fp8_forward_mode_is_refused_with_the_reason(where, transform):
     with pytest.raises(TypeError, match=r"jaxmoe: forward-mode autodiff .* FP8 path") as info:
         run()
     assert "jax.jacrev" in str(info.value) and "without fp8_recipe" in str(info.value)
-    # Reverse mode is untouched.
-    assert jnp.all(jnp.isfinite(jax.jit(jax.grad(lambda x: jnp.sum(layer(x))))(x)))
+    if transform == "jvp":  # reverse mode is untouched (once per layer)
+        assert jnp.all(jnp.isfinite(jax.jit(jax.grad(lambda x: jnp.sum(layer(x))))(x)))

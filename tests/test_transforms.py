@@ -272,24 +272,9 @@ def _tiny_layer_loss():
 
 @functools.cache
 def _tiny_layer_jacobian():
-    """The tiny layer's jitted ``jacrev`` in ``x``, once for the module's tests (the reference
-    of the forward-mode tests, checked against central differences below)."""
+    """The tiny layer's jitted ``jacrev`` in ``x`` (forward mode: tests/test_forward_mode.py)."""
     layer, x, _ = _tiny_layer_loss()
     return jax.jit(jax.jacrev(layer))(x)
-
-
-@pytest.mark.parametrize("transform", ["jvp", "jacfwd"])
-def test_forward_mode_through_the_layer_matches_reverse_mode(transform):
-    # (tests/test_forward_mode.py covers every routing option, the mesh and finite differences.)
-    layer, x, _ = _tiny_layer_loss()
-    reverse = _tiny_layer_jacobian()
-    if transform == "jvp":
-        direction = jnp.arange(x.size, dtype=x.dtype).reshape(x.shape) / x.size
-        got = jax.jvp(layer, (x,), (direction,))[1]
-        want = jnp.einsum("thsi,si->th", reverse, direction)
-    else:
-        got, want = jax.jacfwd(layer)(x), reverse
-    _close(got, want)
 
 
 def test_layer_jacrev_matches_central_differences():
