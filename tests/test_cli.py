@@ -63,12 +63,12 @@ def test_demo_expert_bias_needs_a_non_softmax_score(tmp_path, capsys):
     assert not (tmp_path / "metrics.json").exists()
 
 
-@pytest.mark.parametrize("placed", [True, False], ids=["placed", "left_to_xla"])
-def test_expert_parallel_train_step_compiles_once(placed):
+def test_expert_parallel_train_step_compiles_once():
     # The state goes in laid out as the step returns it (the experts' weights and moments over
     # ep, the rest replicated; specs without trailing Nones, as jit returns them), so the second
-    # step reuses the first's program. Left to XLA, the first step returns the state laid out
-    # on the mesh where it went in without one.
+    # step reuses the first's program. (Left to XLA, the first step returns the state laid out
+    # on the mesh where it went in without one, and the second step compiles again: jax's
+    # behaviour, not tested here.)
     cfg = DemoConfig(steps=2, devices=2, width=32, ffn_size=32, seq_len=16, batch_size=4)
     model, optimizer = build(cfg, vocab_size=65)
     graphdef, state = nnx.split((model, optimizer))
@@ -76,14 +76,13 @@ def test_expert_parallel_train_step_compiles_once(placed):
     experts = shardings[0]["blocks"][0]["moe"]["experts"]
     assert experts["w_gate"].get_value().spec == PartitionSpec("ep")
     assert shardings[0]["embed"]["embedding"].get_value().spec == PartitionSpec()
-    step = make_train_step(graphdef, 0.0, shardings if placed else None)
-    if placed:
-        state = jax.device_put(state, shardings)
+    step = make_train_step(graphdef, 0.0, shardings)
+    state = jax.device_put(state, shardings)
     tokens = jnp.zeros((cfg.batch_size, cfg.seq_len + 1), jnp.int32)
     for _ in range(2):
         state, loss, *_ = step(state, tokens)
     assert jnp.isfinite(loss)
-    assert step._cache_size() == (1 if placed else 2)
+    assert step._cache_size() == 1
 
 
 def _bench_rows(path):
@@ -94,7 +93,9 @@ def _bench_rows(path):
 
 def test_bench_layer_tiny(tmp_path):
     out = tmp_path / "layer.json"
-    argv = ["bench", "layer", "--preset", "tiny", "--repeats", "3", "--settle-ms", "2"]
+    # 64 of the tiny preset's 256 tokens: each impl's call is also timed 20 times on its own.
+    argv = ["bench", "layer", "--preset", "tiny", "--tokens", "64", "--repeats", "3"]
+    argv += ["--settle-ms", "2"]
     assert main([*argv, "--out", str(out)]) == 0
     rows = _bench_rows(out)
     assert {(r["impl"], r["pass"]) for r in rows} >= {
@@ -324,7 +325,7 @@ def test_gemm_skips_peers_the_platform_lacks(tmp_path, capsys):
 
 def test_layer_and_ep_print_the_same_kind_of_table(tmp_path, capsys):
     argv = ["bench", "layer", "--compare", "jaxmoe-xla", "--pass", "fwd", "--repeats", "1"]
-    assert main(argv) == 0
+    assert main([*argv, "--tokens", "64"]) == 0
     assert _table_head(capsys.readouterr().out, "preset")[:2] == ["preset", "tokens"]
     out = tmp_path / "ep.json"
     argv = ["bench", "ep", "--preset", "tiny", "--ep", "1", "--parts", "layer"]
