@@ -92,15 +92,6 @@ CONFIGS = {
     "multicast": dataclasses.replace(
         default_mosaic_gmm_tiles(M, K, N), stages=3, group_swizzle=2, multicast_weights=True
     ),
-    # The same at block_n 128 (m64n128 products, two 64-column chunks per slab): tried for the
-    # down projection's wave tail (the Mixtral forward 0.93x on an H100, not adopted).
-    "multicast_narrow": dataclasses.replace(
-        default_mosaic_gmm_tiles(M, K, N),
-        block_n=128,
-        stages=3,
-        group_swizzle=2,
-        multicast_weights=True,
-    ),
 }
 
 
@@ -127,7 +118,8 @@ def mosaic_forward(group_sizes, cfg, m=M, k=K, n=N, seed=0):
 # - "split_rows_swizzled_wide" and "multicast": test_pair_sums_two_products_in_one_k_loop
 #   ["multicast"] (these tiles in clusters, on the same groups) and
 #   test_forward_single_group_holds_every_row_of_sizes_past_m (these tiles alone);
-# - "multicast_narrow": test_multicast_pairs_share_a_group_or_load_their_own.
+# - "multicast_narrow": test_mosaic_last_round.py's test_halves_in_clusters_of_two_ctas (these
+#   tiles on 4 CTAs: pairs sharing a group, pairs of two groups, the odd last item, tail rows).
 @pytest.mark.parametrize(
     "name",
     [
@@ -150,8 +142,8 @@ def test_forward_empty_groups_straddling_tiles_and_tail(name):
 # Whole tiles only, no tail, on the default's layout; the sizes sum past M (group 1 is cut at M,
 # group 2 starts past it: both clipped). The other configs' whole tiles and slabs are in
 # test_forward_empty_groups_straddling_tiles_and_tail (rows 0-63 are one group), the multicast's
-# all-shared pairs in test_multicast_pairs_share_a_group_or_load_their_own. (This was
-# test_forward_random_group_sizes' explicit example, [90, 90, 90].)
+# pairs sharing a group in test_mosaic_last_round.py's test_halves_in_clusters_of_two_ctas.
+# (This was test_forward_random_group_sizes' explicit example, [90, 90, 90].)
 def test_forward_single_group_holds_every_row_of_sizes_past_m():
     got, want = mosaic_forward([0, M + 30, 40], CONFIGS["split_rows_swizzled_wide"], seed=1)
     assert np.max(np.abs(got - want)) / np.max(np.abs(want)) <= 1.6e-2
@@ -172,18 +164,6 @@ def test_forward_no_rows_at_all_is_zeros(name):
     cfg = NO_ROWS[name]
     got, _ = mosaic_forward([0, 0], cfg, m=cfg.block_m, n=cfg.block_n)
     assert np.all(got == 0)
-
-
-def test_multicast_pairs_share_a_group_or_load_their_own():
-    # Clusters of two CTAs take work items (2p, 2p + 1). Groups 0 and 1 have one item each (a
-    # pair of two groups: each CTA loads its own weights), group 2's two items are one pair (the
-    # weights multicast), group 3's one item is the odd last one (its partner recomputes it),
-    # then 68 tail rows (zeros, each CTA its own tail tiles). At block_n 128 ("multicast_narrow");
-    # block_n 256: test_pair_sums_two_products_in_one_k_loop["multicast"].
-    sizes = [100, 28, 256, 60]
-    got, want = mosaic_forward(sizes, CONFIGS["multicast_narrow"], m=512, seed=5)
-    assert np.max(np.abs(got - want)) / np.max(np.abs(want)) <= 1.6e-2
-    assert np.all(got[sum(sizes) :] == 0)
 
 
 def test_swizzled_epilogue_groups_aligned_to_tiles_and_tail():
