@@ -25,8 +25,15 @@ def _compiled_forward(cfg, mesh):
     return jax.jit(lambda p, x: jaxmoe.moe(p, x, cfg, mesh=mesh)[0]).lower(params, x).compile()
 
 
-@pytest.mark.parametrize("top_k,num_experts", [(2, 8), (8, 32), (6, 64)])
-@pytest.mark.parametrize("ep", [2, 4, 8])
+@pytest.mark.parametrize(
+    "top_k,num_experts,ep",
+    # Each EP size and each (K, E) once, and each branch of the formula: the pairs capped at T
+    # (K_l = 6 at EP=2: a token reaches the other rank with probability 0.99), the pairs below
+    # T (K_l = 2 at EP=4; K_l = 4 at EP=8, the example), a pair that is one copy (K_l = 1 at
+    # EP=8: the copies path alone), and the copies' fast slots at every EP size. (Each case
+    # compiles two forwards: the other five points of the 3 x 3 grid ran these same branches.)
+    [(6, 64, 2), (2, 8, 4), (8, 32, 8), (2, 8, 8)],
+)
 def test_exchange_bytes_is_what_the_compiled_hlo_sends(top_k, num_experts, ep):
     """The formula against the compiled forward's collectives: the dispatch's and combine's
     exchanges exactly; with everything else (the [ep, E] counts, the stats' sums) within 2%."""

@@ -10,6 +10,7 @@ no weight quantization runs) keep the bitwise ones from passing by ignoring it.
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import flax.linen as nn
 import jax
@@ -302,16 +303,21 @@ def _layer_case(recipe="rowwise", **extra):
     return cfg, params, x
 
 
-def _layer_value_and_grads(cfg, params, x, fp8_weights=None, mesh=None):
-    """``y`` and the gradients of ``params`` and ``x``; the cache a non-differentiated input."""
+@functools.cache
+def _jitted_layer_grads(cfg, mesh):
+    """One jitted program per layer: a second cache of the same shapes (another weights') runs
+    the traced program again instead of tracing and lowering it anew."""
 
     def loss(params, x, fp8_weights):
         y, stats = jaxmoe.moe(params, x, cfg, mesh=mesh, fp8_weights=fp8_weights)
         return jnp.sum(y.astype(jnp.float32) ** 2) + stats.aux_loss, y
 
-    grads, y = jit_xla_defaults(jax.grad(loss, argnums=(0, 1), has_aux=True))(
-        params, x, fp8_weights
-    )
+    return jit_xla_defaults(jax.grad(loss, argnums=(0, 1), has_aux=True))
+
+
+def _layer_value_and_grads(cfg, params, x, fp8_weights=None, mesh=None):
+    """``y`` and the gradients of ``params`` and ``x``; the cache a non-differentiated input."""
+    grads, y = _jitted_layer_grads(cfg, mesh)(params, x, fp8_weights)
     return y, grads
 
 

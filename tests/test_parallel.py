@@ -422,10 +422,14 @@ def test_capacity_counts_tokens_of_one_data_shard():
         assert_close(a, b, "grad")
 
 
-@pytest.mark.parametrize("policy", ["position", "probs"])
-@pytest.mark.parametrize("seq", [4, 0], ids=["3d", "2d"])
+@pytest.mark.parametrize(
+    "policy,seq", [("position", 4), ("probs", 0)], ids=["3d-position", "2d-probs"]
+)
 def test_drop_policies_match_one_device_per_data_shard(policy, seq):
-    """Each ep group drops what moe() on its data shard drops, sequence by sequence."""
+    """Each ep group drops what moe() on its data shard drops, sequence by sequence. Each
+    policy and each x rank once: the sequence length the ep group passes on is the same code
+    for both policies, and "position" is the one whose claim order it changes ("probs" ranks by
+    weight; the sequence order only breaks ties)."""
     mesh, _ = MESHES["data2_ep4"]
     batch = 8 if seq else 32
     cfg, params, x, cotangent = make_case(
