@@ -41,8 +41,9 @@ def blockwise_k_step_scale(
     ``(row_scales, col_scale)``: ``lhs_scale[row0 + r, k_step]`` (``[rows]``, laid out as the
     accumulator's rows) and ``rhs_scale[group, k_step, col0 // 128]`` (its ``cols`` = 128
     columns are one scale block, so the weight scale is one scalar). They are returned apart,
-    not multiplied, so that the loads stay in flight until the kernel uses them. ``lhs_scale_t_gmem`` is ``lhs_scale`` transposed, ``[K / 128, M]``, so
-    that a tile's row scales are contiguous."""
+    not multiplied, so that the loads stay in flight until the kernel uses them.
+    ``lhs_scale_t_gmem`` is ``lhs_scale`` transposed, ``[K / 128, M]``, so that a tile's row
+    scales are contiguous."""
     row_scales = lhs_scale_t_gmem.at[k_step, pl.ds(row0, rows)]
     col_scale = rhs_scale_gmem[group, k_step, col0 // cols]
     if interpreted:
