@@ -102,30 +102,19 @@ COLUMNS = (
 CHECK_SIZES = (300, 0, 5, 400, 100)  # an empty group, a 5-row group, 214 tail rows of 1024
 
 
-# The K-step knobs of the blockwise kernel the ring sweep times on the default tiles.
-BLOCKWISE_STEP_KNOBS = {
-    "ordered issue": {"ordered_issue": True},
-    "prefetched scales": {"prefetch_scales": True},
-    "ordered issue, prefetched scales": {"ordered_issue": True, "prefetch_scales": True},
-}
-
-
 def blockwise_tiles(shape: GemmShape, sweep: str) -> dict[str, MosaicTileConfig]:
     """The blockwise recipe's tiles timed in the interleaved rounds, by impl name: the default
     (128 x 128 on the ring, rows split); with ``sweep`` other than ``"none"`` jax's pipeline
-    with ``block_m`` 64 (the earlier default); with ``"ring"`` also the default with each of
-    ``BLOCKWISE_STEP_KNOBS`` toggled."""
-    default = default_fp8_tiles(shape.m, shape.k, shape.n, BLOCKWISE)
-    tiles = {"jaxmoe_fp8_blockwise": default}
+    with ``block_m`` 64 (the earlier default); with ``"ring"`` also ``64 x 256`` on the ring."""
+    tiles = {"jaxmoe_fp8_blockwise": default_fp8_tiles(shape.m, shape.k, shape.n, BLOCKWISE)}
     if sweep == "none":
         return tiles
-    tiles["jaxmoe_fp8_blockwise pipeline bm=64"] = pipeline_fp8_tiles(
-        shape.m, shape.k, shape.n, BLOCKWISE
-    )
+    pipeline = pipeline_fp8_tiles(shape.m, shape.k, shape.n, BLOCKWISE)
+    tiles["jaxmoe_fp8_blockwise pipeline bm=64"] = pipeline
     if sweep == "ring":
-        for name, knobs in BLOCKWISE_STEP_KNOBS.items():
-            toggled = {knob: not getattr(default, knob) for knob in knobs}
-            tiles[f"jaxmoe_fp8_blockwise ring {name}"] = dataclasses.replace(default, **toggled)
+        tiles["jaxmoe_fp8_blockwise ring bm=64"] = dataclasses.replace(
+            pipeline, ring=True, pipelined_tiles=False, epilogue_rows=64, swizzled_epilogue=True
+        )
     return tiles
 
 

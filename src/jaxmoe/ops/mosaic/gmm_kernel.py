@@ -128,17 +128,14 @@ class GmmLayout:
 @dataclasses.dataclass(frozen=True)
 class CtaScope:
     """What a tile's K step and epilogue read inside a CTA's scope: the layout and refs, the
-    warpgroup's epilogue stores, its index and first row and column in a tile, its CTA in the
-    cluster, and with ``ordered_issue`` the two compute warpgroups' turn barriers."""
+    warpgroup's epilogue stores, its first row and column in a tile, its CTA in the cluster."""
 
     layout: GmmLayout
     refs: GmmRefs
     stores: EpilogueStores
-    wg: Any
     wg_row: Any
     wg_col: Any
     cluster_cta: Any
-    issue_turns: Any = None
 
 
 def mosaic_gmm_body(
@@ -189,10 +186,7 @@ def operand_buffers(layout: GmmLayout, refs: GmmRefs):
         lhs_alloc, rhs_allocs[0] = layout.on_ring.allocations(
             lhs_alloc, rhs_allocs[0], interpreted=layout.interpreted
         )
-    # ordered_issue: warpgroup w may issue its next wgmma once issue_turns[w] completes.
-    turns = {"issue_turns": plgpu.Barrier(num_arrivals=1, num_barriers=2)}
     return {
-        **(turns if cfg.ordered_issue else {}),
         "lhs": lhs_alloc,
         "rhs": rhs_allocs,
         # The interpreter has no cluster barriers (and runs a multicast copy as a local copy of
@@ -231,8 +225,7 @@ def cta_scope(layout: GmmLayout, refs: GmmRefs, slab_cols, pipeline_allocs, out_
         num_rows=refs.lhs.shape[0],
     )
     num_n_tiles = refs.outs[0].shape[1] // cfg.block_n
-    issue_turns = pipeline_allocs.get("issue_turns") if cfg.ring else None
-    scope = CtaScope(layout, refs, stores, wg, wg_row, wg_col, cluster_cta, issue_turns)
+    scope = CtaScope(layout, refs, stores, wg_row, wg_col, cluster_cta)
 
     @pl.when(wg < NUM_COMPUTE_WARPGROUPS)
     def _zero_tail():
@@ -242,12 +235,6 @@ def cta_scope(layout: GmmLayout, refs: GmmRefs, slab_cols, pipeline_allocs, out_
 
     def unit_tile(unit):
         return schedule.unit_tile(work, unit, cluster_cta, num_n_tiles, cfg)
-
-    if issue_turns is not None:  # warpgroup 0 issues first
-
-        @pl.when(wg == 1)
-        def _first_turn():
-            plgpu.barrier_arrive(issue_turns.at[0])
 
     if cfg.ring:
         gmm_ring_loop.ring_tiles(
@@ -271,11 +258,6 @@ def cta_scope(layout: GmmLayout, refs: GmmRefs, slab_cols, pipeline_allocs, out_
         )
     else:
         pipelined_tiles(scope, pipeline_allocs, num_tiles, unit_tile)
-    if issue_turns is not None:  # the turn warpgroup 1 gave after its last wgmma
-
-        @pl.when(wg == 0)
-        def _last_turn():
-            plgpu.barrier_wait(issue_turns.at[0])
 
     @pl.when(wg < NUM_COMPUTE_WARPGROUPS)
     def _drain():
@@ -318,14 +300,7 @@ def tile_context(scope: CtaScope, group, row0, lo, hi, col0, partial_slot=None, 
 
     def context(eval_pipeline):
         if variant.k_step_scale is not None:  # the main accumulator is the pipeline's carry
-            acc = jnp.zeros((wg_m, wg_n), jnp.float32)
-            if not cfg.prefetch_scales:
-                store_result(eval_pipeline(acc))
-                return
-            # The carry holds the next step's scales too (no cut units here: split_last_round
-            # takes a plain accumulator only, so the tile's steps start at 0).
-            acc, _ = eval_pipeline((acc, step_scales(scope, group, row0, col0, 0)))
-            store_result(acc)
+            store_result(eval_pipeline(jnp.zeros((wg_m, wg_n), jnp.float32)))
             return
 
         def acc_scope(*acc_refs):
@@ -372,53 +347,26 @@ def warpgroup_operands(scope: CtaScope, lhs_smem, rhs_smems):
     return lhs_smem, rhs_blocks
 
 
-def step_scales(scope: CtaScope, group, row0, col0, k_step):
-    """The variant's ``(row_scales, col_scale)`` of this warpgroup's product of K step
-    ``k_step`` in the tile at ``(row0, col0)`` (loads issued, not waited on)."""
-    wg_m, wg_n = warpgroup_tile(scope.layout.cfg)
-    return scope.layout.variant.k_step_scale(
-        *scope.refs.epilogue,
-        k_step=k_step,
-        group=group,
-        row0=row0 + scope.wg_row,
-        col0=col0 + scope.wg_col,
-        rows=wg_m,
-        cols=wg_n,
-    )
-
-
-def scaled_step(scope: CtaScope, group, row0, col0, k_step, lhs_block, rhs_block, carry):
+def scaled_step(scope: CtaScope, group, row0, col0, k_step, lhs_block, rhs_block, acc):
     """One K step under ``k_step_scale`` (DeepSeek-V3's promotion): the step's product into a
     fresh float32 accumulator, then ``acc + product * scales[:, None]``. The scales are loaded
     while the ``wgmma`` runs, before the wait: 1.07-1.35x the kernel that loaded them after it
-    (docs/kernels.md, 'FP8 grouped matmul (Mosaic)').
-
-    ``carry``: the running sum, or with ``prefetch_scales`` ``(sum, this step's scales)``; the
-    next step's scales are then loaded here (the last step loads its own again, in bounds).
-    With ``ordered_issue`` the warpgroup waits for its turn to issue the ``wgmma`` and gives
-    the turn to the other at once, so that their products come one after the other and each
-    warpgroup scales its own while the other's runs."""
-    cfg = scope.layout.cfg
-    wg_m, wg_n = warpgroup_tile(cfg)
-    acc, scales = carry if cfg.prefetch_scales else (carry, None)
-    turns = scope.issue_turns
+    (docs/kernels.md, 'FP8 grouped matmul (Mosaic)')."""
+    wg_m, wg_n = warpgroup_tile(scope.layout.cfg)
 
     def step_product(partial_ref):
-        if turns is not None:
-            plgpu.barrier_wait(turns.at[scope.wg])
         plgpu.wgmma(partial_ref, lhs_block, rhs_block)
-        if turns is not None:
-            plgpu.barrier_arrive(turns.at[1 - scope.wg])
-        if cfg.prefetch_scales:
-            last_step = scope.refs.lhs.shape[1] // cfg.block_k - 1
-            next_step = jnp.minimum(k_step + 1, last_step)
-            now, later = scales, step_scales(scope, group, row0, col0, next_step)
-        else:
-            now, later = step_scales(scope, group, row0, col0, k_step), None
+        scales = scope.layout.variant.k_step_scale(
+            *scope.refs.epilogue,
+            k_step=k_step,
+            group=group,
+            row0=row0 + scope.wg_row,
+            col0=col0 + scope.wg_col,
+            rows=wg_m,
+            cols=wg_n,
+        )
         product = plgpu.wgmma_accumulator_load(partial_ref, wait_n=0)
-        row_scales, col_scale = now
-        summed = acc + product * lax.broadcast_in_dim(row_scales * col_scale, product.shape, [0])
-        return (summed, later) if cfg.prefetch_scales else summed
+        return acc + product * lax.broadcast_in_dim(scales, product.shape, [0])
 
     return pl.run_scoped(step_product, plgpu.ACC((wg_m, wg_n), jnp.float32))
 

@@ -37,17 +37,15 @@ def rowwise_scale_epilogue(
 def blockwise_k_step_scale(
     lhs_scale_t_gmem, rhs_scale_gmem, *, k_step, group, row0, col0, rows, cols, interpreted: bool
 ):
-    """The scales of one warpgroup's ``[rows, cols]`` product of K block ``k_step``, as
-    ``(row_scales, col_scale)``: ``lhs_scale[row0 + r, k_step]`` (``[rows]``, laid out as the
-    accumulator's rows) and ``rhs_scale[group, k_step, col0 // 128]`` (its ``cols`` = 128
-    columns are one scale block, so the weight scale is one scalar). They are returned apart,
-    not multiplied, so that the loads stay in flight until the kernel uses them.
-    ``lhs_scale_t_gmem`` is ``lhs_scale`` transposed, ``[K / 128, M]``, so that a tile's row
-    scales are contiguous."""
+    """The ``[rows]`` scales of one warpgroup's ``[rows, cols]`` product of K block ``k_step``:
+    ``lhs_scale[row0 + r, k_step] * rhs_scale[group, k_step, col0 // 128]`` (its ``cols`` = 128
+    columns are one scale block, so the weight scale is one scalar), laid out as the
+    accumulator's rows. ``lhs_scale_t_gmem`` is ``lhs_scale`` transposed, ``[K / 128, M]``, so
+    that a tile's row scales are contiguous."""
     row_scales = lhs_scale_t_gmem.at[k_step, pl.ds(row0, rows)]
     col_scale = rhs_scale_gmem[group, k_step, col0 // cols]
     if interpreted:
         row_scale = row_scales[...]
     else:  # the accumulator's row layout, as in rowwise_scale_epilogue
         row_scale = plgpu.load(row_scales, (), layout=plgpu.Layout.WGMMA.reduce(1), optimized=False)
-    return row_scale, col_scale
+    return row_scale * col_scale

@@ -37,12 +37,6 @@ class MosaicTileConfig:
     grid. ``multicast_weights``: clusters of two CTAs share a weight block by TMA multicast.
     ``split_last_round``: the last round's units cut along K. ``approx_math``: Mosaic GPU's
     approximate transcendental instructions.
-
-    Two knobs act on a ``k_step_scale`` variant only (the FP8 blockwise recipe, which waits for
-    each K step's ``wgmma`` to scale its product), on the ring: ``ordered_issue``, the compute
-    warpgroups issue each step's ``wgmma`` in turn, so that one scales its product while the
-    other's runs; ``prefetch_scales``, a step's scales are loaded one step ahead, so that their
-    load latency is not waited on.
     """
 
     block_m: int = 128
@@ -59,8 +53,6 @@ class MosaicTileConfig:
     multicast_weights: bool = False
     split_last_round: bool = False
     approx_math: bool = False
-    ordered_issue: bool = False
-    prefetch_scales: bool = False
 
 
 # Rows each group is padded to where the bf16/fp16 experts run these kernels: the wgrad's 64-row
@@ -303,9 +295,6 @@ def check_tiles(cfg: MosaicTileConfig, operand_bytes: int = 2, num_rhs: int = 1)
         problems.append("multicast_weights=True needs ring=True (its releases span the cluster)")
     if cfg.split_last_round and not cfg.ring:
         problems.append("split_last_round=True needs ring=True (the pieces run on the ring)")
-    for knob in ("ordered_issue", "prefetch_scales"):
-        if getattr(cfg, knob) and not cfg.ring:
-            problems.append(f"{knob}=True needs ring=True (it is built on the ring's K loop)")
     if cfg.split_rows and bm != 128:
         problems.append("split_rows=True needs block_m=128 (one 64-row wgmma M tile per warpgroup)")
     if cfg.epilogue_rows not in (None, bm) and not (

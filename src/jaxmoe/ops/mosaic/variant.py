@@ -23,12 +23,10 @@ class GmmVariant:
         fused gated kernel's ``act(gate) * up``).
       num_outputs: the kernel's ``[M, N]`` results.
       k_step_scale: ``k_step_scale(*epilogue_operands, k_step=, group=, row0=, col0=, rows=,
-        cols=)``: ``(row_scales, col_scale)``, the ``[rows]`` and scalar scales of one compute
-        warpgroup's ``[rows, cols]`` product of K step ``k_step``; the kernel multiplies each
-        row by ``row_scales * col_scale`` before adding the product to the accumulator (the FP8
-        blockwise recipe: one K step is one scale block). The kernel loads them before it waits
-        for the step's ``wgmma`` (with the tiles' ``prefetch_scales``, one step earlier), so that
-        the loads overlap it.
+        cols=)``: the ``[rows]`` scales of one compute warpgroup's ``[rows, cols]`` product of K
+        step ``k_step``, which the kernel multiplies into each row before adding the product to
+        the accumulator (the FP8 blockwise recipe: one K step is one scale block). The kernel
+        loads them before it waits for the step's ``wgmma``, so that the loads overlap it.
       paired: a second ``(lhs, rhs)`` pair runs its K steps after the first's into the same
         accumulator: ``lhs @ rhs[g] + lhs2 @ rhs2[g]`` (the gated FFN's input gradient).
       ring_operands: the epilogue's two ``[M, N]`` operands ride the operand ring
