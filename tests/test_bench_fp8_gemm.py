@@ -41,8 +41,8 @@ def test_bad_sweep_is_one_line(capsys):
 @pytest.mark.parametrize("sweep, count", [("none", 1), ("fixed", 2), ("ring", 3)])
 def test_blockwise_tiles_are_ones_the_kernel_takes(sweep, count):
     # Every tile the benchmark times with the blockwise recipe fits shared memory and passes the
-    # kernel's own checks on every shape; the default comes first, the ring variant is the
-    # default with overlapped_promotion toggled.
+    # kernel's own checks on every shape; the default (jax's pipeline) comes first, the ring
+    # variants promote one step late.
     for name in fp8_gemm.SHAPES:
         shape = GEMM_SHAPES[name]
         tiles = fp8_gemm.blockwise_tiles(shape, sweep)
@@ -56,5 +56,4 @@ def test_blockwise_tiles_are_ones_the_kernel_takes(sweep, count):
                 jnp.bfloat16, fp8_gemm.BLOCKWISE, cfg,
             )  # fmt: skip
             assert reason is None, (name, cfg, reason)
-        ring = [cfg for impl, cfg in tiles.items() if "ring" in impl]
-        assert all(cfg.ring and cfg != default for cfg in ring)
+        assert all(cfg.ring for impl, cfg in tiles.items() if "ring" in impl)

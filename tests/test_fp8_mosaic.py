@@ -267,48 +267,30 @@ def test_default_tiles_are_the_bf16_kernels_with_128_wide_k_blocks():
 # pipeline's k_step_scale call site is the same): TestFp8MosaicBackends["pallas-blockwise"]
 # (the same groups, to the same bound). The
 # ring on the global 64-row grid: "ring_group_start" runs the same ring body on the other grid.
-@pytest.mark.parametrize(
-    "split_rows, overlapped",
-    [(False, False), (True, False), (True, True)],
-    ids=["64x256", "default-128x128-split-rows", "split-rows-overlapped-promotion"],
-)
-def test_blockwise_forward_empty_groups_straddling_tiles_and_tail_on_the_ring(
-    split_rows, overlapped
-):
+@pytest.mark.parametrize("split_rows", [False, True], ids=["64x256", "default-128x128-split-rows"])
+def test_blockwise_forward_empty_groups_straddling_tiles_and_tail_on_the_ring(split_rows):
     # Two K blocks (K = 256), four column scale blocks over two N tiles (N = 512): each K step's
     # partial product is scaled by its own row and block scales. Groups as in the rowwise test.
     # group_start: tiles from each group's first row (rounded down to 8), so the row scales are
     # read at rows off the 64-row grid (the rowwise epilogue's reads there: lowering only).
     # split_rows: the default tiles' layout (each warpgroup's row scales from its own first row).
-    # overlapped: each step in two column halves, one scaled while the other's wgmma runs, the
-    # halves stored apart (through the swizzled slots, and as runs where a group cuts a slab).
     cfg = dataclasses.replace(BW_RING, group_start_tiles=True)
     if split_rows:
         cfg = dataclasses.replace(
-            fp8_mosaic.default_fp8_tiles(M, K, 512, BLOCKWISE),
-            stages=2,
-            group_swizzle=2,
-            overlapped_promotion=overlapped,
+            fp8_mosaic.default_fp8_tiles(M, K, 512, BLOCKWISE), stages=2, group_swizzle=2
         )
     sizes, n = [70, 0, 3, 100, 40], 512
     operands = _blockwise_quantized(len(sizes), n=n)
-
-    def run(tiles):
-        return fp8_mosaic.scaled_gmm_kn(
-            *operands, jnp.asarray(sizes, jnp.int32), tiles=tiles, recipe="blockwise"
-        )
-
-    got = run(cfg)
-    if overlapped:  # the same products summed in the same order as the default's
-        plain = run(dataclasses.replace(cfg, overlapped_promotion=False))
-        np.testing.assert_array_equal(np.asarray(got), np.asarray(plain))
+    got = fp8_mosaic.scaled_gmm_kn(
+        *operands, jnp.asarray(sizes, jnp.int32), tiles=cfg, recipe="blockwise"
+    )
     assert got.shape == (M, n) and got.dtype == jnp.bfloat16
     want = _reference64(*operands, sizes, BLOCKWISE)
     _check_within_one_bf16_ulp(got, want, _reference64(*operands, sizes, BLOCKWISE, True))
     assert np.all(np.asarray(got)[213:] == 0)
 
 
-@pytest.mark.parametrize("tiles", ["default", "swizzled", "ring", "overlapped"])
+@pytest.mark.parametrize("tiles", ["default", "swizzled", "ring"])
 @pytest.mark.parametrize(
     "rhs_layout, k, n", [("gkn", 1024, 512), ("gnk", 2048, 2048)], ids=["gkn-chained", "gnk"]
 )
@@ -323,8 +305,7 @@ def test_blockwise_lowers_for_cuda_with_k_major_weights(rhs_layout, k, n, tiles)
     ring = dataclasses.replace(
         default, ring=True, pipelined_tiles=False, epilogue_rows=64, swizzled_epilogue=True
     )
-    overlapped = dataclasses.replace(default, overlapped_promotion=True)
-    cfg = {"default": None, "swizzled": _swizzled(default), "ring": ring}.get(tiles, overlapped)
+    cfg = {"default": None, "swizzled": _swizzled(default), "ring": ring}[tiles]
     fn = jax.jit(
         functools.partial(
             fp8_mosaic.scaled_gmm_kn,

@@ -105,18 +105,15 @@ CHECK_SIZES = (300, 0, 5, 400, 100)  # an empty group, a 5-row group, 214 tail r
 def blockwise_tiles(shape: GemmShape, sweep: str) -> dict[str, MosaicTileConfig]:
     """The blockwise recipe's tiles timed in the interleaved rounds, by impl name: the default
     (128 x 128 on the ring, rows split); with ``sweep`` other than ``"none"`` jax's pipeline
-    with ``block_m`` 64 (the earlier default); with ``"ring"`` also the default with
-    ``overlapped_promotion`` toggled."""
-    default = default_fp8_tiles(shape.m, shape.k, shape.n, BLOCKWISE)
-    tiles = {"jaxmoe_fp8_blockwise": default}
+    with ``block_m`` 64 (the earlier default); with ``"ring"`` also ``64 x 256`` on the ring."""
+    tiles = {"jaxmoe_fp8_blockwise": default_fp8_tiles(shape.m, shape.k, shape.n, BLOCKWISE)}
     if sweep == "none":
         return tiles
     pipeline = pipeline_fp8_tiles(shape.m, shape.k, shape.n, BLOCKWISE)
     tiles["jaxmoe_fp8_blockwise pipeline bm=64"] = pipeline
     if sweep == "ring":
-        overlapped = not default.overlapped_promotion
-        tiles[f"jaxmoe_fp8_blockwise ring overlapped_promotion={overlapped}"] = dataclasses.replace(
-            default, overlapped_promotion=overlapped
+        tiles["jaxmoe_fp8_blockwise ring bm=64"] = dataclasses.replace(
+            pipeline, ring=True, pipelined_tiles=False, epilogue_rows=64, swizzled_epilogue=True
         )
     return tiles
 

@@ -152,11 +152,8 @@ def mosaic_gmm_body(
     transforms = swizzle_transforms(cfg.block_k * itemsize, itemsize)
     on_ring = RingOperands(cfg, refs.epilogue, transforms) if variant.ring_operands else None
     layout = GmmLayout(cfg, variant, transpose_rhs, num_groups, interpreted, transforms, on_ring)
-    # Results stored a run of columns at a time (ring_operands, or overlapped_promotion's
-    # halves) are staged that wide.
+    # Results stored a run of columns at a time (ring_operands) are staged that wide.
     slab_cols = None if on_ring is None else on_ring.apply_cols
-    if cfg.overlapped_promotion:
-        slab_cols = warpgroup_tile(cfg)[1] // 2
     pl.run_scoped(
         functools.partial(cta_scope, layout, refs, slab_cols),
         pipeline_allocs=operand_buffers(layout, refs),
@@ -302,15 +299,6 @@ def tile_context(scope: CtaScope, group, row0, lo, hi, col0, partial_slot=None, 
         stores.store(slab_results, row0, col0, lo, hi)
 
     def context(eval_pipeline):
-        if variant.k_step_scale is not None and cfg.overlapped_promotion:
-            main_loop = functools.partial(
-                overlapped_main_loop, scope, eval_pipeline, (group, row0, lo, hi, col0)
-            )
-            if layout.interpreted:  # no accumulators across steps there: see overlapped_step
-                main_loop(None, jnp.zeros((wg_m, wg_n // 2), jnp.float32))
-            else:
-                pl.run_scoped(main_loop, *[plgpu.ACC((wg_m, wg_n // 2), jnp.float32)] * 2)
-            return
         if variant.k_step_scale is not None:  # the main accumulator is the pipeline's carry
             store_result(eval_pipeline(jnp.zeros((wg_m, wg_n), jnp.float32)))
             return
@@ -343,44 +331,20 @@ def tile_context(scope: CtaScope, group, row0, lo, hi, col0, partial_slot=None, 
     return context
 
 
-def warpgroup_operands(scope: CtaScope, lhs_smem, rhs_smems, parts: int = 1):
+def warpgroup_operands(scope: CtaScope, lhs_smem, rhs_smems):
     """This compute warpgroup's share of a K step's blocks: its rows of ``lhs`` (``split_rows``)
-    and its columns of each weight block, read K-major when the weights are transposed; with
-    ``parts`` > 1, each weight's columns as that many equal blocks (a list per weight)."""
+    and its columns of each weight block, read K-major when the weights are transposed."""
     layout, cfg = scope.layout, scope.layout.cfg
     wg_m, wg_n = warpgroup_tile(cfg)
-    lhs_smem = lhs_smem.at[pl.ds(scope.wg_row, wg_m)] if cfg.split_rows else lhs_smem
-    cols = wg_n // parts
-
-    def block(rhs_smem, part):
-        part_cols = pl.ds(scope.wg_col + part * cols, cols)
-        if layout.transpose_rhs:
-            return plgpu.transpose_ref(rhs_smem.at[part_cols, :], (1, 0))
-        return rhs_smem.at[:, part_cols]
-
-    if parts == 1:
-        return lhs_smem, [block(rhs_smem, 0) for rhs_smem in rhs_smems]
-    return lhs_smem, [[block(rhs_smem, p) for p in range(parts)] for rhs_smem in rhs_smems]
-
-
-def step_scales(scope: CtaScope, group, row0, col0, k_step):
-    """The variant's ``[rows]`` scales of this warpgroup's product of K step ``k_step`` in the
-    tile at ``(row0, col0)``, laid out as the accumulator's rows."""
-    wg_m, wg_n = warpgroup_tile(scope.layout.cfg)
-    return scope.layout.variant.k_step_scale(
-        *scope.refs.epilogue,
-        k_step=k_step,
-        group=group,
-        row0=row0 + scope.wg_row,
-        col0=col0 + scope.wg_col,
-        rows=wg_m,
-        cols=wg_n,
-    )
-
-
-def promoted(acc, product, scales):
-    """``acc + product * scales[:, None]``: a K step's product, scaled, into the sum."""
-    return acc + product * lax.broadcast_in_dim(scales, product.shape, [0])
+    wg_rows, wg_cols = pl.ds(scope.wg_row, wg_m), pl.ds(scope.wg_col, wg_n)
+    lhs_smem = lhs_smem.at[wg_rows] if cfg.split_rows else lhs_smem
+    rhs_blocks = [
+        plgpu.transpose_ref(rhs_smem.at[wg_cols, :], (1, 0))
+        if layout.transpose_rhs
+        else rhs_smem.at[:, wg_cols]
+        for rhs_smem in rhs_smems
+    ]
+    return lhs_smem, rhs_blocks
 
 
 def scaled_step(scope: CtaScope, group, row0, col0, k_step, lhs_block, rhs_block, acc):
@@ -392,82 +356,19 @@ def scaled_step(scope: CtaScope, group, row0, col0, k_step, lhs_block, rhs_block
 
     def step_product(partial_ref):
         plgpu.wgmma(partial_ref, lhs_block, rhs_block)
-        scales = step_scales(scope, group, row0, col0, k_step)
-        return promoted(acc, plgpu.wgmma_accumulator_load(partial_ref, wait_n=0), scales)
+        scales = scope.layout.variant.k_step_scale(
+            *scope.refs.epilogue,
+            k_step=k_step,
+            group=group,
+            row0=row0 + scope.wg_row,
+            col0=col0 + scope.wg_col,
+            rows=wg_m,
+            cols=wg_n,
+        )
+        product = plgpu.wgmma_accumulator_load(partial_ref, wait_n=0)
+        return acc + product * lax.broadcast_in_dim(scales, product.shape, [0])
 
     return pl.run_scoped(step_product, plgpu.ACC((wg_m, wg_n), jnp.float32))
-
-
-def overlapped_step(scope: CtaScope, group, row0, col0, k_step, lhs_block, rhs_halves, carry):
-    """One K step under ``k_step_scale`` with ``overlapped_promotion``: the product in two
-    column halves, each into its own float32 partial (``carry``: ``((partial_0, partial_1),
-    (sum_0, sum_1), the previous step's scales)``), and at most one ``wgmma`` waited for at a
-    time: the previous step's second half is scaled into ``sum_1`` while this step's first half
-    runs, then this step's first half into ``sum_0`` while its second half runs. The step ends
-    with its second half in flight (the ring releases a slot one step late, so that suffices);
-    :func:`overlapped_main_loop` scales the last step's. Each half is one ``[rows, 64]`` partial
-    (32 registers a thread), so the two and the sum fit the compute warpgroups' registers, where
-    a second whole partial did not (docs/kernels.md, 'FP8 grouped matmul (Mosaic)').
-
-    Mosaic GPU's interpreter runs each ``wgmma`` at once and cannot write an accumulator: there
-    each half's product is made in its own scoped accumulator, and the second half's is carried
-    to the next step as a value in ``partial_1``'s place; the same sums in the same order."""
-    (partial_0, partial_1), (sum_0, sum_1), previous_scales = carry
-    zeros = jnp.zeros(sum_0.shape, jnp.float32)
-    scales = step_scales(scope, group, row0, col0, k_step)
-    if scope.layout.interpreted:
-
-        def product(rhs_half):
-            def scoped(acc_ref):
-                plgpu.wgmma(acc_ref, lhs_block, rhs_half)
-                return plgpu.wgmma_accumulator_load(acc_ref, wait_n=0)
-
-            return pl.run_scoped(scoped, plgpu.ACC(zeros.shape, jnp.float32))
-
-        product_0 = product(rhs_halves[0])
-        sum_1 = promoted(sum_1, partial_1, previous_scales)
-        partial_1 = product(rhs_halves[1])
-        return (partial_0, partial_1), (promoted(sum_0, product_0, scales), sum_1), scales
-    plgpu.wgmma(partial_0, lhs_block, rhs_halves[0])
-    sum_1 = promoted(sum_1, plgpu.wgmma_accumulator_load(partial_1, wait_n=1), previous_scales)
-    partial_1[...] = zeros
-    plgpu.wgmma(partial_1, lhs_block, rhs_halves[1])
-    sum_0 = promoted(sum_0, plgpu.wgmma_accumulator_load(partial_0, wait_n=1), scales)
-    partial_0[...] = zeros
-    return (partial_0, partial_1), (sum_0, sum_1), scales
-
-
-def overlapped_main_loop(scope: CtaScope, eval_pipeline, tile, partial_0, partial_1) -> None:
-    """A tile's main loop and epilogue with ``overlapped_promotion``: the steps of
-    :func:`overlapped_step` from zero partials and sums, the last step's second half scaled
-    once its ``wgmma`` is done, then each half of the sum stored (its own columns of the
-    epilogue's slabs). Interpreted: ``partial_0`` is ``None`` and ``partial_1`` zeros (see
-    :func:`overlapped_step`)."""
-    group, row0, lo, hi, col0 = tile
-    stores = scope.stores
-    zeros = jnp.zeros(partial_1.shape, jnp.float32)
-    # The first step "scales" partial_1's zeros into sum_1 with these (any finite scales).
-    first_scales = step_scales(scope, group, row0, col0, 0)
-    (_, last_product), (sum_0, sum_1), last_scales = eval_pipeline(
-        ((partial_0, partial_1), (zeros, zeros), first_scales)
-    )
-    if not scope.layout.interpreted:
-        last_product = plgpu.wgmma_accumulator_load(partial_1, wait_n=0)
-    sum_1 = promoted(sum_1, last_product, last_scales)
-    half_cols = zeros.shape[1]
-    half_stores = len(range(0, stores.layout["wg_m"], stores.stage_rows)) * max(
-        1, half_cols // stores.layout["chunk_cols"]
-    )
-    for half, half_sum in enumerate((sum_0, sum_1)):
-        stores.store(
-            stores.slabs_of((half_sum,)),
-            row0,
-            col0,
-            lo,
-            hi,
-            first_col=half * half_cols,
-            first_store=half * half_stores,
-        )
 
 
 def tile_mma(scope: CtaScope, group, row0, col0):
@@ -478,10 +379,6 @@ def tile_mma(scope: CtaScope, group, row0, col0):
 
     def mma(indices, lhs_smem, *rhs_smems_and_accs):
         *rhs_smems, acc_refs = rhs_smems_and_accs
-        if scope.layout.variant.k_step_scale is not None and cfg.overlapped_promotion:
-            (k_step,) = indices
-            lhs_block, (halves,) = warpgroup_operands(scope, lhs_smem, rhs_smems, parts=2)
-            return overlapped_step(scope, group, row0, col0, k_step, lhs_block, halves, acc_refs)
         lhs_block, rhs_blocks = warpgroup_operands(scope, lhs_smem, rhs_smems)
         if scope.layout.variant.k_step_scale is not None:  # acc_refs: the carried float32 sum
             (k_step,) = indices

@@ -186,8 +186,7 @@ def launch_gmm(
     ``epilogue_operands``: the GPU memory operands its ``epilogue`` or ``k_step_scale`` reads.
     Returns one ``[M, N]`` result, or a tuple of the variant's ``num_outputs``. The tiles'
     ``split_last_round`` applies to a variant with a plain accumulator only
-    (:attr:`.variant.GmmVariant.plain_accumulator`); the others run without it. Its
-    ``overlapped_promotion`` applies to a ``k_step_scale`` variant only.
+    (:attr:`.variant.GmmVariant.plain_accumulator`); the others run without it.
     """
     if plan.unsupported is not None:
         raise NotImplementedError(f"mosaic gmm: the plan refuses the operands: {plan.unsupported}")
@@ -199,8 +198,7 @@ def launch_gmm(
     transpose_rhs, out_dtype, cfg = plan.transpose_rhs, plan.out_dtype, plan.tiles
     interpret_params = plan.interpret_params
     split = cfg.split_last_round and variant.plain_accumulator
-    overlapped = cfg.overlapped_promotion and variant.k_step_scale is not None
-    cfg = dataclasses.replace(cfg, split_last_round=split, overlapped_promotion=overlapped)
+    cfg = dataclasses.replace(cfg, split_last_round=split)
     m, k = lhs.shape
     num_groups = rhs.shape[0]
     n = rhs.shape[1] if transpose_rhs else rhs.shape[2]

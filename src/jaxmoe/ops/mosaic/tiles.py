@@ -36,10 +36,7 @@ class MosaicTileConfig:
     ``group_start_tiles``: each group's tiles start at its first row, not on the ``block_m``
     grid. ``multicast_weights``: clusters of two CTAs share a weight block by TMA multicast.
     ``split_last_round``: the last round's units cut along K. ``approx_math``: Mosaic GPU's
-    approximate transcendental instructions. ``overlapped_promotion`` (a ``k_step_scale``
-    variant, the FP8 blockwise recipe, on the ring): each compute warpgroup multiplies a K
-    step in two column halves, each into its own float32 partial, and scales one half's
-    product into the sum while the other half's ``wgmma`` runs.
+    approximate transcendental instructions.
     """
 
     block_m: int = 128
@@ -56,7 +53,6 @@ class MosaicTileConfig:
     multicast_weights: bool = False
     split_last_round: bool = False
     approx_math: bool = False
-    overlapped_promotion: bool = False
 
 
 # Rows each group is padded to where the bf16/fp16 experts run these kernels: the wgrad's 64-row
@@ -299,8 +295,6 @@ def check_tiles(cfg: MosaicTileConfig, operand_bytes: int = 2, num_rhs: int = 1)
         problems.append("multicast_weights=True needs ring=True (its releases span the cluster)")
     if cfg.split_last_round and not cfg.ring:
         problems.append("split_last_round=True needs ring=True (the pieces run on the ring)")
-    if cfg.overlapped_promotion and not cfg.ring:
-        problems.append("overlapped_promotion=True needs ring=True (it carries across steps)")
     if cfg.split_rows and bm != 128:
         problems.append("split_rows=True needs block_m=128 (one 64-row wgmma M tile per warpgroup)")
     if cfg.epilogue_rows not in (None, bm) and not (
