@@ -216,11 +216,13 @@ def chunk_windows_numpy(experts: np.ndarray, ep: int, chunks: int, rows: int) ->
     return [max(1, math.ceil(int(copies) / rows)) for copies in fullest]
 
 
-@pytest.mark.parametrize("dispatch", ["copies", "tokens"])
-def test_chunks_needing_different_windows_match_single_device(dispatch):
+@pytest.mark.parametrize("dispatch,exchange", [("copies", None), ("tokens", "all_gather")])
+def test_chunks_needing_different_windows_match_single_device(dispatch, exchange):
     """One overflow loop runs every chunk's window ``w`` up to the most windows any chunk needs:
     here each rank's second chunk (zero tokens: every copy to experts 0 and 1, both on rank 0)
-    needs more windows than its first, whose later windows must add exact zeros."""
+    needs more windows than its first, whose later windows must add exact zeros. The token
+    dispatch over the all_gather exchange (its only run with ep_chunks and that exchange: the
+    exchange is independent of the chunks and the routing, one compile for both)."""
     mesh, _ = MESHES["ep4"]
     cfg, params, x, cotangent = make_case()
     x = x.at[1::2].set(0.0)  # rank r holds batch rows 2r, 2r+1: its second chunk is zeros
@@ -231,7 +233,12 @@ def test_chunks_needing_different_windows_match_single_device(dispatch):
     first, second = chunk_windows_numpy(experts, 4, 2, rows)
     assert 1 < first < second, (first, second)
     sharded = dataclasses.replace(
-        cfg, ep_axis="ep", ep_chunks=2, ep_dispatch=dispatch, ep_fast_slot_factor=1.0
+        cfg,
+        ep_axis="ep",
+        ep_chunks=2,
+        ep_dispatch=dispatch,
+        ep_exchange=exchange,
+        ep_fast_slot_factor=1.0,
     )
     result = value_and_grads(sharded, params, x, cotangent, mesh)
     assert_same_layer(result, value_and_grads(cfg, params, x, cotangent))
