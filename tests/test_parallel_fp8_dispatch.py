@@ -177,15 +177,20 @@ def test_fp8_wire_bytes_against_bf16(dispatch, recipe):
     )
     bf16 = _hlo(_lowered_forward(cfg, mesh))  # lowered only: its compiled text is not read
     fp8_lowered = _lowered_forward(dataclasses.replace(cfg, ep_fp8_dispatch=True), mesh)
-    fp8, fp8_compiled = _hlo(fp8_lowered), fp8_lowered.compile().as_text()
+    fp8 = _hlo(fp8_lowered)
     dispatch_ratio = wire_bytes(fp8, "ep_dispatch") / wire_bytes(bf16, "ep_dispatch")
     forward_ratio = wire_bytes(fp8) / wire_bytes(bf16)
     assert dispatch_ratio <= 0.55, dispatch_ratio
     assert forward_ratio <= 0.8, forward_ratio
     # The FP8 rows travel as bytes: a packed [ep, P, H + 4S] uint8 exchange, which the CPU
-    # compiler leaves as it is (so the compiled text counts the same FP8 dispatch bytes).
+    # compiler leaves as it is (so the compiled text counts the same FP8 dispatch bytes). That
+    # is the compiler's handling of a uint8 all-to-all, whatever the dispatch or the recipe
+    # packed it: compiled in one case (a compile of the token dispatch's forward costs more
+    # than the rest of its case).
     row = fp8_wire.row_bytes(256, Fp8Recipe(recipe))
     sent = [c for c in collectives(fp8) if c.scope == "ep_dispatch" and c.op == "all-to-all"]
     assert max(c.operand_bytes for c in sent) % row == 0, (sent, row)
-    assert wire_bytes(fp8_compiled, "ep_dispatch") == wire_bytes(fp8, "ep_dispatch")
+    if (dispatch, recipe) == ("copies", "rowwise"):
+        fp8_compiled = fp8_lowered.compile().as_text()
+        assert wire_bytes(fp8_compiled, "ep_dispatch") == wire_bytes(fp8, "ep_dispatch")
     print(f"{dispatch} {recipe}: dispatch {dispatch_ratio:.3f}x, forward {forward_ratio:.3f}x")
