@@ -74,8 +74,17 @@ def _random_routing(seed, num_tokens, num_experts, top_k):
     return experts.astype(np.int32), weights.astype(np.float32)
 
 
+# Jitted: one program per call, not op-by-op dispatch (most of these tests' time).
+_plan_dispatch = jax.jit(
+    jaxmoe.plan_dispatch,
+    static_argnums=1,
+    static_argnames=("capacity", "drop_policy", "sequence_length"),
+)
+_moe = jax.jit(jaxmoe.moe, static_argnames="cfg")
+
+
 def _plan(experts, num_experts, capacity, policy, sequence_length, weights):
-    return jaxmoe.plan_dispatch(
+    return _plan_dispatch(
         jnp.asarray(experts),
         num_experts,
         capacity=capacity,
@@ -111,7 +120,7 @@ def test_position_drops_the_latest_positions_of_every_sequence_evenly():
     dropped = np.asarray(plan.dropped_per_token).reshape(sequences, length)
     np.testing.assert_array_equal(dropped, np.tile([0, 0, 1, 1, 1, 1], (sequences, 1)))
     # One sequence (the default): token order, the last tokens drop.
-    one = jaxmoe.plan_dispatch(jnp.asarray(experts), 2, capacity=8)
+    one = _plan_dispatch(jnp.asarray(experts), 2, capacity=8)
     np.testing.assert_array_equal(np.asarray(one.dropped_per_token), [0] * 8 + [1] * 16)
 
 
@@ -128,7 +137,9 @@ def test_claim_ranks_rank_each_experts_copies_once():
     experts, weights = _random_routing(3, 24, 6, 3)
     for policy in ("position", "probs"):
         ranks = np.asarray(
-            claim_ranks(
+            jax.jit(
+                claim_ranks, static_argnums=1, static_argnames=("drop_policy", "sequence_length")
+            )(
                 jnp.asarray(experts),
                 6,
                 drop_policy=policy,
@@ -228,7 +239,7 @@ def test_layer_output_gradients_and_drops_per_sequence(policy, shape):
             out, _ = ref.dense_moe(jnp, params, tokens, cfg, experts, kept.astype(np.float64))
             return jnp.sum(out * cot), out
 
-        ref_grads, ref_y = jax.grad(dense, argnums=(0, 1), has_aux=True)(params64, tokens)
+        ref_grads, ref_y = jax.jit(jax.grad(dense, argnums=(0, 1), has_aux=True))(params64, tokens)
     np.testing.assert_allclose(np.asarray(y).reshape(tokens.shape), ref_y, rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(
         np.asarray(grads[1]).reshape(tokens.shape), ref_grads[1], rtol=1e-4, atol=1e-5
@@ -247,29 +258,29 @@ def test_position_spreads_the_drops_where_token_order_put_them_on_the_last_seque
     params = jaxmoe.init_params(jax.random.key(0), cfg)
     params["expert_bias"] = jnp.array([10.0, 0.0])
     x = jax.random.normal(jax.random.key(1), (3, 8, HIDDEN))
-    _, stats = jaxmoe.moe(params, x, cfg)
+    _, stats = _moe(params, x, cfg=cfg)
     np.testing.assert_array_equal(stats.dropped_tokens_per_sequence, [6, 6, 6])
     # The same tokens as one sequence: token order, the first 6 tokens kept.
-    _, flat = jaxmoe.moe(params, x.reshape(24, HIDDEN), cfg)
+    _, flat = _moe(params, x.reshape(24, HIDDEN), cfg=cfg)
     np.testing.assert_array_equal(flat.dropped_tokens_per_sequence, [18])
 
 
 @pytest.mark.parametrize("shape", [(0, 6, HIDDEN), (3, 0, HIDDEN), (0, HIDDEN)])
 def test_zero_tokens_drop_nothing_per_sequence(shape):
     cfg, params, x = _layer_case("probs", shape)
-    _, stats = jaxmoe.moe(params, x, cfg)
+    _, stats = _moe(params, x, cfg=cfg)
     sequences = math.prod(shape[:-2]) if len(shape) >= 3 else 1
     np.testing.assert_array_equal(stats.dropped_tokens_per_sequence, np.zeros(sequences))
 
 
 def test_dropless_reports_zero_drops_per_sequence():
     cfg, params, x = _layer_case("position", capacity_factor=None)
-    _, stats = jaxmoe.moe(params, x, cfg)
+    _, stats = _moe(params, x, cfg=cfg)
     np.testing.assert_array_equal(stats.dropped_tokens_per_sequence, np.zeros(4))
 
 
 def test_policies_agree_where_nothing_drops():
     cfg, params, x = _layer_case("position", capacity_factor=4.0)
-    y_position, _ = jaxmoe.moe(params, x, cfg)
-    y_probs, _ = jaxmoe.moe(params, x, dataclasses.replace(cfg, capacity_drop_policy="probs"))
+    y_position, _ = _moe(params, x, cfg=cfg)
+    y_probs, _ = _moe(params, x, cfg=dataclasses.replace(cfg, capacity_drop_policy="probs"))
     np.testing.assert_array_equal(y_position, y_probs)

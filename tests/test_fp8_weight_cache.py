@@ -329,7 +329,7 @@ def _quantize(params, cfg):
     "recipe, capacity_factor",
     [("rowwise", None), ("blockwise", 1.0)],
     # Each recipe's cache and each dispatch once (the cache reaches the experts the same way
-    # whatever the dispatch): blockwise dropless in the sharded test below.
+    # whatever the dispatch); the sharded test below compares with these two programs.
     ids=["rowwise-dropless", "blockwise-capacity"],
 )
 def test_layer_with_fp8_weights_is_bitwise_the_layer_without(recipe, capacity_factor):
@@ -391,14 +391,16 @@ def _mesh(shape, names):
 
 
 @pytest.mark.parametrize(
-    "recipe, mesh_shape, data_axes, fsdp",
-    [("rowwise", (4,), (), False), ("blockwise", (2, 2), ("data",), True)],
-    # Each recipe (its cache's leaves) and each mesh (their specs) once: each case compiles
-    # three ~8 s programs.
-    ids=["rowwise-ep4", "blockwise-data2_ep2_fsdp"],
+    "recipe, capacity_factor, mesh_shape, data_axes, fsdp",
+    [("rowwise", None, (2, 2), ("data",), True), ("blockwise", 1.0, (4,), (), False)],
+    # Each recipe (its cache's leaves), each mesh (their specs) and each dispatch once: each
+    # case compiles two ~8 s sharded programs; the one-device layers are the bitwise layer
+    # test's (the same configs: one compile each). A capacity on the ep-only mesh, where it
+    # counts the same tokens as one device (with data axes it counts one data shard's).
+    ids=["rowwise-data2_ep2_fsdp", "blockwise-capacity-ep4"],
 )
 def test_sharded_layer_with_fp8_weights_equals_the_unsharded_layer(
-    recipe, mesh_shape, data_axes, fsdp
+    recipe, capacity_factor, mesh_shape, data_axes, fsdp
 ):
     """On 4 simulated devices, the cache of all experts split over ``ep``: bitwise the sharded
     layer without it, and the one-device layer up to the float32 order of the sharded sums. A
@@ -406,7 +408,7 @@ def test_sharded_layer_with_fp8_weights_equals_the_unsharded_layer(
     ``shard_map`` (the bitwise comparison is not vacuous)."""
     names = (*data_axes, "ep")
     mesh = _mesh(mesh_shape, names)
-    cfg, params, x = _layer_case(recipe)
+    cfg, params, x = _layer_case(recipe, capacity_factor=capacity_factor)
     sharded = dataclasses.replace(cfg, ep_axis="ep", data_axes=data_axes, fsdp_expert_weights=fsdp)
     fp8 = _quantize(params, cfg)  # the one-device cache: the same values (checked below)
     got = _layer_value_and_grads(sharded, params, x, fp8, mesh)
@@ -479,19 +481,25 @@ def test_a_layer_cache_of_another_recipe_is_refused():
 def test_linen_module_takes_the_cache_as_a_call_argument():
     cfg, _, x = _layer_case()
     layer = MoELinen(cfg)
-    variables = layer.init(jax.random.key(0), x)
-    fp8 = jaxmoe.quantize_expert_weights(nn.unbox(variables["params"]), cfg)
-    apply = jax.jit(layer.apply)  # one program per cache argument, not op-by-op dispatch
+    # Jitted (init, the caches and apply): one program each, not op-by-op dispatch.
+    variables = jax.jit(layer.init)(jax.random.key(0), x)
+    quantize_jit = jax.jit(jaxmoe.quantize_expert_weights, static_argnums=1)
+    fp8 = quantize_jit(nn.unbox(variables["params"]), cfg)
+    apply = jax.jit(layer.apply)  # one program per cache argument
     without = apply(variables, x)
     _assert_trees_equal(apply(variables, x, fp8), without)
-    other = jaxmoe.quantize_expert_weights(jaxmoe.init_params(jax.random.key(5), cfg), cfg)
+    other = quantize_jit(jaxmoe.init_params(jax.random.key(5), cfg), cfg)
     assert not np.array_equal(apply(variables, x, other)[0], without[0])
 
 
 def test_nnx_module_takes_the_cache_as_a_call_argument():
     cfg, _, x = _layer_case("blockwise")
     layer = MoE(cfg, rngs=nnx.Rngs(0))
-    fp8 = jaxmoe.quantize_expert_weights(layer.params_tree(), cfg)
-    _assert_trees_equal(layer(x, fp8), layer(x))
-    other = jaxmoe.quantize_expert_weights(jaxmoe.init_params(jax.random.key(5), cfg), cfg)
-    assert not np.array_equal(layer(x, other)[0], layer(x)[0])
+    # Jitted (the caches and the calls): one program each, not op-by-op dispatch.
+    quantize_jit = jax.jit(jaxmoe.quantize_expert_weights, static_argnums=1)
+    call = nnx.jit(lambda layer, x, fp8=None: layer(x, fp8))
+    fp8 = quantize_jit(layer.params_tree(), cfg)
+    without = call(layer, x)
+    _assert_trees_equal(call(layer, x, fp8), without)
+    other = quantize_jit(jaxmoe.init_params(jax.random.key(5), cfg), cfg)
+    assert not np.array_equal(call(layer, x, other)[0], without[0])

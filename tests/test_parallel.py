@@ -135,9 +135,7 @@ LAYER_CASES = [
     # (mesh, routing, exchange, fast slot factor, overflows): each case compiles its own
     # sharded program. Every exchange that runs on CPU, every mesh and routing; the overflow
     # windows on each kind of mesh. The default factor 1.125 is MoEConfig's.
-    ("ep2", "uniform", "all_to_all", 1.125, False),
     ("ep4", "skewed", "all_to_all", 1.125, True),
-    ("ep8", "one_expert", "all_to_all", 1.125, True),
     ("ep4", "empty_ranks", "all_gather", 1.125, True),
     ("data2_ep4", "skewed", "all_gather", 1.125, True),
     ("ep4", "one_expert", "all_to_all_chunked", 1.125, True),
@@ -149,7 +147,11 @@ LAYER_CASES = [
     # (the same exchange at f=1.5); the overflow cases ep4/one_expert/1.5 and data2_ep4/skewed/1.5:
     # ep4/skewed/all_to_all and data2_ep4/skewed/all_gather, whose overflow is counted exactly
     # too; test_overflow_windows_are_bitwise_deterministic (data2_ep4, overflowing): every case
-    # runs twice and compares bitwise, the data2_ep4 ones overflowing.
+    # runs twice and compares bitwise, the data2_ep4 ones overflowing. Then ep2/uniform/
+    # all_to_all/1.125 (no overflow): ep2 in ep2/one_expert/None (the same exchange),
+    # uniform routing without overflow in ep4/uniform/None/2.0, the explicit all_to_all in
+    # ep4/skewed; ep8/one_expert/all_to_all/1.125: ep8 overflowing over all_to_all in
+    # ep8/empty_ranks/None, one_expert on ep2 and ep4 (each case is one sharded compile).
     ("ep2", "one_expert", None, 1.5, True),
     ("ep4", "uniform", None, 2.0, False),
     ("ep8", "empty_ranks", None, 1.5, True),
@@ -216,11 +218,13 @@ def chunk_windows_numpy(experts: np.ndarray, ep: int, chunks: int, rows: int) ->
     return [max(1, math.ceil(int(copies) / rows)) for copies in fullest]
 
 
-@pytest.mark.parametrize("dispatch", ["copies", "tokens"])
-def test_chunks_needing_different_windows_match_single_device(dispatch):
+@pytest.mark.parametrize("dispatch,exchange", [("copies", None), ("tokens", "all_gather")])
+def test_chunks_needing_different_windows_match_single_device(dispatch, exchange):
     """One overflow loop runs every chunk's window ``w`` up to the most windows any chunk needs:
     here each rank's second chunk (zero tokens: every copy to experts 0 and 1, both on rank 0)
-    needs more windows than its first, whose later windows must add exact zeros."""
+    needs more windows than its first, whose later windows must add exact zeros. The token
+    dispatch over the all_gather exchange (its only run with ep_chunks and that exchange: the
+    exchange is independent of the chunks and the routing, one compile for both)."""
     mesh, _ = MESHES["ep4"]
     cfg, params, x, cotangent = make_case()
     x = x.at[1::2].set(0.0)  # rank r holds batch rows 2r, 2r+1: its second chunk is zeros
@@ -231,7 +235,12 @@ def test_chunks_needing_different_windows_match_single_device(dispatch):
     first, second = chunk_windows_numpy(experts, 4, 2, rows)
     assert 1 < first < second, (first, second)
     sharded = dataclasses.replace(
-        cfg, ep_axis="ep", ep_chunks=2, ep_dispatch=dispatch, ep_fast_slot_factor=1.0
+        cfg,
+        ep_axis="ep",
+        ep_chunks=2,
+        ep_dispatch=dispatch,
+        ep_exchange=exchange,
+        ep_fast_slot_factor=1.0,
     )
     result = value_and_grads(sharded, params, x, cotangent, mesh)
     assert_same_layer(result, value_and_grads(cfg, params, x, cotangent))
@@ -393,43 +402,16 @@ def test_capacity_matches_single_device():
     assert_same_layer(result, reference)
 
 
-def test_capacity_counts_tokens_of_one_data_shard():
-    """With data axes, C uses the ep group's tokens: moe() on each data shard, concatenated."""
-    mesh, _ = MESHES["data2_ep4"]
-    cfg, params, x, cotangent = make_case(capacity_factor=0.75)
-    params = with_bias(params, "skewed", 4)
-    sharded = dataclasses.replace(cfg, ep_axis="ep", data_axes=("data",))
-
-    def per_shard(params, x):
-        halves = [jaxmoe.moe(params, half, cfg) for half in jnp.split(x, 2)]
-        y = jnp.concatenate([h[0] for h in halves])
-        return (
-            y,
-            sum(h[1].dropped_tokens for h in halves),
-            sum(h[1].tokens_per_expert for h in halves),
-        )
-
-    def sharded_fn(params, x):
-        y, stats = jaxmoe.moe(params, x, sharded, mesh=mesh)
-        return y, stats.dropped_tokens, stats.tokens_per_expert
-
-    ref_grads, ref = outputs_and_grads(per_shard, params, x, cotangent)
-    grads, out = outputs_and_grads(sharded_fn, params, x, cotangent)
-    assert_close(out[0], ref[0], "y")
-    assert int(out[1]) == int(ref[1]) > 0
-    np.testing.assert_array_equal(out[2], ref[2])
-    for a, b in zip(jax.tree.leaves(grads), jax.tree.leaves(ref_grads), strict=True):
-        assert_close(a, b, "grad")
-
-
 @pytest.mark.parametrize(
     "policy,seq", [("position", 4), ("probs", 0)], ids=["3d-position", "2d-probs"]
 )
 def test_drop_policies_match_one_device_per_data_shard(policy, seq):
-    """Each ep group drops what moe() on its data shard drops, sequence by sequence. Each
-    policy and each x rank once: the sequence length the ep group passes on is the same code
-    for both policies, and "position" is the one whose claim order it changes ("probs" ranks by
-    weight; the sequence order only breaks ties)."""
+    """With data axes, C uses the ep group's tokens: each ep group drops what moe() on its data
+    shard drops (the counts per expert too), sequence by sequence. Each policy and each x rank
+    once: the sequence length the ep group passes on is the same code for both policies, and
+    "position" is the one whose claim order it changes ("probs" ranks by weight; the sequence
+    order only breaks ties). (The former test_capacity_counts_tokens_of_one_data_shard, the
+    default policy "position" on a 3-D x, is the first case.)"""
     mesh, _ = MESHES["data2_ep4"]
     batch = 8 if seq else 32
     cfg, params, x, cotangent = make_case(
@@ -444,11 +426,12 @@ def test_drop_policies_match_one_device_per_data_shard(policy, seq):
         if not seq:  # a 2-D x is one sequence: the shards' counts add up
             per_sequence = jnp.sum(per_sequence, keepdims=True)
         y = jnp.concatenate([h[0] for h in halves])
-        return y, sum(h[1].dropped_tokens for h in halves), per_sequence
+        counts = sum(h[1].tokens_per_expert for h in halves)
+        return y, sum(h[1].dropped_tokens for h in halves), per_sequence, counts
 
     def sharded_fn(params, x):
         y, stats = jaxmoe.moe(params, x, sharded, mesh=mesh)
-        return y, stats.dropped_tokens, stats.dropped_tokens_per_sequence
+        return y, stats.dropped_tokens, stats.dropped_tokens_per_sequence, stats.tokens_per_expert
 
     ref_grads, ref = outputs_and_grads(per_shard, params, x, cotangent)
     grads, out = outputs_and_grads(sharded_fn, params, x, cotangent)
@@ -456,6 +439,7 @@ def test_drop_policies_match_one_device_per_data_shard(policy, seq):
     assert int(out[1]) == int(ref[1]) > 0
     np.testing.assert_array_equal(out[2], ref[2])
     assert out[2].shape == ((batch,) if seq else (1,)) and int(jnp.sum(out[2])) == int(out[1])
+    np.testing.assert_array_equal(out[3], ref[3])
     for a, b in zip(jax.tree.leaves(grads), jax.tree.leaves(ref_grads), strict=True):
         assert_close(a, b, "grad")
 

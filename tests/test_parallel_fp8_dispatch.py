@@ -128,7 +128,8 @@ def test_auto_wgrad_is_high_precision_on_the_fp8_wire(monkeypatch):
     params = jaxmoe.init_params(keys[0], cfg)
     x = jax.random.normal(keys[1], (8, 8, HIDDEN), jnp.float32)
     cotangent = jax.random.normal(keys[2], x.shape, jnp.float32)
-    fp8_weights = jaxmoe.quantize_expert_weights(params, cfg)  # made with wgrad="auto"
+    # Made with wgrad="auto"; jitted: one program, not op-by-op dispatch.
+    fp8_weights = jax.jit(jaxmoe.quantize_expert_weights, static_argnums=1)(params, cfg)
 
     def grads(layer_cfg):
         def loss(params, x):
@@ -145,11 +146,14 @@ def test_auto_wgrad_is_high_precision_on_the_fp8_wire(monkeypatch):
         np.testing.assert_array_equal(grad, ref, err_msg=jax.tree_util.keystr(path))
 
 
-def _forward_texts(cfg, mesh, tokens_per_rank=32):
+def _lowered_forward(cfg, mesh, tokens_per_rank=32):
     params = jaxmoe.init_params(jax.random.key(0), cfg)
     x = jnp.ones((mesh.size * tokens_per_rank, cfg.hidden_size), jnp.bfloat16)
-    lowered = jax.jit(lambda p, x: jaxmoe.moe(p, x, cfg, mesh=mesh)[0]).lower(params, x)
-    return lowered.as_text(dialect="hlo", debug_info=True), lowered.compile().as_text()
+    return jax.jit(lambda p, x: jaxmoe.moe(p, x, cfg, mesh=mesh)[0]).lower(params, x)
+
+
+def _hlo(lowered):
+    return lowered.as_text(dialect="hlo", debug_info=True)
 
 
 @pytest.mark.parametrize(
@@ -171,16 +175,22 @@ def test_fp8_wire_bytes_against_bf16(dispatch, recipe):
         fp8_recipe=recipe,
         ep_dispatch=dispatch,
     )
-    bf16, _ = _forward_texts(cfg, mesh)
-    fp8, fp8_compiled = _forward_texts(dataclasses.replace(cfg, ep_fp8_dispatch=True), mesh)
+    bf16 = _hlo(_lowered_forward(cfg, mesh))  # lowered only: its compiled text is not read
+    fp8_lowered = _lowered_forward(dataclasses.replace(cfg, ep_fp8_dispatch=True), mesh)
+    fp8 = _hlo(fp8_lowered)
     dispatch_ratio = wire_bytes(fp8, "ep_dispatch") / wire_bytes(bf16, "ep_dispatch")
     forward_ratio = wire_bytes(fp8) / wire_bytes(bf16)
     assert dispatch_ratio <= 0.55, dispatch_ratio
     assert forward_ratio <= 0.8, forward_ratio
     # The FP8 rows travel as bytes: a packed [ep, P, H + 4S] uint8 exchange, which the CPU
-    # compiler leaves as it is (so the compiled text counts the same FP8 dispatch bytes).
+    # compiler leaves as it is (so the compiled text counts the same FP8 dispatch bytes). That
+    # is the compiler's handling of a uint8 all-to-all, whatever the dispatch or the recipe
+    # packed it: compiled in one case (a compile of the token dispatch's forward costs more
+    # than the rest of its case).
     row = fp8_wire.row_bytes(256, Fp8Recipe(recipe))
     sent = [c for c in collectives(fp8) if c.scope == "ep_dispatch" and c.op == "all-to-all"]
     assert max(c.operand_bytes for c in sent) % row == 0, (sent, row)
-    assert wire_bytes(fp8_compiled, "ep_dispatch") == wire_bytes(fp8, "ep_dispatch")
+    if (dispatch, recipe) == ("copies", "rowwise"):
+        fp8_compiled = fp8_lowered.compile().as_text()
+        assert wire_bytes(fp8_compiled, "ep_dispatch") == wire_bytes(fp8, "ep_dispatch")
     print(f"{dispatch} {recipe}: dispatch {dispatch_ratio:.3f}x, forward {forward_ratio:.3f}x")

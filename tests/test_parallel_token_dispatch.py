@@ -1,10 +1,10 @@
 """Deduplicated expert-parallel dispatch (``ep_dispatch="tokens"``) on 8 simulated CPU devices.
 
 The sharded layer equals the one-device layer (forward, every gradient, the stats) over meshes
-ep=2/4/8 and (data=2, ep=4), with random, skewed, all-to-one-expert and empty-rank routings,
-the overflow windows forced on (small ``ep_fast_slot_factor``) and off; runs are bitwise
-repeatable; the forward's all-to-all carries ``P_pairs``-row slots (not the copies path's ``P``);
-and its temporaries stay within a stated factor of the copies path's.
+ep=2/4/8 and (data=2, ep=4), with random, skewed and empty-rank routings, the overflow
+windows forced on (small ``ep_fast_slot_factor``) and off; runs are bitwise repeatable. (The
+forward's all-to-all carrying ``P_pairs``-row slots, not the copies path's ``P``, and its
+temporaries within a stated factor of the copies path's: tests/test_memory.py.)
 """
 
 from __future__ import annotations
@@ -18,12 +18,10 @@ import numpy as np
 import pytest
 from test_parallel import MESHES, assert_same_layer, value_and_grads
 from test_parallel import make_case as base_case
-from test_parallel_exchange import collectives
 
 import jaxmoe
 from jaxmoe import debug
 from jaxmoe.parallel import layout
-from tests.xla_cpu import jit_xla_defaults
 
 
 def make_case(num_experts=8, top_k=2, routing="uniform", ep=4, batch=8, seq=4, **cfg_kwargs):
@@ -66,15 +64,19 @@ def run_both(mesh_name, **case):
 LAYER_CASES = [
     # (mesh, experts E, top_k K, routing, fast slot factor, overflow expected, exchange, chunks)
     # (ep2/8/2/uniform: ep2 below, uniform at ep4, K=2 of E=8 on data2_ep4.)
-    # The other exchanges ride on two overflowing cases (the exchange and ep_chunks are
+    # The other exchanges ride on overflowing cases (the exchange and ep_chunks are
     # independent of the routing and of each other; one compile for all three):
-    # all_to_all_chunked on data2_ep4, all_gather in 2 chunks on ep4.
+    # all_to_all_chunked on data2_ep4 here; all_gather in 2 chunks on ep4 in
+    # test_parallel.py::test_chunks_needing_different_windows_match_single_device[tokens].
     ("data2_ep4", 8, 2, "empty_ranks", 1.125, True, "all_to_all_chunked", 1),
     ("ep2", 16, 8, "skewed", 1.125, None, None, 1),  # K_l = 8: ~every token reaches both ranks
     ("ep4", 32, 8, "uniform", 1.125, None, None, 1),  # the DeepSeek-like ratio, K=8 of E=32
     # Overflow windows forced on: slots of the balanced share (f=1), skewed routings.
-    ("ep4", 16, 4, "one_expert", 1.0, True, "all_gather", 2),  # K_l = 4 ids per pair
-    ("ep8", 32, 8, "empty_ranks", 1.0, True, None, 1),
+    # (Merged away: ep4/E=16/K=4/one_expert/all_gather/2 chunks, a compile as costly as three
+    # others: its exchange and chunks in the chunk-windows test named above, on a routing as
+    # skewed (every copy of one chunk to rank 0), K_l = 4 ids per pair in ep8/E=32/K=8 below,
+    # overflowing and run twice bitwise.)
+    ("ep8", 32, 8, "empty_ranks", 1.0, True, None, 1),  # K_l = 4 ids per pair
     # Forced off: worst-case slots (P_pairs = T, Q = T*K_l): one window, no loop.
     # (Every mesh, routing, K_l, factor and exchange above appears at least once, overflowing
     # on each kind of mesh, the default exchange (None: all_to_all) on each mesh; each case
@@ -117,8 +119,7 @@ def test_poison_mode_reads_no_unwritten_row():
     sharded = dataclasses.replace(cfg, ep_axis="ep", ep_dispatch="tokens", ep_fast_slot_factor=1.0)
     # Against the one-device layer (which the sharded one equals unpoisoned: the tests above):
     # a cheaper compile than the unpoisoned sharded layer. Unaligned (the alignment only pads
-    # the groups: the same result): the E=16, K=4 layer case's reference program, which the
-    # jitted programs' cache holds when that case ran first in this process.
+    # the groups: the same result).
     reference = value_and_grads(dataclasses.replace(cfg, alignment=None), params, x, cotangent)
     with debug.poison_buffers():
         poisoned = value_and_grads(sharded, params, x, cotangent, mesh)
@@ -218,56 +219,10 @@ def test_auto_is_the_default_and_compiles_to_the_chosen_path():
     assert lowered(capped, params) == copies
 
 
-# The tokens path holds pair-level buffers ([ep, P_pairs, H] each way, the pair sums in float32)
-# beside the same ep*Q-copy expert buffer as the copies path; its receive slots are smaller
-# (P_pairs <= P). Measured on CPU at this size (EP=8, T=64, H=64, K=8 of E=32): forward 1.04x,
-# training 1.03x the copies path's temporaries (EP=4: 1.03x, 1.01x).
-MEMORY_BOUND = 1.1
-
-
-def test_tokens_temporaries_close_to_copies_and_forward_sends_pair_slots():
-    """The temporaries within ``MEMORY_BOUND`` of the copies path's, forward and training; and
-    the compiled forwards' exchanges: K=8 of E=32 at EP=8, the forward's largest all-to-all
-    piece (CPU splits it per peer) is one ``[P_pairs, H]`` slot (``P_pairs = 51``: 0.80 T),
-    against the copies path's ``[P, H]`` (``P = 72``: 1.125 T); the pairs' ids and weights
-    (2*K_l per row) the only other exchange. (One set of compiles for both: the exchanges are
-    the same program's at XLA's defaults or the suite's flags; P_pairs capped at T, at EP=4:
-    test_slot_sizes, and the compiled bytes in tests/test_ep_dispatch_model.py.)"""
-    mesh = jax.sharding.Mesh(np.array(jax.devices()), ("ep",))
-    tokens_per_rank, hidden, ffn, num_experts, top_k = 64, 64, 64, 32, 8
-    cfg = jaxmoe.MoEConfig(num_experts, top_k, hidden, ffn, ep_axis="ep", alignment=1)
-    params = jaxmoe.init_params(jax.random.key(0), cfg)
-    x = jnp.ones((mesh.size * tokens_per_rank, hidden), jnp.float32)
-    pair_rows = layout.pair_slot_rows(tokens_per_rank, top_k, num_experts, 8, 1.125)
-    copy_rows = layout.slot_rows(tokens_per_rank, top_k, 8, num_experts // 8, receive_factor=1.125)
-    assert (pair_rows, copy_rows) == (51, 72)
-    local_slots = min(top_k, num_experts // 8)  # K_l = 4
-
-    def compiled(dispatch, training):
-        layer_cfg = dataclasses.replace(cfg, ep_dispatch=dispatch)
-        f = lambda p, x: jnp.sum(jaxmoe.moe(p, x, layer_cfg, mesh=mesh)[0])
-        f = jax.grad(f, argnums=(0, 1)) if training else f
-        return jit_xla_defaults(f).lower(params, x).compile()
-
-    def temporaries(program):
-        analysis = program.memory_analysis()
-        if analysis is None:
-            pytest.skip("this jaxlib gives no memory analysis")
-        return analysis.temp_size_in_bytes
-
-    for training in (False, True):
-        programs = {dispatch: compiled(dispatch, training) for dispatch in ("tokens", "copies")}
-        ratio = temporaries(programs["tokens"]) / temporaries(programs["copies"])
-        assert ratio <= MEMORY_BOUND, (training, ratio)
-        if training:
-            continue
-        hlo = {dispatch: program.as_text() for dispatch, program in programs.items()}
-        for dispatch, rows in (("tokens", pair_rows), ("copies", copy_rows)):
-            sizes = [n for op, _, n in collectives(hlo[dispatch]) if op == "all-to-all"]
-            assert max(sizes) == rows * hidden, (dispatch, sorted(set(sizes)))
-            assert " conditional(" not in hlo[dispatch]
-        sizes = {n for op, _, n in collectives(hlo["tokens"]) if op == "all-to-all"}
-        assert sizes == {pair_rows * hidden, pair_rows * 2 * local_slots}, sizes
+# The temporaries within a stated factor of the copies path's, and the compiled forwards'
+# pair-sized exchanges (``P_pairs``-row slots, the pairs' ids and weights beside them):
+# tests/test_memory.py::test_dropless_ep_memory_near_fast_slots_and_tokens_near_copies,
+# which compiles the same EP=8 programs for its copies-path bounds.
 
 
 # ---------------------------------------------------------------------------------------------
