@@ -132,7 +132,7 @@ def test_grouped_matmul_hessian_matches_loop_of_jvps():
     def loss(rhs):
         return jnp.sum(grouped_matmul(lhs[0], rhs, sizes[0], backend="xla") ** 3)
 
-    hessian = jax.hessian(loss)(rhs[0])
+    hessian = jax.jit(jax.hessian(loss))(rhs[0])  # jitted: op by op it costs more than a compile
     flat_rhs = rhs[0].reshape(-1)
     # H e_i = jvp of the gradient along e_i, one at a time (one compiled jvp, not a vmap).
     column = jax.jit(lambda basis: jax.jvp(jax.grad(loss), (rhs[0],), (basis,))[1])
